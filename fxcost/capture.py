@@ -1,0 +1,221 @@
+"""Capture a training step programmatically: ``profile`` for a full report, ``cost`` for one number.
+
+Both compile a small step function (forward, then the loss) with the fxcost backend, run it once and
+backpropagate, and leave the model as they found it: parameter gradients, buffers (batch-norm running
+statistics) and the random-number state are restored, and the compiled code is dropped from Dynamo's
+caches so repeated calls neither pile up nor hit its recompile limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from fxcost.backend import DEFAULT_DEVICES, FxcostBackend
+from fxcost.devices import Device, get_device
+from fxcost.report import Report
+from fxcost.timing import bench_ms
+
+__all__ = ["Cost", "cost", "default_loss", "profile"]
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Predicted time of one step on one device. ``float(cost)`` is ``cost.ms``."""
+
+    ms: float
+    fw_ms: float
+    bw_ms: float
+    device: str
+
+    def __float__(self) -> float:
+        return self.ms
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The loss to backpropagate from a model's output.
+
+    A ``.loss`` attribute (Hugging Face outputs given labels) is used as is; otherwise the sum of every
+    floating-point output tensor that requires grad.
+    """
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    leaves = [
+        t
+        for t in tree_leaves(output)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad
+    ]
+    if not leaves:
+        raise ValueError(
+            "the model's output has no floating-point tensor that requires grad, so there is nothing "
+            "to backpropagate; pass loss_fn=..., or train=False for an inference step"
+        )
+    total = leaves[0].sum()
+    for t in leaves[1:]:
+        total = total + t.sum()
+    return total
+
+
+def profile(
+    model: torch.nn.Module | Callable[..., Any],
+    example_inputs: Any,
+    *,
+    devices: Sequence[str | Device] = DEFAULT_DEVICES,
+    train: bool = True,
+    measure: bool = True,
+    loss_fn: LossFn = default_loss,
+    cost_model: str = "roofline",
+    budget_ms: float = 10.0,
+) -> Report:
+    """Capture one step of ``model`` on ``example_inputs`` and return its report.
+
+    Args:
+        model: a module (or any callable) to run as ``model(*example_inputs)``.
+        example_inputs: a tensor, a tuple of positional arguments, or a dict of keyword arguments.
+        devices: GPUs to predict for.
+        train: forward, loss and backward (True), or a forward under ``torch.no_grad`` (False).
+        measure: time each node on the device the inputs live on, and the whole eager step.
+        loss_fn: turns the model's output into the scalar to backpropagate.
+        cost_model: the cost model that predicts.
+        budget_ms: measurement time budget per node.
+    """
+    args, kwargs = _as_call(example_inputs)
+    backend = FxcostBackend(devices, measure=measure, model=cost_model, budget_ms=budget_ms)
+
+    def step(*a: Any, **kw: Any) -> Any:
+        out = model(*a, **kw)
+        return loss_fn(out) if train else out
+
+    try:
+        # allow_rnn: without it Dynamo skips every frame holding an nn.LSTM/GRU/RNN, capturing nothing.
+        with _preserved(model, args, kwargs), torch._dynamo.config.patch(allow_rnn=True):
+            _run_step(torch.compile(step, backend=backend, dynamic=False), args, kwargs, train)
+    finally:
+        _forget_compiled_code(backend)
+    report = backend.report()
+    if not report.nodes:
+        failures = "; ".join(backend.failures) or "Dynamo produced no graph"
+        raise RuntimeError(f"fxcost captured nothing from the step: {failures}")
+    if measure:
+        params = _grad_leaves(model, args, kwargs)
+
+        def eager_step() -> None:
+            for p in params:  # as in the first step: gradients are assigned, not accumulated
+                p.grad = None
+            _run_step(step, args, kwargs, train)
+
+        with _preserved(model, args, kwargs):
+            device = _device_of(model, args, kwargs)
+            report.step_ms = bench_ms(eager_step, device, budget_ms=20 * budget_ms)
+    return report
+
+
+def cost(
+    model: torch.nn.Module | Callable[..., Any],
+    example_inputs: Any,
+    device: str | Device = DEFAULT_DEVICES[0],
+    train: bool = True,
+    *,
+    loss_fn: LossFn = default_loss,
+    cost_model: str = "roofline",
+) -> Cost:
+    """Predicted time of one step of ``model`` on ``device``, without measuring anything.
+
+    Example:
+        >>> c = fxcost.cost(model, (x,), device="A100-SXM4-80GB")  # doctest: +SKIP
+        >>> c.ms, c.fw_ms, c.bw_ms  # doctest: +SKIP
+    """
+    name = get_device(device).name
+    report = profile(
+        model, example_inputs, devices=[name], train=train, measure=False,
+        loss_fn=loss_fn, cost_model=cost_model,
+    )  # fmt: skip
+    return Cost(
+        ms=report.total_ms(name),
+        fw_ms=report.total_ms(name, "fw"),
+        bw_ms=report.total_ms(name, "bw"),
+        device=name,
+    )
+
+
+def _as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    raise TypeError(
+        "example_inputs must be a tensor, a tuple/list of positional arguments or a dict of keyword "
+        f"arguments, got {type(example_inputs).__name__}"
+    )
+
+
+def _run_step(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], train: bool) -> None:
+    if train:
+        fn(*args, **kwargs).backward()
+    else:
+        with torch.no_grad():
+            fn(*args, **kwargs)
+
+
+def _device_of(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if isinstance(model, torch.nn.Module):
+        tensors += list(model.parameters())
+    return next((t.device for t in tensors), torch.device("cpu"))
+
+
+def _grad_leaves(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Tensors whose ``.grad`` a backward pass would set: parameters and leaf inputs."""
+    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    params += [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_leaf]
+    return params
+
+
+@contextlib.contextmanager
+def _preserved(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+    """Restore parameter and input gradients, buffers and the RNG state after the block."""
+    params = _grad_leaves(model, args, kwargs)
+    grads = [p.grad for p in params]
+    module = isinstance(model, torch.nn.Module)
+    buffers = [(b, b.detach().clone()) for b in model.buffers()] if module else []
+    device = _device_of(model, args, kwargs)
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            for p in params:
+                p.grad = None
+            yield
+    finally:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+
+
+def _forget_compiled_code(backend: FxcostBackend) -> None:
+    """Drop Dynamo's cache entries for the code objects ``backend`` compiled.
+
+    Without this every capture would add entries with a new backend to the same code objects, and
+    after eight Dynamo would stop compiling them (its recompile limit).
+    """
+    try:
+        from torch._dynamo.eval_frame import reset_code
+    except ImportError:  # private API moved: fall back to a full reset
+        torch._dynamo.reset()
+        return
+    for code in backend.compiled_code:
+        reset_code(code)

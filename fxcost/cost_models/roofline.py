@@ -1,0 +1,50 @@
+"""Roofline cost model: the baseline every other model must beat.
+
+A kernel takes ``max(flops / peak_flops, bytes / bandwidth)`` plus a fixed launch floor, the shortest
+time any kernel takes on the GPU's timeline. Peaks are spec-sheet values: CUDA-core fp32 for fp32 work,
+tensor-core peaks for fp16/bf16 matmul-class ops (those PyTorch's flop registry counts). Nodes that
+launch no kernel cost zero; a node whose bytes are unknown has no prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fxcost.cost_models import NodeBatch, register
+from fxcost.devices import Device
+
+__all__ = ["LAUNCH_FLOOR_MS", "Roofline"]
+
+# The shortest kernels on NVIDIA GPUs since Pascal last about 2-3 us on the device timeline
+# (launch, scheduling, tail); a single documented constant until a calibrated per-device floor exists.
+LAUNCH_FLOOR_MS = 0.003
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """``time = max(flops / peak, bytes / bandwidth) + launch floor`` per kernel-launching node."""
+
+    launch_floor_ms: float = LAUNCH_FLOOR_MS
+    name: str = "roofline"
+
+    def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+        if device.mem_bandwidth_gbps is None:
+            return np.full(len(batch), np.nan)
+        peak_tflops = self._peak_tflops(batch, device)
+        compute_ms = np.nan_to_num(batch.flops) / (peak_tflops * 1e9)
+        memory_ms = batch.bytes / (device.mem_bandwidth_gbps * 1e6)
+        ms = np.maximum(compute_ms, memory_ms) + self.launch_floor_ms
+        return np.where(batch.has_kernel, ms, 0.0)
+
+    @staticmethod
+    def _peak_tflops(batch: NodeBatch, device: Device) -> np.ndarray:
+        fp32 = device.fp32_tflops or np.nan
+        half = device.fp16_tflops or fp32
+        return np.where(batch.matmul & (batch.itemsize == 2), half, fp32)
+
+
+@register("roofline")
+def _roofline() -> Roofline:
+    return Roofline()

@@ -1,0 +1,6 @@
+"""Lowering: what an ATen op costs before any model looks at it (FLOPs, bytes, whether it launches a kernel)."""
+
+from fxcost.lowering.flops import count_flops, is_matmul_class, register_flops
+from fxcost.lowering.traffic import has_kernel, tensor_bytes
+
+__all__ = ["count_flops", "has_kernel", "is_matmul_class", "register_flops", "tensor_bytes"]

@@ -1,0 +1,165 @@
+"""FLOP formulas per ATen op.
+
+PyTorch's own registry (``torch.utils.flop_counter``) covers the matmul-class ops (mm, addmm, bmm,
+baddbmm, convolution and its backward, attention); fxcost uses it first. The formulas here cover the
+rest: pointwise ops and reductions from their ATen tags, and explicit formulas for normalizations,
+softmax, pooling, losses, dropout and the ``_foreach`` ops of optimizers. Counting conventions follow
+fvcore: one FLOP per multiply or add, a fused multiply-add is two.
+
+An op with no formula gets ``None`` (unknown), never zero; ops that only move data get zero.
+
+Example:
+    >>> import torch
+    >>> a, b = torch.empty(64, 32), torch.empty(32, 16)
+    >>> count_flops(torch.ops.aten.mm.default, (a, b), {}, torch.empty(64, 16))
+    65536
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+__all__ = ["count_flops", "is_matmul_class", "register_flops"]
+
+aten = torch.ops.aten
+
+FlopFormula = Callable[..., int]
+_FORMULAS: dict[Any, FlopFormula] = {}
+
+
+def register_flops(*packets: Any) -> Callable[[FlopFormula], FlopFormula]:
+    """Register a formula ``f(args, kwargs, out) -> flops`` for ATen op packets; refuses duplicates."""
+
+    def decorator(formula: FlopFormula) -> FlopFormula:
+        for packet in packets:
+            if not isinstance(packet, torch._ops.OpOverloadPacket):
+                raise TypeError(f"register_flops takes op packets like aten.mm, got {packet!r}")
+            if packet in _FORMULAS or packet in flop_registry:
+                raise ValueError(f"a FLOP formula for {packet} is already registered")
+            _FORMULAS[packet] = formula
+        return formula
+
+    return decorator
+
+
+def _numel(x: Any) -> int:
+    return sum(t.numel() for t in tree_leaves(x) if isinstance(t, torch.Tensor))
+
+
+def _first_tensor(args: Any) -> torch.Tensor:
+    return next(t for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+
+
+def count_flops(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | None:
+    """FLOPs of one call of ``op`` on (fake) tensors ``args``/``kwargs`` giving ``out``; None if unknown."""
+    packet = getattr(op, "overloadpacket", None)
+    if packet in flop_registry:
+        return int(flop_registry[packet](*args, **kwargs, out_val=out))
+    if packet in _FORMULAS:
+        return int(_FORMULAS[packet](args, kwargs, out))
+    if isinstance(op, torch._ops.OpOverload):
+        if op.is_view:
+            return 0
+        if torch.Tag.pointwise in op.tags:
+            return _numel(out)
+        if torch.Tag.reduction in op.tags:
+            return _first_tensor(args).numel()
+    return None
+
+
+def is_matmul_class(op: str) -> bool:
+    """Whether a canonical op name (``"aten.mm.default"``) is GEMM, convolution or attention work.
+
+    These are the ops PyTorch's own FLOP registry covers, and the ones tensor cores run.
+    """
+    return op.rsplit(".", 1)[0] in _MATMUL_CLASS
+
+
+_MATMUL_CLASS = frozenset(str(packet) for packet in flop_registry)
+
+
+def _per_element(flops_per_element: int, of: str = "input") -> FlopFormula:
+    """A formula counting ``flops_per_element`` per element of the first input (or of the output)."""
+
+    def formula(args: Any, kwargs: Any, out: Any) -> int:
+        n = _first_tensor(args).numel() if of == "input" else _numel(_first_tensor(out))
+        return flops_per_element * n
+
+    return formula
+
+
+# Data movement: copies, concatenation, padding, gathers, fills. They cost bytes, not FLOPs.
+register_flops(
+    aten.clone, aten._to_copy, aten.copy, aten.copy_, aten.cat, aten.stack, aten.constant_pad_nd,
+    aten.index_select, aten.gather, aten.index, aten.slice_scatter, aten.select_scatter,
+    aten.as_strided_scatter, aten.embedding, aten.zeros, aten.ones, aten.full, aten.zeros_like,
+    aten.ones_like, aten.full_like, aten.fill, aten.fill_, aten.scalar_tensor, aten.arange,
+    aten.repeat, aten.new_zeros, aten.new_ones, aten.new_full, aten.lift_fresh_copy,
+    aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
+    aten.bernoulli, aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.randint,
+)(lambda args, kwargs, out: 0)  # fmt: skip
+
+# Normalizations: mean, variance, normalize, scale and shift, as fvcore counts them (5 per element
+# with an affine transform); their backward passes cost about twice the forward.
+register_flops(
+    aten.native_layer_norm, aten.native_batch_norm, aten._native_batch_norm_legit,
+    aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
+    aten.native_group_norm,
+)(_per_element(5))  # fmt: skip
+register_flops(
+    aten.native_layer_norm_backward, aten.native_batch_norm_backward, aten.native_group_norm_backward
+)(_per_element(10, of="output"))
+
+# Softmax: max, subtract, exp, sum, divide; its backward: multiply, sum, subtract, multiply.
+register_flops(aten._softmax, aten._log_softmax)(_per_element(5))
+register_flops(aten._softmax_backward_data, aten._log_softmax_backward_data)(_per_element(4))
+
+# Dropout draws a random number, compares and scales; its backward multiplies by the mask.
+register_flops(aten.native_dropout)(_per_element(3))
+register_flops(aten.native_dropout_backward)(_per_element(2))
+
+register_flops(aten.embedding_dense_backward)(_per_element(1))  # scatter-add of the gradient rows
+register_flops(aten.nll_loss_forward, aten.nll_loss_backward, aten.mse_loss)(_per_element(1))
+register_flops(aten.mse_loss_backward)(_per_element(3))
+
+
+@register_flops(aten.max_pool2d_with_indices, aten.avg_pool2d)
+def _pool2d(args: Any, kwargs: Any, out: Any) -> int:
+    """One compare (max) or add (average) per window element per output element."""
+    kernel = args[1] if len(args) > 1 else kwargs["kernel_size"]
+    window = math.prod(kernel) if len(kernel) > 1 else kernel[0] ** 2
+    return window * _first_tensor(out).numel()
+
+
+register_flops(aten.max_pool2d_with_indices_backward, aten.avg_pool2d_backward)(_per_element(1))
+register_flops(aten._adaptive_avg_pool2d)(_per_element(1))
+register_flops(aten._adaptive_avg_pool2d_backward)(_per_element(1, of="output"))
+
+
+def _foreach(flops_per_element: int) -> FlopFormula:
+    """Optimizer ``_foreach`` ops apply one pointwise op to every tensor of their first list."""
+
+    def formula(args: Any, kwargs: Any, out: Any) -> int:
+        return flops_per_element * _numel(args[0])
+
+    return formula
+
+
+register_flops(
+    aten._foreach_add, aten._foreach_add_, aten._foreach_sub, aten._foreach_sub_,
+    aten._foreach_mul, aten._foreach_mul_, aten._foreach_div, aten._foreach_div_,
+    aten._foreach_sqrt, aten._foreach_sqrt_, aten._foreach_neg, aten._foreach_neg_,
+    aten._foreach_reciprocal, aten._foreach_reciprocal_, aten._foreach_maximum,
+    aten._foreach_maximum_, aten._foreach_pow, aten._foreach_sign, aten._foreach_abs,
+)(_foreach(1))  # fmt: skip
+register_flops(
+    aten._foreach_addcmul, aten._foreach_addcmul_, aten._foreach_addcdiv, aten._foreach_addcdiv_,
+    aten._foreach_lerp, aten._foreach_lerp_,
+)(_foreach(2))  # fmt: skip
+register_flops(aten._foreach_copy_, aten._foreach_zero_)(lambda args, kwargs, out: 0)

@@ -1,0 +1,56 @@
+"""Memory traffic of a node and whether it launches a kernel at all."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+__all__ = ["has_kernel", "tensor_bytes"]
+
+aten = torch.ops.aten
+
+# Ops that allocate or alias without running a kernel. Views are found from their schema instead.
+_NO_KERNEL: frozenset[Any] = frozenset(
+    {
+        operator.getitem,
+        aten.empty.memory_format,
+        aten.empty_strided.default,
+        aten.empty_like.default,
+        aten.new_empty.default,
+        aten.new_empty_strided.default,
+        aten._assert_async.default,
+        aten._assert_async.msg,
+        aten.sym_size.int,
+        aten.sym_stride.int,
+        aten.sym_numel.default,
+        aten.sym_storage_offset.default,
+    }
+)
+
+
+def has_kernel(target: Any) -> bool:
+    """Whether calling ``target`` launches a GPU kernel.
+
+    ATen ops do, except views, allocations and size queries. Python-level targets in ATen graphs
+    (``operator.getitem``, arithmetic on symbolic sizes) run on the host only.
+    """
+    if target in _NO_KERNEL:
+        return False
+    if isinstance(target, torch._ops.OpOverload):
+        return not target.is_view
+    return False
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a kernel touches to read or write ``t`` once.
+
+    Broadcast (stride-0) dimensions are read once, not once per use, so an expanded bias of shape
+    ``[B, N]`` built from ``[N]`` counts ``N`` elements.
+    """
+    elements = 1
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        if stride != 0:
+            elements *= int(size)
+    return elements * t.element_size()

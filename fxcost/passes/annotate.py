@@ -1,0 +1,133 @@
+"""Annotation pass: one :class:`~fxcost.records.NodeCost` per call node of a captured ATen graph.
+
+Reads the fake tensors AOTAutograd leaves in ``node.meta["val"]`` (no tensor is computed) and records
+the canonical op, phase, shapes and dtypes, FLOPs, bytes read and written, whether a kernel runs, and
+the owning module path. Backward nodes get the module of the forward op they differentiate, which
+AOTAutograd keeps in ``node.meta["fwd_nn_module_stack"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_leaves
+
+from fxcost.lowering import count_flops, has_kernel, tensor_bytes
+from fxcost.records import META_KEY, NodeCost, Phase, Shape
+
+__all__ = ["op_name", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def run(gm: torch.fx.GraphModule, phase: Phase, graph_index: int = 0) -> torch.fx.GraphModule:
+    """Annotate every ``call_function`` node of ``gm`` with a fresh ``NodeCost``.
+
+    Raises:
+        RuntimeError: a node could not be annotated; the message names it.
+    """
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        try:
+            node.meta[META_KEY] = _annotate(node, phase, graph_index)
+        except Exception as e:
+            raise RuntimeError(f"fxcost annotate failed on node={node.format_node()}") from e
+    return gm
+
+
+def op_name(target: Any) -> str:
+    """Canonical name of a call target: ``"aten.mm.default"`` or ``"operator.getitem"``."""
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    module = getattr(target, "__module__", None) or type(target).__module__
+    if module in {"_operator", "builtins"}:
+        module = "operator"
+    return f"{module}.{getattr(target, '__name__', repr(target))}"
+
+
+def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _value)
+    out = node.meta.get("val")
+    ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    record = NodeCost(
+        name=node.name,
+        op=op_name(node.target),
+        phase=phase,
+        graph=graph_index,
+        module=_module_path(node),
+        in_shapes=[_shape(t) for t in ins],
+        in_dtypes=[_dtype(t) for t in ins],
+        out_shapes=[_shape(t) for t in outs],
+        out_dtypes=[_dtype(t) for t in outs],
+        has_kernel=has_kernel(node.target),
+    )
+    if not record.has_kernel:
+        record.flops, record.bytes_read, record.bytes_written = 0, 0, 0
+        return record
+    try:
+        record.flops = count_flops(node.target, args, kwargs, out)
+    except Exception as e:  # a formula that cannot handle these arguments: unknown, not zero
+        log.debug("no FLOP count for %s: %s", node.format_node(), e)
+        record.flops = None
+    if record.flops is None:
+        record.note = f"no FLOP formula for {record.op}"
+    record.bytes_read = sum(_int(tensor_bytes(t)) for t in ins)
+    # In-place ops such as the optimizer's _foreach_add_ return nothing: they write their arguments.
+    written = outs or _mutated_args(node.target, args, kwargs)
+    record.bytes_written = sum(_int(tensor_bytes(t)) for t in written)
+    return record
+
+
+def _mutated_args(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Tensors the op's schema marks as written (``Tensor(a!)``)."""
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+        return []
+    written: list[Any] = []
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            written.append(args[i] if i < len(args) else kwargs.get(arg.name))
+    return [t for t in tree_leaves(written) if isinstance(t, torch.Tensor)]
+
+
+def _value(n: torch.fx.Node) -> Any:
+    return n.meta.get("val")
+
+
+def _int(x: Any) -> int:
+    """A concrete int from an int or SymInt (its size hint under dynamic shapes)."""
+    if isinstance(x, torch.SymInt):
+        hint = x.node.hint
+        if hint is None:
+            raise ValueError(f"symbolic size {x} has no concrete hint")
+        return int(hint)
+    return int(x)
+
+
+def _shape(t: torch.Tensor) -> Shape:
+    return tuple(_int(s) for s in t.shape)
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+_DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")
+_MODULES_ITEM = re.compile(r"\._modules\['([^']*)'\]")
+_INDEX = re.compile(r"\[['\"]?([^\]'\"]+)['\"]?\]")
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    """Dotted path of the innermost module that owns ``node``, relative to the compiled root."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        return ""
+    path, _ = list(stack.values())[-1]
+    path = _DYNAMO_ROOT.sub("", str(path))
+    path = _MODULES_ITEM.sub(r".\1", path)
+    return _INDEX.sub(r".\1", path).strip(".")

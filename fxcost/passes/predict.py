@@ -1,0 +1,25 @@
+"""Prediction pass: predicted ms per target GPU for every annotated node, from one cost model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.fx
+
+from fxcost import cost_models
+from fxcost.cost_models import CostModel
+from fxcost.devices import Device
+from fxcost.records import META_KEY
+
+__all__ = ["run"]
+
+
+def run(
+    gm: torch.fx.GraphModule,
+    devices: Sequence[str | Device],
+    model: str | CostModel = "roofline",
+) -> torch.fx.GraphModule:
+    """Fill ``pred_ms`` and ``pred_source`` of each node's record for every device in ``devices``."""
+    nodes = [n.meta[META_KEY] for n in gm.graph.nodes if META_KEY in n.meta]
+    cost_models.predict(nodes, devices, model)
+    return gm

@@ -1,0 +1,233 @@
+"""The report: every node of a captured training step with its measured and predicted cost.
+
+A :class:`Report` is also the trace format: ``save`` writes it as versioned JSON (gzip when the path
+ends in ``.gz``) and ``load`` reads it back on any machine, so a trace recorded on a GPU can be
+predicted for other GPUs on a CPU-only laptop.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from fxcost.devices import Device, get_device
+from fxcost.records import PHASES, GraphRecord, NodeCost, Phase
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from fxcost.cost_models import CostModel
+
+__all__ = ["SCHEMA_VERSION", "Report", "TraceFormatError"]
+
+SCHEMA_VERSION = 1
+
+
+class TraceFormatError(ValueError):
+    """A trace file that is not a readable fxcost trace of this schema version."""
+
+
+@dataclass
+class Report:
+    """Per-node costs of one captured step, and their totals.
+
+    Attributes:
+        nodes: one record per call node, graph after graph.
+        graphs: the captured graphs (forward, backward, optimizer; several after graph breaks).
+        devices: canonical names of the GPUs predicted.
+        origin: the device the step was captured (and measured) on: ``"cpu"`` or a CUDA device name.
+        model: the cost model that made the predictions.
+        step_ms: measured time of the whole eager step on the origin, when it was timed.
+        torch_version: PyTorch version the trace was captured with.
+    """
+
+    nodes: list[NodeCost] = field(default_factory=list)
+    graphs: list[GraphRecord] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    origin: str = "cpu"
+    model: str = "roofline"
+    step_ms: float | None = None
+    torch_version: str = ""
+
+    # -- totals ----------------------------------------------------------------------------------
+
+    def total_ms(self, device: str | Device, phase: Phase | None = None) -> float:
+        """Predicted milliseconds on ``device`` (all nodes, or one phase: ``"fw"``, ``"bw"``, ``"opt"``).
+
+        Nodes without a prediction are left out; ``coverage(device)`` says how many there are.
+        """
+        name = self._predicted_name(device)
+        return sum(n.pred_ms.get(name) or 0.0 for n in self._phase(phase))
+
+    def origin_ms(self, phase: Phase | None = None) -> float | None:
+        """Sum of the measured node times on the origin device, or None if nothing was measured."""
+        times = [n.origin_ms for n in self._phase(phase) if n.origin_ms is not None]
+        return sum(times) if times else None
+
+    def coverage(self, device: str | Device) -> float:
+        """Fraction of kernel-launching nodes that have a prediction on ``device``."""
+        name = self._predicted_name(device)
+        kernels = [n for n in self.nodes if n.has_kernel]
+        if not kernels:
+            return 1.0
+        return sum(n.pred_ms.get(name) is not None for n in kernels) / len(kernels)
+
+    @property
+    def measured_ms(self) -> float | None:
+        """The reference time of the whole step: the eager step if timed, else the graphs timed whole."""
+        if self.step_ms is not None:
+            return self.step_ms
+        times = [g.measured_ms for g in self.graphs]
+        return sum(times) if times and None not in times else None  # type: ignore[arg-type]
+
+    @property
+    def capture_fidelity(self) -> float | None:
+        """Sum of the isolated node times over the measured time of the whole step (1.0 is perfect)."""
+        nodes, whole = self.origin_ms(), self.measured_ms
+        if nodes is None or not whole:
+            return None
+        return nodes / whole
+
+    def phases(self) -> list[Phase]:
+        """The phases present, in fw, bw, opt order."""
+        present = {n.phase for n in self.nodes}
+        return [p for p in PHASES if p in present]
+
+    # -- re-prediction ---------------------------------------------------------------------------
+
+    def predict(
+        self, devices: Iterable[str | Device], model: str | CostModel | None = None
+    ) -> Report:
+        """A copy of this report with predictions for ``devices`` (replacing the previous ones)."""
+        from fxcost import cost_models
+
+        names = [get_device(d).name for d in devices]
+        cost_model = cost_models.get_model(model or self.model)
+        out = copy.deepcopy(self)
+        for n in out.nodes:
+            n.pred_ms, n.pred_source = {}, {}
+        cost_models.predict(out.nodes, names, cost_model)
+        out.devices, out.model = names, cost_model.name
+        return out
+
+    # -- presentation ----------------------------------------------------------------------------
+
+    def print(self, top: int | None = None, file: TextIO | None = None) -> None:
+        """Print the per-node table (``top``: only the N most expensive nodes), then the totals."""
+        from fxcost.report.table import print_report
+
+        print_report(self, top=top, file=file)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per node: its record's fields, with one ``pred_ms[<device>]`` column per device."""
+        try:
+            import pandas as pd
+        except ImportError as e:
+            raise ImportError("Report.to_dataframe needs pandas: pip install 'fxcost[df]'") from e
+        rows = []
+        for n in self.nodes:
+            row = n.to_json()
+            row.pop("kernels")
+            row["bytes"] = n.bytes
+            for device in self.devices:
+                row[f"pred_ms[{device}]"] = n.pred_ms.get(device)
+            del row["pred_ms"], row["pred_source"]
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    # -- trace files -----------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        from fxcost import __version__
+
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "fxcost_version": __version__,
+            "torch_version": self.torch_version,
+            "origin": self.origin,
+            "model": self.model,
+            "devices": self.devices,
+            "step_ms": self.step_ms,
+            "graphs": [g.to_json() for g in self.graphs],
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        if not isinstance(data, dict) or "schema_version" not in data:
+            raise TraceFormatError("not an fxcost trace: no schema_version field")
+        if data["schema_version"] != SCHEMA_VERSION:
+            raise TraceFormatError(
+                f"trace schema version {data['schema_version']!r} is not supported; "
+                f"this fxcost reads version {SCHEMA_VERSION}"
+            )
+        try:
+            return cls(
+                nodes=[NodeCost.from_json(n) for n in data["nodes"]],
+                graphs=[GraphRecord.from_json(g) for g in data["graphs"]],
+                devices=list(data["devices"]),
+                origin=str(data["origin"]),
+                model=str(data["model"]),
+                step_ms=data.get("step_ms"),
+                torch_version=str(data.get("torch_version", "")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceFormatError(f"malformed fxcost trace: {e!r}") from e
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the trace as JSON (gzip-compressed if ``path`` ends in ``.gz``), atomically."""
+        path = Path(path)
+        payload = json.dumps(self.to_json(), separators=(",", ":")).encode()
+        if path.suffix == ".gz":
+            payload = gzip.compress(payload, mtime=0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Report:
+        """Read a trace written by :meth:`save`.
+
+        Raises:
+            TraceFormatError: the file is not a complete fxcost trace of a supported schema version.
+        """
+        raw = Path(path).read_bytes()
+        try:
+            if raw[:2] == b"\x1f\x8b":
+                raw = gzip.decompress(raw)
+            data = json.loads(raw)
+        except (OSError, EOFError, ValueError) as e:
+            raise TraceFormatError(f"{path}: not a readable fxcost trace ({e})") from e
+        return cls.from_json(data)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _phase(self, phase: Phase | None) -> Sequence[NodeCost]:
+        if phase is None:
+            return self.nodes
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; accepted: {', '.join(PHASES)} or None")
+        return [n for n in self.nodes if n.phase == phase]
+
+    def _predicted_name(self, device: str | Device) -> str:
+        name = get_device(device).name
+        if name not in self.devices:
+            raise ValueError(
+                f"{name} was not predicted in this report (predicted: {', '.join(self.devices)}); "
+                f"use report.predict([...]) to add it"
+            )
+        return name

@@ -1,0 +1,110 @@
+"""Report printouts: the per-node table (in the manner of ``GraphModule.print_tabular``) and totals."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, TextIO
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from fxcost.records import NodeCost
+
+if TYPE_CHECKING:
+    from fxcost.report import Report
+
+__all__ = ["print_report"]
+
+
+def print_report(report: Report, top: int | None = None, file: TextIO | None = None) -> None:
+    """Print ``report``'s node table, then totals for fw, bw, opt and all, then coverage and fidelity."""
+    console = Console(file=file, width=max(160, Console(file=file).width), highlight=False)
+    nodes = _selected(report, top)
+    console.print(_node_table(report, nodes, top))
+    console.print(_totals_table(report))
+    for line in _summary_lines(report):
+        console.print(line)
+
+
+def _selected(report: Report, top: int | None) -> list[tuple[int, NodeCost]]:
+    indexed = list(enumerate(report.nodes))
+    if top is None:
+        return indexed
+    if top < 1:
+        raise ValueError(f"top must be a positive number of rows, got {top}")
+
+    def cost(item: tuple[int, NodeCost]) -> float:
+        n = item[1]
+        if n.origin_ms is not None:
+            return n.origin_ms
+        return max((v for v in n.pred_ms.values() if v is not None), default=0.0)
+
+    return sorted(indexed, key=cost, reverse=True)[:top]
+
+
+def _node_table(report: Report, nodes: list[tuple[int, NodeCost]], top: int | None) -> Table:
+    multi_graph = len(report.graphs) > 1
+    title = f"fxcost: {len(report.nodes)} nodes in {len(report.graphs)} graph(s)"
+    if top is not None:
+        title += f", the {len(nodes)} most expensive"
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for header, justify in [("#", "right"), ("node", "left"), ("op", "left"), ("phase", "left"),
+                            ("module", "left"), ("output", "left"), ("GFLOP", "right"),
+                            ("MB", "right"), (f"{report.origin} ms", "right")]:  # fmt: skip
+        table.add_column(header, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for device in report.devices:
+        table.add_column(f"{device} ms", justify="right")
+    for i, n in nodes:
+        name = f"g{n.graph}/{n.name}" if multi_graph else n.name
+        output = " ".join("x".join(map(str, s)) or "scalar" for s in n.out_shapes[:2])
+        table.add_row(
+            str(i),
+            name,
+            n.op.removeprefix("aten."),
+            n.phase,
+            n.module,
+            output,
+            _num(n.flops, 1e9, ".3f"),
+            _num(n.bytes, 1e6, ".2f"),
+            _num(n.origin_ms, 1, ".4f"),
+            *(_num(n.pred_ms.get(d), 1, ".4f") for d in report.devices),
+        )
+    return table
+
+
+def _totals_table(report: Report) -> Table:
+    table = Table(title="totals (ms)", box=box.SIMPLE_HEAD, title_justify="left")
+    table.add_column("phase")
+    table.add_column("nodes", justify="right")
+    table.add_column(f"{report.origin} (measured)", justify="right")
+    for device in report.devices:
+        table.add_column(device, justify="right")
+    for phase in [*report.phases(), None]:
+        count = len(report.nodes) if phase is None else sum(n.phase == phase for n in report.nodes)
+        table.add_row(
+            phase or "all",
+            str(count),
+            _num(report.origin_ms(phase), 1, ".3f"),
+            *(f"{report.total_ms(d, phase):.3f}" for d in report.devices),
+            style="bold" if phase is None else None,
+        )
+    return table
+
+
+def _summary_lines(report: Report) -> list[str]:
+    lines = []
+    if report.devices:
+        covered = ", ".join(f"{d} {report.coverage(d):.0%}" for d in report.devices)
+        lines.append(f"predicted by: {report.model}; coverage of kernel nodes: {covered}")
+    fidelity = report.capture_fidelity
+    if fidelity is not None:
+        against = "the eager step" if report.step_ms is not None else "the graphs run whole"
+        lines.append(
+            f"capture fidelity: sum of node times {report.origin_ms():.3f} ms / "
+            f"{against} {report.measured_ms:.3f} ms = {fidelity:.3f}"
+        )
+    return lines
+
+
+def _num(value: float | None, scale: float, fmt: str) -> str:
+    return "-" if value is None else format(value / scale, fmt)
