@@ -43,6 +43,7 @@ _EXPORTS = {
 if TYPE_CHECKING:
     from fxcost.backend import estimate, last_report
     from fxcost.capture import Cost, cost, profile
+    from fxcost.devices import device_names as devices
     from fxcost.devices import get_device
     from fxcost.records import NodeCost
     from fxcost.report import Report
@@ -50,16 +51,11 @@ if TYPE_CHECKING:
     Trace = Report
 
 
-def devices() -> list[str]:
-    """Canonical names of every GPU fxcost knows (aliases and CUDA device names also resolve)."""
-    from fxcost.devices import device_names
-
-    return device_names()
-
-
 def __getattr__(name: str) -> Any:
     if name == "Trace":  # DESIGN.md's name for the serialized form: the same class as Report
         name = "Report"
+    if name == "devices":  # the callable fxcost.devices package: fxcost.devices() lists GPU names
+        return importlib.import_module("fxcost.devices")
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'fxcost' has no attribute {name!r}")

@@ -32,7 +32,14 @@ from fxcost.passes import annotate, measure, predict
 from fxcost.records import META_KEY, PHASES, GraphRecord, Phase
 from fxcost.report import Report
 
-__all__ = ["DEFAULT_DEVICES", "FxcostBackend", "estimate", "fxcost_backend", "last_report", "register"]
+__all__ = [
+    "DEFAULT_DEVICES",
+    "FxcostBackend",
+    "estimate",
+    "fxcost_backend",
+    "last_report",
+    "register",
+]
 
 log = logging.getLogger(__name__)
 

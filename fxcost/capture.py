@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from fxcost.backend import DEFAULT_DEVICES, FxcostBackend
 from fxcost.devices import Device, get_device
+from fxcost.passes.measure import NODE_REPS
 from fxcost.report import Report
 from fxcost.timing import bench_ms
 
@@ -117,7 +118,7 @@ def profile(
 
         with _preserved(model, args, kwargs):
             device = _device_of(model, args, kwargs)
-            report.step_ms = bench_ms(eager_step, device, budget_ms=20 * budget_ms)
+            report.step_ms = bench_ms(eager_step, device, budget_ms=20 * budget_ms, **NODE_REPS)
     return report
 
 
@@ -179,7 +180,7 @@ def _device_of(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tor
 
 def _grad_leaves(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """Tensors whose ``.grad`` a backward pass would set: parameters and leaf inputs."""
-    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    params: list[torch.Tensor] = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
     params += [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_leaf]
     return params
 

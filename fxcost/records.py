@@ -44,8 +44,8 @@ class KernelRecord:
         return cls(
             name=str(d["name"]),
             duration_ms=float(d["duration_ms"]),
-            grid=tuple(grid) if grid is not None else None,  # type: ignore[arg-type]
-            block=tuple(block) if block is not None else None,  # type: ignore[arg-type]
+            grid=tuple(grid) if grid is not None else None,
+            block=tuple(block) if block is not None else None,
             registers_per_thread=d.get("registers_per_thread"),
             shared_memory_bytes=d.get("shared_memory_bytes"),
         )

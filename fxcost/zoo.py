@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -59,7 +60,7 @@ class MLP(nn.Module):
     def __init__(self, features: int = 1024, hidden: int = 4096, layers: int = 3, classes: int = 1000):
         super().__init__()
         dims = [features] + [hidden] * (layers - 1)
-        self.body = nn.Sequential(*[m for a, b in zip(dims, dims[1:]) for m in (nn.Linear(a, b), nn.ReLU())])
+        self.body = nn.Sequential(*[m for a, b in pairwise(dims) for m in (nn.Linear(a, b), nn.ReLU())])
         self.head = nn.Linear(dims[-1], classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -200,7 +201,9 @@ def _block(batch: int, seq: int = 128, dim: int = 768, **config: Any) -> tuple[n
 class GPT2(nn.Module):
     """A GPT-2-style decoder: token and position embeddings, blocks, final norm, tied LM head."""
 
-    def __init__(self, vocab: int = 50257, ctx: int = 1024, dim: int = 768, heads: int = 12, layers: int = 12):
+    def __init__(
+        self, vocab: int = 50257, ctx: int = 1024, dim: int = 768, heads: int = 12, layers: int = 12
+    ):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(ctx, dim)

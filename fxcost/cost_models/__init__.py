@@ -74,7 +74,10 @@ def _itemsize(dtypes: Sequence[str]) -> float | None:
 class CostModel(Protocol):
     """The one interface every cost model implements."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The name predictions are attributed to (``NodeCost.pred_source``)."""
+        ...
 
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         """Milliseconds per node of ``batch`` on ``device``; NaN where the model has no prediction."""

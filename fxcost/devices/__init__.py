@@ -8,9 +8,15 @@ Lookup accepts canonical keys (``"H100-SXM"``), their aliases, ``torch.cuda.get_
 (``"NVIDIA H100 80GB HBM3"``) and their underscore forms (``"NVIDIA_H100_80GB_HBM3"``): names are
 compared after dropping case and every non-alphanumeric character.
 
+The module itself is callable: ``fxcost.devices()`` lists the canonical names. (The public API names
+a function ``fxcost.devices`` and the layout a package ``fxcost/devices/``; once the package is
+imported Python binds ``fxcost.devices`` to it, so the package answers the call.)
+
 Example:
-    >>> from fxcost.devices import get_device
-    >>> get_device("Tesla T4").name
+    >>> import fxcost
+    >>> fxcost.devices()[:3]
+    ['P4', 'P4000', 'P100-PCIE-16GB']
+    >>> fxcost.get_device("Tesla T4").name
     'T4'
 """
 
@@ -20,6 +26,8 @@ import csv
 import difflib
 import functools
 import re
+import sys
+import types
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -165,3 +173,12 @@ def get_device(name: str | Device) -> Device:
         f"unknown device {name!r}{hint}. Known devices: {', '.join(devices)} "
         "(aliases and torch.cuda.get_device_name() strings are accepted too)"
     )
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self) -> list[str]:
+        """Canonical names of every GPU in the database (``fxcost.devices()``)."""
+        return device_names()
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,4 +1,7 @@
-"""Lowering: what an ATen op costs before any model looks at it (FLOPs, bytes, whether it launches a kernel)."""
+"""Lowering: what an ATen op costs before any model looks at it.
+
+FLOPs, bytes read and written, and whether the op launches a kernel at all.
+"""
 
 from fxcost.lowering.flops import count_flops, is_matmul_class, register_flops
 from fxcost.lowering.traffic import has_kernel, tensor_bytes

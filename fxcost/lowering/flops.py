@@ -113,7 +113,9 @@ register_flops(
     aten.native_group_norm,
 )(_per_element(5))  # fmt: skip
 register_flops(
-    aten.native_layer_norm_backward, aten.native_batch_norm_backward, aten.native_group_norm_backward
+    aten.native_layer_norm_backward,
+    aten.native_batch_norm_backward,
+    aten.native_group_norm_backward,
 )(_per_element(10, of="output"))
 
 # Softmax: max, subtract, exp, sum, divide; its backward: multiply, sum, subtract, multiply.

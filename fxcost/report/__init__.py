@@ -102,9 +102,7 @@ class Report:
 
     # -- re-prediction ---------------------------------------------------------------------------
 
-    def predict(
-        self, devices: Iterable[str | Device], model: str | CostModel | None = None
-    ) -> Report:
+    def predict(self, devices: Iterable[str | Device], model: str | CostModel | None = None) -> Report:
         """A copy of this report with predictions for ``devices`` (replacing the previous ones)."""
         from fxcost import cost_models
 

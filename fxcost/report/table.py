@@ -48,19 +48,18 @@ def _node_table(report: Report, nodes: list[tuple[int, NodeCost]], top: int | No
     if top is not None:
         title += f", the {len(nodes)} most expensive"
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
-    for header, justify in [("#", "right"), ("node", "left"), ("op", "left"), ("phase", "left"),
-                            ("module", "left"), ("output", "left"), ("GFLOP", "right"),
-                            ("MB", "right"), (f"{report.origin} ms", "right")]:  # fmt: skip
-        table.add_column(header, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for device in report.devices:
-        table.add_column(f"{device} ms", justify="right")
+    for header, width in [("#", None), ("node", 26), ("op", 28), ("phase", None), ("module", 22),
+                          ("output", 24)]:  # fmt: skip
+        table.add_column(header, max_width=width, no_wrap=True, overflow="ellipsis")
+    for header in ["GFLOP", "MB", f"{report.origin} ms", *(f"{d} ms" for d in report.devices)]:
+        table.add_column(header, justify="right", no_wrap=True)
     for i, n in nodes:
         name = f"g{n.graph}/{n.name}" if multi_graph else n.name
         output = " ".join("x".join(map(str, s)) or "scalar" for s in n.out_shapes[:2])
         table.add_row(
             str(i),
             name,
-            n.op.removeprefix("aten."),
+            n.op.removeprefix("aten.").removesuffix(".default"),
             n.phase,
             n.module,
             output,

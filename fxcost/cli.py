@@ -1,0 +1,203 @@
+"""The ``fxcost`` command: demo, profile a model, show a saved trace, list devices."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+DEMO_MODELS: tuple[tuple[str, int, dict[str, Any]], ...] = (
+    ("resnet50", 8, {}),
+    ("gpt2", 4, {"layers": 4, "seq": 256}),
+)
+DEMO_DEVICES = ("H100-SXM", "A100-SXM4-80GB", "L4", "T4")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fxcost`` command; returns the exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.run(args) or 0)
+    except (ValueError, TypeError, KeyError, FileNotFoundError, RuntimeError) as e:
+        print(f"fxcost: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    from fxcost import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="fxcost",
+        description="Predict how long a PyTorch training iteration takes on GPUs you may not have.",
+    )
+    parser.add_argument("--version", action="version", version=f"fxcost {__version__}")
+    sub = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="capture ResNet-50 and a GPT-2-style model, predict on several GPUs")
+    _add_devices(demo, DEMO_DEVICES)
+    demo.add_argument("--top", type=int, default=15, help="rows of the node table per model (default 15)")
+    demo.set_defaults(run=_demo)
+
+    profile = sub.add_parser(
+        "profile",
+        help="capture one step of a model, measure it here, predict it, save the trace",
+        description=f"MODEL is a built-in example ({', '.join(_zoo_names())}) or 'module:callable' "
+        "returning (model, inputs); the callable receives batch=N if it takes a 'batch' argument.",
+    )
+    profile.add_argument("model", metavar="MODEL")
+    profile.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
+    profile.add_argument(
+        "--train", action=argparse.BooleanOptionalAction, default=True,
+        help="a training step: forward, loss, backward (default); --no-train for inference",
+    )  # fmt: skip
+    profile.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
+                         help="time every node on this machine's device (default on)")  # fmt: skip
+    _add_devices(profile, ("H100-SXM", "A100-SXM4-80GB", "L4"))
+    profile.add_argument("--out", help="write the trace here (JSON; .json.gz compresses)")
+    profile.add_argument("--top", type=int, default=20, help="rows of the node table (default 20)")
+    profile.add_argument("--device", default=None, help="run on this torch device (default: cuda if present)")
+    profile.set_defaults(run=_profile)
+
+    show = sub.add_parser("show", help="print a saved trace, predicted for any GPUs")
+    show.add_argument("trace")
+    show.add_argument("--devices", nargs="+", metavar="GPU", help="GPUs to predict (default: the trace's)")
+    show.add_argument("--top", type=int, default=None, help="only the N most expensive nodes")
+    show.set_defaults(run=_show)
+
+    devices = sub.add_parser("devices", help="list the GPUs fxcost knows")
+    devices.set_defaults(run=_devices)
+    return parser
+
+
+def _add_devices(parser: argparse.ArgumentParser, default: Sequence[str]) -> None:
+    parser.add_argument(
+        "--devices", nargs="+", default=list(default), metavar="GPU",
+        help=f"GPUs to predict for (default: {' '.join(default)}); see 'fxcost devices'",
+    )  # fmt: skip
+
+
+def _zoo_names() -> list[str]:
+    from fxcost import zoo
+
+    return zoo.names()
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from fxcost import zoo
+
+    for name, batch, config in DEMO_MODELS:
+        model, inputs = zoo.build(name, batch, **config)
+        title = f"{name} (batch {batch}{''.join(f', {k} {v}' for k, v in config.items())}), training step"
+        report = _capture(title, model, inputs, args.devices, train=True, measure=True)
+        report.print(top=args.top)
+        print()
+
+
+def _profile(args: argparse.Namespace) -> None:
+    import torch
+
+    model, inputs = _load_model(args.model, args.batch)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, inputs = _to_device(model, inputs, device)
+    mode = "training step" if args.train else "inference"
+    report = _capture(f"{args.model} (batch {args.batch}), {mode} on {device}", model, inputs,
+                      args.devices, train=args.train, measure=args.measure)  # fmt: skip
+    report.print(top=args.top)
+    if args.out:
+        print(f"trace written to {report.save(args.out)}")
+
+
+def _show(args: argparse.Namespace) -> None:
+    from fxcost.report import Report
+
+    report = Report.load(args.trace)
+    if args.devices:
+        report = report.predict(args.devices)
+    report.print(top=args.top)
+
+
+def _devices(args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from fxcost.devices import device_names, get_device
+
+    table = Table(title="GPUs in fxcost's database (spec-sheet values; ? = unconfirmed)")
+    for column in (
+        "name",
+        "full name",
+        "SMs",
+        "FP32 TFLOPS",
+        "BF16 TFLOPS",
+        "GB/s",
+        "memory GB",
+        "$/h",
+    ):
+        table.add_column(column, justify="left" if "name" in column else "right")
+    for name in device_names():
+        d = get_device(name)
+        cells = [
+            (d.num_sms, "num_sms"), (d.fp32_tflops, "fp32_tflops"), (d.bf16_tflops, "bf16_tflops"),
+            (d.mem_bandwidth_gbps, "mem_bandwidth_gbps"), (d.memory_gb, "memory_gb"),
+            (d.price_usd_per_hr, "price_usd_per_hr"),
+        ]  # fmt: skip
+        table.add_row(d.name, d.full_name, *(_cell(v, f in d.uncertain) for v, f in cells))
+    Console().print(table)
+
+
+def _cell(value: float | None, uncertain: bool) -> str:
+    if value is None:
+        return "-"
+    return f"{value:g}{'?' if uncertain else ''}"
+
+
+def _capture(
+    title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool
+) -> Any:
+    from rich.console import Console
+
+    import fxcost
+
+    console = Console(stderr=True)
+    with console.status(f"capturing {title}" + (" and measuring every node" if measure else "")):
+        report = fxcost.profile(model, inputs, devices=devices, train=train, measure=measure)
+    console.print(f"[bold]{title}[/bold]")
+    return report
+
+
+def _load_model(spec: str, batch: int) -> tuple[Any, Any]:
+    """A zoo name, or ``module:callable`` returning ``(model, inputs)``."""
+    from fxcost import zoo
+
+    if ":" not in spec:
+        return zoo.build(spec, batch)
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load {spec!r}: {e}; expected 'module:callable'") from e
+    takes_batch = "batch" in inspect.signature(factory).parameters
+    built = factory(batch=batch) if takes_batch else factory()
+    if not (isinstance(built, tuple) and len(built) == 2):
+        raise TypeError(f"{spec} must return (model, inputs), got {type(built).__name__}")
+    return built
+
+
+def _to_device(model: Any, inputs: Any, device: Any) -> tuple[Any, Any]:
+    import torch
+    from torch.utils._pytree import tree_map
+
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device)
+    return model, tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, inputs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

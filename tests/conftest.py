@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The shared measurement data (``FXCOST_DATA``, default ``../shared/data`` beside the repo)."""
+    path = Path(os.environ.get("FXCOST_DATA", REPO.parent / "shared" / "data"))
+    if not path.is_dir():
+        pytest.skip(f"no measurement data at {path}")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test compiles from scratch, so no test sees another's cached graphs."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,76 @@
+"""fxcost.profile and fxcost.cost: programmatic capture that leaves the model as it found it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import fxcost
+
+
+def test_cost_returns_fw_and_bw_for_one_device() -> None:
+    model, x = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)), torch.randn(16, 32)
+    c = fxcost.cost(model, (x,), device="NVIDIA A100-SXM4-80GB")
+    assert c.device == "A100-SXM4-80GB"
+    assert c.ms == pytest.approx(c.fw_ms + c.bw_ms) and c.fw_ms > 0 and c.bw_ms > 0
+    assert float(c) == c.ms
+    inference = fxcost.cost(model, x, device="A100-SXM4-80GB", train=False)
+    assert inference.bw_ms == 0 and inference.ms == pytest.approx(inference.fw_ms)
+
+
+def test_cost_grows_with_batch_and_shrinks_with_a_faster_gpu() -> None:
+    model = nn.Linear(512, 512)
+    small = fxcost.cost(model, torch.randn(64, 512), device="T4")
+    large = fxcost.cost(model, torch.randn(4096, 512), device="T4")
+    fast = fxcost.cost(model, torch.randn(4096, 512), device="H100-SXM")
+    assert small.ms < large.ms
+    assert fast.ms < large.ms
+
+
+def test_repeated_costs_do_not_hit_dynamo_recompile_limit() -> None:
+    model, x = nn.Linear(8, 8), torch.randn(2, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a recompile-limit warning would fail here
+        costs = [fxcost.cost(model, (x,), device="T4").ms for _ in range(12)]
+    assert len(set(costs)) == 1
+
+
+def test_profile_restores_gradients_and_buffers() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    model(torch.randn(3, 4)).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    stats = model[1].running_mean.clone()
+    fxcost.profile(model, torch.randn(3, 4), devices=["T4"], measure=False)
+    for p, g in zip(model.parameters(), grads, strict=True):
+        assert torch.equal(p.grad, g)
+    assert torch.equal(model[1].running_mean, stats)
+
+
+def test_dict_inputs_and_hf_style_loss() -> None:
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor, target: torch.Tensor):
+            from types import SimpleNamespace
+
+            out = self.lin(x)
+            return SimpleNamespace(logits=out, loss=nn.functional.mse_loss(out, target))
+
+    report = fxcost.profile(WithLoss(), {"x": torch.randn(3, 4), "target": torch.randn(3, 2)},
+                            devices=["T4"], measure=False)  # fmt: skip
+    assert any(n.op == "aten.mse_loss.default" for n in report.nodes)
+    assert any(n.phase == "bw" for n in report.nodes)
+
+
+def test_bad_inputs_get_clear_errors() -> None:
+    with pytest.raises(TypeError, match="example_inputs must be a tensor"):
+        fxcost.cost(nn.Linear(2, 2), 3.0, device="T4")
+    with pytest.raises(ValueError, match="nothing to backpropagate"):
+        fxcost.cost(nn.Linear(2, 2).requires_grad_(False), torch.randn(1, 2), device="T4")
+    with pytest.raises(fxcost.devices.UnknownDeviceError):
+        fxcost.cost(nn.Linear(2, 2), torch.randn(1, 2), device="Z9000")

@@ -1,0 +1,139 @@
+"""Report totals, printouts, dataframes and the JSON trace format."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import fxcost
+from fxcost.report import SCHEMA_VERSION, Report, TraceFormatError
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    return fxcost.profile(model, (torch.randn(8, 16),), devices=["H100-SXM", "T4"], budget_ms=0.2)
+
+
+def test_totals_add_up_by_phase(report: Report) -> None:
+    for device in ("H100-SXM", "NVIDIA H100 80GB HBM3", "Tesla T4"):
+        total = report.total_ms(device)
+        assert total > 0
+        assert total == pytest.approx(report.total_ms(device, "fw") + report.total_ms(device, "bw"))
+    assert report.total_ms("T4") > report.total_ms("H100-SXM")
+    assert report.origin_ms() == pytest.approx(report.origin_ms("fw") + report.origin_ms("bw"))
+    assert report.total_ms("T4", "opt") == 0
+
+
+def test_report_rejects_bad_phase_and_unpredicted_device(report: Report) -> None:
+    with pytest.raises(ValueError, match="unknown phase 'forward'"):
+        report.total_ms("T4", "forward")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="L4 was not predicted"):
+        report.total_ms("L4")
+
+
+def test_capture_fidelity_compares_nodes_with_the_step(report: Report) -> None:
+    assert report.step_ms is not None and report.step_ms > 0
+    assert report.capture_fidelity == pytest.approx(report.origin_ms() / report.step_ms)
+    assert all(g.measured_ms is not None and g.measured_ms > 0 for g in report.graphs)
+
+
+def test_print_shows_every_node_and_the_totals(report: Report) -> None:
+    out = io.StringIO()
+    report.print(file=out)
+    text = out.getvalue()
+    for node in report.nodes:
+        assert node.name in text
+    for word in ("totals (ms)", "fw", "bw", "all", "H100-SXM", "T4", "capture fidelity"):
+        assert word in text
+
+
+def test_print_top_keeps_the_most_expensive(report: Report) -> None:
+    out = io.StringIO()
+    report.print(top=3, file=out)
+    text = out.getvalue()
+    assert "the 3 most expensive" in text
+    cheapest = min(report.nodes, key=lambda n: n.origin_ms or 0.0)
+    assert f" {cheapest.name} " not in text
+    with pytest.raises(ValueError, match="top must be a positive"):
+        report.print(top=0)
+
+
+def test_to_dataframe(report: Report) -> None:
+    pytest.importorskip("pandas")
+    df = report.to_dataframe()
+    assert len(df) == len(report.nodes)
+    assert {"name", "op", "phase", "flops", "bytes", "origin_ms", "pred_ms[T4]"} <= set(df.columns)
+    assert df["pred_ms[T4]"].sum() == pytest.approx(report.total_ms("T4"))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_trace_round_trip_gives_an_identical_report(report: Report, tmp_path, suffix: str) -> None:
+    path = report.save(tmp_path / f"trace{suffix}")
+    loaded = Report.load(path)
+    assert loaded == report
+    assert loaded.to_json() == report.to_json()
+    raw = path.read_bytes()
+    data = json.loads(gzip.decompress(raw) if suffix.endswith(".gz") else raw)
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["torch_version"] == torch.__version__
+    assert data["origin"] == "cpu"
+
+
+def test_loaded_trace_predicts_other_devices(report: Report, tmp_path) -> None:
+    loaded = Report.load(report.save(tmp_path / "t.json"))
+    other = loaded.predict(["L4", "A100-SXM4-80GB"])
+    assert other.devices == ["L4", "A100-SXM4-80GB"]
+    assert other.total_ms("L4") > 0
+    assert loaded.devices == ["H100-SXM", "T4"]  # the original is untouched
+    assert [n.origin_ms for n in other.nodes] == [n.origin_ms for n in report.nodes]
+
+
+def test_other_schema_version_is_refused(report: Report, tmp_path) -> None:
+    data = report.to_json()
+    data["schema_version"] = SCHEMA_VERSION + 1
+    path = tmp_path / "future.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TraceFormatError, match=f"this fxcost reads version {SCHEMA_VERSION}"):
+        Report.load(path)
+
+
+def test_truncated_or_foreign_json_is_refused(report: Report, tmp_path) -> None:
+    path = report.save(tmp_path / "t.json")
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(TraceFormatError, match="not a readable fxcost trace"):
+        Report.load(path)
+    path.write_text('{"hello": 1}')
+    with pytest.raises(TraceFormatError, match="no schema_version"):
+        Report.load(path)
+    data = report.to_json()
+    del data["nodes"][0]["op"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(TraceFormatError, match="malformed"):
+        Report.load(path)
+
+
+def test_save_is_atomic(report: Report, tmp_path, monkeypatch) -> None:
+    path = report.save(tmp_path / "t.json")
+    before = path.read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        report.save(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left behind
+
+
+def test_last_report_before_any_capture(monkeypatch) -> None:
+    monkeypatch.setattr(fxcost.backend, "_last_backend", None)
+    with pytest.raises(RuntimeError, match="no fxcost capture yet"):
+        fxcost.last_report()
