@@ -21,7 +21,7 @@ import threading
 import types
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,13 +57,6 @@ class _CapturedGraph:
     measure_pending: bool = True
 
 
-@dataclass
-class _Frame:
-    """The graphs of the latest compile of one Dynamo frame."""
-
-    graphs: list[_CapturedGraph] = field(default_factory=list)
-
-
 class FxcostBackend:
     """A torch.compile backend that records the cost of every ATen node it compiles.
 
@@ -79,6 +72,7 @@ class FxcostBackend:
         model: str = "roofline",
         budget_ms: float = 10.0,
         profile_kernels: bool = True,
+        progress: Callable[[Phase, int, int], None] | None = None,
     ) -> None:
         from fxcost import cost_models
 
@@ -89,10 +83,12 @@ class FxcostBackend:
         self.measure = measure
         self.budget_ms = budget_ms
         self.profile_kernels = profile_kernels
+        self.progress = progress
         self.origin = "cpu"
         self.failures: list[str] = []
         self.compiled_code: set[types.CodeType] = set()
-        self._frames: dict[int, _Frame] = {}
+        # The graphs of the latest compile of each Dynamo frame, by frame id.
+        self._frames: dict[int, list[_CapturedGraph]] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -105,7 +101,7 @@ class FxcostBackend:
         try:
             from torch._dynamo.backends.common import aot_autograd
 
-            frame = _Frame()
+            frame: list[_CapturedGraph] = []
             frame_id = _frame_id()
             code = _code_being_compiled()
             if code is not None:
@@ -129,7 +125,7 @@ class FxcostBackend:
     def report(self) -> Report:
         """The report of every graph captured so far (forward graphs, then backward, then optimizer)."""
         with self._lock:
-            captured = [g for frame in self._frames.values() for g in frame.graphs]
+            captured = [g for frame in self._frames.values() for g in frame]
         rank = {p: i for i, p in enumerate(PHASES)}
         captured.sort(key=lambda g: rank[g.record.phase])
         report = Report(
@@ -151,25 +147,32 @@ class FxcostBackend:
 
     # -- compile and run -------------------------------------------------------------------------
 
-    def _compiler(self, frame: _Frame, frame_id: int | None, phase: Phase) -> Callable[..., Any]:
+    def _compiler(
+        self, frame: list[_CapturedGraph], frame_id: int | None, phase: Phase
+    ) -> Callable[..., Any]:
         from functorch.compile import make_boxed_func
 
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             try:
-                calls = sum(n.op == "call_function" for n in gm.graph.nodes)
-                record = GraphRecord(index=-1, phase=phase, frame=frame_id, num_nodes=calls)
-                graph = _CapturedGraph(gm, record)
                 annotate.run(gm, phase)
-                predict.run(gm, self.devices, self.model)
-                graph.measure_pending = self.measure
-                with self._lock:
-                    frame.graphs.append(graph)
-                return make_boxed_func(self._runner(graph))
             except Exception as e:
                 self._warn("annotate", e)
                 return make_boxed_func(gm.forward)
+            calls = sum(n.op == "call_function" for n in gm.graph.nodes)
+            record = GraphRecord(index=-1, phase=phase, frame=frame_id, num_nodes=calls)
+            graph = _CapturedGraph(gm, record, measure_pending=self.measure)
+            with self._lock:
+                frame.append(graph)
+            self._predict(gm)
+            return make_boxed_func(self._runner(graph))
 
         return compile_graph
+
+    def _predict(self, gm: torch.fx.GraphModule) -> None:
+        try:
+            predict.run(gm, self.devices, self.model)
+        except Exception as e:
+            self._warn("predict", e)
 
     def _runner(self, graph: _CapturedGraph) -> Callable[..., Any]:
         gm = graph.gm
@@ -179,15 +182,26 @@ class FxcostBackend:
                 graph.measure_pending = False
                 try:
                     measure.run(
-                        gm, args, graph.record,
-                        budget_ms=self.budget_ms, profile_kernels=self.profile_kernels,
-                    )  # fmt: skip
-                    predict.run(gm, self.devices, self.model)
+                        gm,
+                        args,
+                        graph.record,
+                        budget_ms=self.budget_ms,
+                        profile_kernels=self.profile_kernels,
+                        progress=self._progress_of(graph.record.phase),
+                    )
                 except Exception as e:
                     self._warn("measure", e)
+                else:
+                    self._predict(gm)  # models that scale origin measurements can use them now
             return gm(*args)
 
         return run
+
+    def _progress_of(self, phase: Phase) -> measure.Progress | None:
+        report = self.progress
+        if report is None:
+            return None
+        return lambda done, total: report(phase, done, total)
 
     def _warn(self, stage: str, error: Exception) -> None:
         """Report a failure once per stage and error type; training goes on without fxcost there."""
@@ -213,6 +227,7 @@ def estimate(
     model: str = "roofline",
     budget_ms: float = 10.0,
     profile_kernels: bool = True,
+    progress: Callable[[Phase, int, int], None] | None = None,
 ) -> FxcostBackend:
     """A torch.compile backend that predicts each node's time on ``devices``.
 
@@ -223,6 +238,7 @@ def estimate(
         model: the cost model that predicts (see ``fxcost.cost_models.model_names()``).
         budget_ms: measurement time budget per node.
         profile_kernels: on CUDA, record each node's kernels with torch.profiler while measuring.
+        progress: called as ``progress(phase, nodes_done, nodes_total)`` while a graph is measured.
 
     Raises:
         UnknownDeviceError: a device name is unknown (raised here, before any training runs).
@@ -234,7 +250,12 @@ def estimate(
         >>> fxcost.last_report().print(top=20)  # doctest: +SKIP
     """
     return FxcostBackend(
-        devices, measure=measure, model=model, budget_ms=budget_ms, profile_kernels=profile_kernels
+        devices,
+        measure=measure,
+        model=model,
+        budget_ms=budget_ms,
+        profile_kernels=profile_kernels,
+        progress=progress,
     )
 
 

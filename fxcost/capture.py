@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 from fxcost.backend import DEFAULT_DEVICES, FxcostBackend
 from fxcost.devices import Device, get_device
 from fxcost.passes.measure import NODE_REPS
+from fxcost.records import Phase
 from fxcost.report import Report
 from fxcost.timing import bench_ms
 
@@ -78,6 +79,7 @@ def profile(
     loss_fn: LossFn = default_loss,
     cost_model: str = "roofline",
     budget_ms: float = 10.0,
+    progress: Callable[[Phase, int, int], None] | None = None,
 ) -> Report:
     """Capture one step of ``model`` on ``example_inputs`` and return its report.
 
@@ -90,9 +92,12 @@ def profile(
         loss_fn: turns the model's output into the scalar to backpropagate.
         cost_model: the cost model that predicts.
         budget_ms: measurement time budget per node.
+        progress: called as ``progress(phase, nodes_done, nodes_total)`` while a graph is measured.
     """
     args, kwargs = _as_call(example_inputs)
-    backend = FxcostBackend(devices, measure=measure, model=cost_model, budget_ms=budget_ms)
+    backend = FxcostBackend(
+        devices, measure=measure, model=cost_model, budget_ms=budget_ms, progress=progress
+    )
 
     def step(*a: Any, **kw: Any) -> Any:
         out = model(*a, **kw)

@@ -162,12 +162,25 @@ def _capture(
     title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool
 ) -> Any:
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import fxcost
 
     console = Console(stderr=True)
-    with console.status(f"capturing {title}" + (" and measuring every node" if measure else "")):
-        report = fxcost.profile(model, inputs, devices=devices, train=train, measure=measure)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        capturing = bar.add_task(f"capturing {title}", total=None)
+        tasks: dict[str, Any] = {}
+
+        def on_progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"  measuring {phase} graph nodes", total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        report = fxcost.profile(
+            model, inputs, devices=devices, train=train, measure=measure, progress=on_progress
+        )
+        bar.update(capturing, total=1, completed=1)
     console.print(f"[bold]{title}[/bold]")
     return report
 

@@ -20,6 +20,9 @@ __all__ = ["RANGE_PREFIX", "kernels_by_range", "kernels_from_profiler"]
 
 RANGE_PREFIX = "fxcost::"
 
+# Kernels are launched through the runtime (cudaLaunchKernel) or, by cuBLASLt and Triton, the driver.
+_LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+
 
 def kernels_from_profiler(prof: Any) -> dict[str, list[KernelRecord]]:
     """Kernels per ``fxcost::`` range of a finished ``torch.profiler.profile``."""
@@ -50,7 +53,7 @@ def kernels_by_range(trace: dict[str, Any]) -> dict[str, list[KernelRecord]]:
     launches = {
         e["args"]["correlation"]: float(e["ts"])
         for e in events
-        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})
+        if e.get("cat") in _LAUNCH_CATEGORIES and "correlation" in e.get("args", {})
     }
     starts = [r[0] for r in ranges]
     found: dict[str, list[tuple[float, KernelRecord]]] = defaultdict(list)

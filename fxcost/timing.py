@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -37,13 +37,25 @@ def bench_ms(
     """
     if min_reps < 1 or max_reps < min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps}, {max_reps}")
-    timer = _CudaTimer(device) if device.type == "cuda" else _WallTimer()
+    if device.type == "cuda":
+        with torch.cuda.device(device):  # events and the flush on the stream of fn's device
+            return _bench(fn, _CudaTimer(device), budget_ms, warmup, min_reps, max_reps)
+    return _bench(fn, _WallTimer(), budget_ms, warmup, min_reps, max_reps)
+
+
+def _bench(
+    fn: Callable[[], Any], timer: _Timer, budget_ms: float, warmup: int, min_reps: int, max_reps: int
+) -> float:
     for _ in range(warmup):
         fn()
     first = timer.time(fn)
     reps = int(min(max_reps, max(min_reps - 1, budget_ms / max(first, 1e-6))))
     times = [first] + [timer.time(fn) for _ in range(reps)]
     return statistics.median(times)
+
+
+class _Timer(Protocol):
+    def time(self, fn: Callable[[], Any]) -> float: ...
 
 
 class _WallTimer:

@@ -25,7 +25,9 @@ from fxcost.profiling import RANGE_PREFIX, kernels_from_profiler
 from fxcost.records import META_KEY, GraphRecord, NodeCost
 from fxcost.timing import bench_ms
 
-__all__ = ["NODE_REPS", "run"]
+__all__ = ["NODE_REPS", "Progress", "run"]
+
+Progress = Callable[[int, int], None]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ def run(
     *,
     budget_ms: float = 10.0,
     profile_kernels: bool = True,
+    progress: Progress | None = None,
 ) -> torch.fx.GraphModule:
     """Measure every annotated node of ``gm`` on ``inputs`` (and the whole graph into ``graph``).
 
@@ -51,12 +54,13 @@ def run(
         graph: the graph's record; its ``measured_ms`` is set to the time of the whole graph.
         budget_ms: time budget of the repetitions per node.
         profile_kernels: on CUDA, also record each node's kernels with torch.profiler.
+        progress: called as ``progress(done, total)`` after each node is timed.
     """
     device = _device_of(inputs)
     mutates = any(_is_mutating(n.target) for n in gm.graph.nodes if n.op == "call_function")
     with _isolated(device):
         args = _clone_tensors(inputs) if mutates else list(inputs)
-        _NodeTimer(gm, device, budget_ms).run(*args)
+        _NodeTimer(gm, device, budget_ms, progress).run(*args)
         if profile_kernels and device.type == "cuda":
             _record_kernels(gm, _clone_tensors(inputs) if mutates else list(inputs))
         if graph is not None:
@@ -68,19 +72,31 @@ def run(
 class _NodeTimer(torch.fx.Interpreter):
     """Runs the graph, and after each call node re-runs that node alone to time it."""
 
-    def __init__(self, gm: torch.fx.GraphModule, device: torch.device, budget_ms: float) -> None:
+    def __init__(
+        self, gm: torch.fx.GraphModule, device: torch.device, budget_ms: float, progress: Progress | None
+    ) -> None:
         super().__init__(gm)
         self.device = device
         self.budget_ms = budget_ms
+        self.progress = progress
+        self.total = sum(META_KEY in n.meta for n in gm.graph.nodes)
+        self.done = 0
 
     def run_node(self, n: torch.fx.Node) -> Any:
         result = super().run_node(n)
         record: NodeCost | None = n.meta.get(META_KEY)
         if n.op != "call_function" or record is None:
             return result
+        self._time(n, record)
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+        return result
+
+    def _time(self, n: torch.fx.Node, record: NodeCost) -> None:
         if not record.has_kernel and (self.device.type == "cuda" or not _is_aten(n.target)):
             record.origin_ms = 0.0  # no kernel: nothing to time on a GPU, a Python-level op on a CPU
-            return result
+            return
         args, kwargs = self.fetch_args_kwargs_from_env(n)
         if _is_mutating(n.target):
             args, kwargs = _clone_tensors(args), _clone_tensors(kwargs)
@@ -90,7 +106,6 @@ class _NodeTimer(torch.fx.Interpreter):
             )
         except Exception as e:
             raise RuntimeError(f"fxcost measure failed on node={n.format_node()}") from e
-        return result
 
 
 def _record_kernels(gm: torch.fx.GraphModule, inputs: list[Any]) -> None:
