@@ -15,10 +15,14 @@ if TYPE_CHECKING:
 
 __all__ = ["print_report"]
 
+_UNBOUNDED_WIDTH = 1000
+
 
 def print_report(report: Report, top: int | None = None, file: TextIO | None = None) -> None:
     """Print ``report``'s node table, then totals for fw, bw, opt and all, then coverage and fidelity."""
-    console = Console(file=file, width=max(160, Console(file=file).width), highlight=False)
+    console = Console(file=file, highlight=False)
+    if not console.is_terminal:  # a file or a pipe: as wide as the table needs, nothing cut
+        console = Console(file=file, highlight=False, width=_UNBOUNDED_WIDTH)
     nodes = _selected(report, top)
     console.print(_node_table(report, nodes, top))
     console.print(_totals_table(report))
