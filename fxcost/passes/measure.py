@@ -58,14 +58,17 @@ def run(
     """
     device = _device_of(inputs)
     mutates = any(_is_mutating(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+    def fresh_inputs() -> list[Any]:
+        return _clone_tensors(list(inputs)) if mutates else list(inputs)
+
     with _isolated(device):
-        args = _clone_tensors(inputs) if mutates else list(inputs)
-        _NodeTimer(gm, device, budget_ms, progress).run(*args)
+        _NodeTimer(gm, device, budget_ms, progress).run(*fresh_inputs())
         if profile_kernels and device.type == "cuda":
-            _record_kernels(gm, _clone_tensors(inputs) if mutates else list(inputs))
+            _record_kernels(gm, fresh_inputs())
         if graph is not None:
-            fresh = _clone_tensors(inputs) if mutates else list(inputs)
-            graph.measured_ms = bench_ms(lambda: gm(*fresh), device, budget_ms=4 * budget_ms, **NODE_REPS)
+            args = fresh_inputs()
+            graph.measured_ms = bench_ms(lambda: gm(*args), device, budget_ms=4 * budget_ms, **NODE_REPS)
     return gm
 
 
