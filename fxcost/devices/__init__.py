@@ -23,15 +23,23 @@ Example:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import difflib
 import functools
+import json
+import os
 import re
 import sys
+import threading
 import types
 from dataclasses import dataclass, field
 from importlib import resources
+from pathlib import Path
+from typing import ClassVar
 
-__all__ = ["Device", "UnknownDeviceError", "device_names", "get_device"]
+__all__ = ["Device", "DeviceFileError", "UnknownDeviceError", "device_names", "get_device", "load_devices"]
+
+_lock = threading.Lock()
 
 
 class UnknownDeviceError(KeyError, ValueError):
@@ -43,7 +51,12 @@ class UnknownDeviceError(KeyError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Device:
-    """Spec-sheet facts for one GPU. Units are in the names; ``None`` means unknown or not applicable."""
+    """Facts about one GPU. Units are in the names; ``None`` means unknown or not applicable.
+
+    Spec-sheet values come from ``gpus.csv``; the calibration columns (achieved bandwidth, kernel
+    overhead, launch floor) are measured where ``calibration_source`` says so, and otherwise the
+    properties below fall back to documented defaults. ``source_of(field)`` says where a value came from.
+    """
 
     name: str
     full_name: str
@@ -71,9 +84,94 @@ class Device:
     pcie_gen: int | None
     tdp_w: float | None
     price_usd_per_hr: float | None
+    achieved_bandwidth_gbps: float | None = None
+    kernel_overhead_ms: float | None = None
+    launch_floor_ms: float | None = None
+    calibration_source: str = ""
     aliases: tuple[str, ...] = ()
     sources: str = ""
     uncertain: frozenset[str] = field(default_factory=frozenset)
+
+    # -- values derived from the compute capability (CUDA Programming Guide, occupancy calculator) ----
+
+    @property
+    def cc(self) -> tuple[int, int] | None:
+        """Compute capability as (major, minor), None for non-CUDA parts."""
+        if not self.compute_capability:
+            return None
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major), int(minor or 0)
+
+    @property
+    def max_warps_per_sm(self) -> int | None:
+        if self.max_threads_per_sm is None or not self.warp_size:
+            return None
+        return self.max_threads_per_sm // self.warp_size
+
+    max_threads_per_block: ClassVar[int] = 1024  # every CUDA GPU since Fermi
+    reg_alloc_unit: ClassVar[int] = 256  # registers are allocated per warp in units of 256
+
+    @property
+    def smem_alloc_unit_bytes(self) -> int:
+        """Shared memory is allocated per block in units of 256 bytes (128 from Ampere on)."""
+        return 128 if (self.cc or (0, 0)) >= (8, 0) else 256
+
+    @property
+    def smem_reserved_per_block_bytes(self) -> int:
+        """From compute capability 8.0 the driver reserves 1 KB of shared memory per block."""
+        return 1024 if (self.cc or (0, 0)) >= (8, 0) else 0
+
+    # -- calibration, with documented fallbacks -------------------------------------------------------
+
+    @property
+    def bandwidth_gbps(self) -> float | None:
+        """Achieved DRAM bandwidth: calibrated where measured, else the spec times a typical fraction."""
+        if self.achieved_bandwidth_gbps is not None:
+            return self.achieved_bandwidth_gbps
+        if self.mem_bandwidth_gbps is None:
+            return None
+        return self.mem_bandwidth_gbps * DEFAULT_BANDWIDTH_FRACTION
+
+    @property
+    def overhead_ms(self) -> float:
+        """Fixed time per kernel on top of its work (launch and host dispatch, as CUDA events see it)."""
+        return self.kernel_overhead_ms if self.kernel_overhead_ms is not None else DEFAULT_OVERHEAD_MS
+
+    @property
+    def floor_ms(self) -> float:
+        """The shortest time any kernel takes, as CUDA events around one PyTorch op see it."""
+        return self.launch_floor_ms if self.launch_floor_ms is not None else DEFAULT_FLOOR_MS
+
+    def source_of(self, name: str) -> str:
+        """Where the value of field or property ``name`` comes from."""
+        if name in {"achieved_bandwidth_gbps", "kernel_overhead_ms", "launch_floor_ms",
+                    "bandwidth_gbps", "overhead_ms", "floor_ms"}:  # fmt: skip
+            stored = {"bandwidth_gbps": "achieved_bandwidth_gbps", "overhead_ms": "kernel_overhead_ms",
+                      "floor_ms": "launch_floor_ms"}.get(name, name)  # fmt: skip
+            if getattr(self, stored) is not None:
+                return self.calibration_source
+            return _FALLBACK_SOURCES[stored]
+        if name in {"smem_alloc_unit_bytes", "smem_reserved_per_block_bytes", "reg_alloc_unit",
+                    "max_threads_per_block", "max_warps_per_sm"}:  # fmt: skip
+            return f"CUDA occupancy rules for compute capability {self.compute_capability}"
+        if name not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"Device has no field {name!r}")
+        return self.sources + (" (unconfirmed)" if name in self.uncertain else "")
+
+
+# Fallbacks for GPUs never calibrated; the calibrated values come from
+# `python benchmarks/calibrate_devices.py --data ../shared/data --write` (training GPUs only).
+# The fraction is the mean of achieved/spec over the calibrated GPUs (0.76-0.95); overhead and floor
+# are their medians.
+DEFAULT_BANDWIDTH_FRACTION = 0.83
+DEFAULT_OVERHEAD_MS = 0.018
+DEFAULT_FLOOR_MS = 0.030
+_FALLBACK_SOURCES = {
+    "achieved_bandwidth_gbps": f"default: {DEFAULT_BANDWIDTH_FRACTION} x spec bandwidth "
+    "(mean achieved/spec of the calibrated GPUs)",
+    "kernel_overhead_ms": f"default: {DEFAULT_OVERHEAD_MS} ms (median of the calibrated GPUs)",
+    "launch_floor_ms": f"default: {DEFAULT_FLOOR_MS} ms (median of the calibrated GPUs)",
+}
 
 
 # CSV column -> Device field, for the columns whose names differ.
@@ -84,7 +182,9 @@ _RENAMED = {
     "bf16_tensor_tflops_dense": "bf16_tflops",
     "cloud_price_usd_per_hr": "price_usd_per_hr",
 }
-_TEXT_FIELDS = {"name", "full_name", "vendor", "architecture", "compute_capability", "sources"}
+_TEXT_FIELDS = {
+    "name", "full_name", "vendor", "architecture", "compute_capability", "sources", "calibration_source"
+}  # fmt: skip
 _INT_FIELDS = {
     "num_sms", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm", "max_regs_per_thread",
     "warp_size", "pcie_gen",
@@ -130,7 +230,11 @@ def _row_to_device(row: dict[str, str]) -> Device:
 
 @functools.cache
 def _database() -> tuple[dict[str, Device], dict[str, str]]:
-    """Load the spec table once: (devices by canonical name, normalized alias -> canonical name)."""
+    """The device table, loaded once: (devices by canonical name, normalized alias -> canonical name).
+
+    Files named in the ``FXCOST_DEVICES`` environment variable (separated by ``os.pathsep``) are
+    applied on top, as by :func:`load_devices`.
+    """
     text = resources.files(__package__).joinpath("gpus.csv").read_text(encoding="utf-8")
     devices: dict[str, Device] = {}
     index: dict[str, str] = {}
@@ -138,13 +242,125 @@ def _database() -> tuple[dict[str, Device], dict[str, str]]:
         device = _row_to_device(row)
         if device.name in devices:
             raise ValueError(f"gpus.csv lists {device.name!r} twice")
-        devices[device.name] = device
-        for alias in (device.name, device.full_name, *device.aliases):
-            key = _normalize(alias)
-            owner = index.setdefault(key, device.name)
-            if owner != device.name:
-                raise ValueError(f"gpus.csv: alias {alias!r} names both {owner} and {device.name}")
+        _add(devices, index, device)
+    for path in filter(None, os.environ.get("FXCOST_DEVICES", "").split(os.pathsep)):
+        _apply_file(devices, index, Path(path))
     return devices, index
+
+
+def _add(devices: dict[str, Device], index: dict[str, str], device: Device) -> None:
+    devices[device.name] = device
+    for alias in (device.name, device.full_name, *device.aliases):
+        key = _normalize(alias)
+        owner = index.setdefault(key, device.name)
+        if owner != device.name:
+            raise ValueError(f"device alias {alias!r} names both {owner} and {device.name}")
+
+
+_EDITABLE = {f.name for f in dataclasses.fields(Device)} - {
+    "name",
+    "uncertain",
+    "sources",
+    "calibration_source",
+}
+_CALIBRATION = {"achieved_bandwidth_gbps", "kernel_overhead_ms", "launch_floor_ms"}
+
+
+def load_devices(path: str | os.PathLike[str]) -> list[str]:
+    """Add GPUs, or override values of known ones, from a YAML or JSON file.
+
+    The file maps device names to fields (the names of :class:`Device`'s fields, e.g. ``num_sms``,
+    ``mem_bandwidth_gbps``, ``achieved_bandwidth_gbps``). A known name or alias overrides the given
+    fields; a new name starts from ``base:`` (a known device) and overrides from there. Every value
+    overridden records the file as its source. Returns the canonical names added or changed.
+
+    Example file::
+
+        H100-SXM:
+          achieved_bandwidth_gbps: 3010      # measured with `fxcost calibrate`
+        MyCloud-H100:
+          base: H100-SXM
+          aliases: [NVIDIA H100 80GB HBM3 (MyCloud)]
+          price_usd_per_hr: 2.10
+
+    Raises:
+        DeviceFileError: the file cannot be read, or names an unknown field, base or value type.
+    """
+    devices, index = _database()
+    with _lock:
+        return _apply_file(devices, index, Path(path))
+
+
+class DeviceFileError(ValueError):
+    """A device file that cannot be applied; the message names the file, device and field."""
+
+
+def _apply_file(devices: dict[str, Device], index: dict[str, str], path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix in {".yaml", ".yml"}:
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (OSError, ValueError) as e:
+        raise DeviceFileError(f"{path}: cannot read device file ({e})") from e
+    except Exception as e:  # yaml.YAMLError does not derive from ValueError
+        raise DeviceFileError(f"{path}: not valid YAML ({e})") from e
+    if not isinstance(data, dict):
+        raise DeviceFileError(
+            f"{path}: expected a mapping of device names to fields, got {type(data).__name__}"
+        )
+    changed = []
+    for name, fields in data.items():
+        if not isinstance(fields, dict):
+            raise DeviceFileError(
+                f"{path}: {name}: expected a mapping of fields, got {type(fields).__name__}"
+            )
+        fields = dict(fields)
+        known = index.get(_normalize(str(name)))
+        base_name = fields.pop("base", None)
+        if known is not None:
+            base = devices[known]
+        elif base_name is not None:
+            base_key = index.get(_normalize(str(base_name)))
+            if base_key is None:
+                raise DeviceFileError(f"{path}: {name}: unknown base device {base_name!r}")
+            base = dataclasses.replace(devices[base_key], name=str(name), full_name=str(name), aliases=())
+        else:
+            raise DeviceFileError(
+                f"{path}: {name}: not a known device; give 'base: <known device>' to start from one"
+            )
+        device = _override(base, fields, f"{path}: {name}")
+        _add(devices, index, device)
+        changed.append(device.name)
+    return changed
+
+
+def _override(base: Device, fields: dict[str, object], where: str) -> Device:
+    unknown = set(fields) - _EDITABLE
+    if unknown:
+        raise DeviceFileError(f"{where}: unknown fields {sorted(unknown)}; accepted: {sorted(_EDITABLE)}")
+    values: dict[str, object] = {}
+    for key, value in fields.items():
+        if key == "aliases":
+            if not (isinstance(value, list) and all(isinstance(a, str) for a in value)):
+                raise DeviceFileError(f"{where}: aliases must be a list of strings")
+            values[key] = base.aliases + tuple(value)
+        elif key in _TEXT_FIELDS:
+            values[key] = str(value)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise DeviceFileError(f"{where}: {key} must be a non-negative number, got {value!r}")
+        else:
+            values[key] = int(value) if key in _INT_FIELDS else float(value)
+    spec = sorted(set(values) - _CALIBRATION - {"aliases"})
+    if spec:
+        values["sources"] = f"{base.sources}; {', '.join(spec)} from {where}"
+        values["uncertain"] = base.uncertain - set(spec)
+    if set(values) & _CALIBRATION:
+        values["calibration_source"] = where
+    return dataclasses.replace(base, **values)  # type: ignore[arg-type]
 
 
 def device_names() -> list[str]:

@@ -1,0 +1,90 @@
+"""Calibrate the device database from measured elementwise kernels: achieved bandwidth and overheads.
+
+For each GPU in ``<data>/ops/{add,mul,...}/<Device>.csv`` (the training rows, never ops_test), fits
+
+    latency = kernel_overhead + bytes / achieved_bandwidth        (rows with >= 2^20 elements)
+
+by least squares on relative error, and takes the launch floor as the median latency of the tiny
+kernels (< 4096 elements). Held-out GPUs (H100, L4, A100-80GB) are refused: nothing measured on them
+is fit into what fxcost ships (DESIGN.md).
+
+    python benchmarks/calibrate_devices.py --data ../shared/data [--write]
+
+With ``--write`` the values go into fxcost/devices/gpus.csv with their source.
+Last line: ``calibrated=N bandwidth_fraction_mean=..``
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from fxcost.datasets import ELEMENTWISE, read_ops
+
+HELD_OUT = {"H100-SXM", "H100-PCIE", "L4", "A100-PCIE-80GB", "A100-SXM4-80GB"}
+LARGE, TINY = 2**20, 4096
+TABLE = Path(__file__).resolve().parents[1] / "fxcost" / "devices" / "gpus.csv"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="../shared/data")
+    parser.add_argument("--write", action="store_true", help=f"update {TABLE.name}")
+    args = parser.parse_args()
+
+    rows = read_ops(args.data, ELEMENTWISE)
+    fits = {}
+    print(
+        f"{'device':18s} {'rows':>6s} {'BW GB/s':>8s} {'spec':>6s} {'frac':>5s} {'overhead ms':>12s} {'floor ms':>9s}"
+    )
+    from fxcost.devices import get_device
+
+    for device, group in rows.groupby("device"):
+        if device in HELD_OUT:
+            print(f"{device}: held out, not calibrated")
+            continue
+        large = group[group["numel"] >= LARGE]
+        weight = 1.0 / large["Latency"].to_numpy()
+        design = np.c_[np.ones(len(large)), large["bytes"].to_numpy() / 1e6] * weight[:, None]
+        intercept, ms_per_mb = np.linalg.lstsq(design, large["Latency"].to_numpy() * weight, rcond=None)[0]
+        floor = float(group.loc[group["numel"] < TINY, "Latency"].median())
+        bandwidth = 1.0 / ms_per_mb
+        spec = get_device(device).mem_bandwidth_gbps
+        fits[device] = (bandwidth, float(intercept), floor, len(large))
+        print(f"{device:18s} {len(large):6d} {bandwidth:8.0f} {spec:6.0f} {bandwidth / spec:5.2f} "
+              f"{intercept:12.4f} {floor:9.4f}")  # fmt: skip
+    if args.write:
+        _write(fits, args.data)
+    fractions = [fits[d][0] / get_device(d).mem_bandwidth_gbps for d in fits]
+    print(f"calibrated={len(fits)} bandwidth_fraction_mean={np.mean(fractions):.3f} "
+          f"overhead_median_ms={np.median([f[1] for f in fits.values()]):.4f} "
+          f"floor_median_ms={np.median([f[2] for f in fits.values()]):.4f}")  # fmt: skip
+    return 0
+
+
+def _write(fits: dict[str, tuple[float, float, float, int]], data: str) -> None:
+    with TABLE.open(newline="") as f:
+        table = list(csv.DictReader(f))
+    for row in table:
+        if row["key"] in fits:
+            bandwidth, overhead, floor, n = fits[row["key"]]
+            row["achieved_bandwidth_gbps"] = f"{bandwidth:.0f}"
+            row["kernel_overhead_ms"] = f"{overhead:.4f}"
+            row["launch_floor_ms"] = f"{floor:.4f}"
+            row["calibration_source"] = (
+                f"fit on neusight/ops elementwise training rows ({n} rows >= 2^20 elements; floor: "
+                f"median of rows < {TINY} elements) by benchmarks/calibrate_devices.py"
+            )
+    with TABLE.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
+    print(f"wrote {len(fits)} calibrations to {TABLE}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
