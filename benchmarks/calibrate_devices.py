@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fxcost.datasets import ELEMENTWISE, read_ops
+from fxcost.devices import get_device
 
 HELD_OUT = {"H100-SXM", "H100-PCIE", "L4", "A100-PCIE-80GB", "A100-SXM4-80GB"}
 LARGE, TINY = 2**20, 4096
@@ -38,10 +39,8 @@ def main() -> int:
 
     rows = read_ops(args.data, ELEMENTWISE)
     fits = {}
-    print(
-        f"{'device':18s} {'rows':>6s} {'BW GB/s':>8s} {'spec':>6s} {'frac':>5s} {'overhead ms':>12s} {'floor ms':>9s}"
-    )
-    from fxcost.devices import get_device
+    columns = ("rows", "BW GB/s", "spec", "frac", "overhead ms", "floor ms")
+    print(f"{'device':18s} " + " ".join(f"{c:>11s}" for c in columns))
 
     for device, group in rows.groupby("device"):
         if device in HELD_OUT:
@@ -55,8 +54,9 @@ def main() -> int:
         bandwidth = 1.0 / ms_per_mb
         spec = get_device(device).mem_bandwidth_gbps
         fits[device] = (bandwidth, float(intercept), floor, len(large))
-        print(f"{device:18s} {len(large):6d} {bandwidth:8.0f} {spec:6.0f} {bandwidth / spec:5.2f} "
-              f"{intercept:12.4f} {floor:9.4f}")  # fmt: skip
+        values = (f"{len(large)}", f"{bandwidth:.0f}", f"{spec:.0f}", f"{bandwidth / spec:.2f}",
+                  f"{intercept:.4f}", f"{floor:.4f}")  # fmt: skip
+        print(f"{device:18s} " + " ".join(f"{v:>11s}" for v in values))
     if args.write:
         _write(fits, args.data)
     fractions = [fits[d][0] / get_device(d).mem_bandwidth_gbps for d in fits]
