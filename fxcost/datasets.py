@@ -9,16 +9,19 @@ pandas is needed here: ``pip install 'fxcost[df]'``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fxcost.devices import get_device
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["ELEMENTWISE", "KERNEL_ALIKE", "read_ops", "read_ops_test"]
+    from fxcost.records import NodeCost, Shape
+
+__all__ = ["ELEMENTWISE", "KERNEL_ALIKE", "kernel_alike_node", "op_class", "read_ops", "read_ops_test"]
 
 # Op names used by the data set, with the number of [B, H] tensors the kernel reads and writes:
 # binary ops read two and write one; unary ops and ops with a scalar operand ("u") read one.
@@ -87,3 +90,51 @@ def _read(files: list[Path], where: Path) -> pd.DataFrame:
         operands = out["OPName"].map(KERNEL_ALIKE)
         out["bytes"] = out["numel"] * ITEMSIZE * operands  # NaN for ops that are not kernel-alike
     return out
+
+
+# Each data-set op as the ATen call PyTorch 2.1 makes for it on a [B, H] fp32 tensor: the ATen op,
+# whether it takes a second [B, H] tensor (else a Python scalar), and its other outputs.
+_ATEN = {
+    "add": ("aten.add.Tensor", True), "mul": ("aten.mul.Tensor", True), "div": ("aten.div.Tensor", True),
+    "pow": ("aten.pow.Tensor_Tensor", True), "addu": ("aten.add.Tensor", False),
+    "mulu": ("aten.mul.Tensor", False), "divu": ("aten.div.Tensor", False),
+    "powu": ("aten.pow.Tensor_Scalar", False), "relu": ("aten.relu.default", False),
+    "gelu": ("aten.gelu.default", False), "tanh": ("aten.tanh.default", False),
+    "ln": ("aten.native_layer_norm.default", False), "softmax": ("aten._softmax.default", False),
+}  # fmt: skip
+
+
+def kernel_alike_node(op: str, batch: int, hidden: int) -> NodeCost:
+    """The annotated node a kernel-alike data-set row stands for (``op`` on a [B, H] fp32 tensor)."""
+    import torch
+
+    from fxcost.lowering import count_flops, resolve_op
+    from fxcost.records import NodeCost
+
+    aten_name, binary = _ATEN[op]
+    x = (batch, hidden)
+    in_shapes: list[Shape] = [x, x] if binary else [x]
+    out_shapes: list[Shape] = [x]
+    args: dict[str, Any] = {}
+    if op == "ln":
+        in_shapes, out_shapes = [x, (hidden,), (hidden,)], [x, (batch, 1), (batch, 1)]
+        args = {"normalized_shape": [hidden], "eps": 1e-5}
+    elif op == "softmax":
+        args = {"dim": -1, "half_to_float": False}
+    ins = [torch.empty(s, device="meta") for s in in_shapes]
+    outs = [torch.empty(s, device="meta") for s in out_shapes]
+    call_args = (*ins, 2.0) if op.endswith("u") else tuple(ins)  # "u" ops take a Python scalar
+    flops = count_flops(resolve_op(aten_name), call_args, {}, outs[0] if len(outs) == 1 else tuple(outs))
+    return NodeCost(
+        name=op,
+        op=aten_name,
+        phase="fw",
+        in_shapes=in_shapes,
+        in_dtypes=["float32"] * len(in_shapes),
+        out_shapes=out_shapes,
+        out_dtypes=["float32"] * len(out_shapes),
+        args=args,
+        flops=flops,
+        bytes_read=ITEMSIZE * sum(math.prod(s) for s in in_shapes),
+        bytes_written=ITEMSIZE * sum(math.prod(s) for s in out_shapes),
+    )

@@ -64,6 +64,7 @@ class NodeCost:
             module whose forward they differentiate.
         in_shapes, in_dtypes: tensor arguments, in schema order (lists of tensors are flattened).
         out_shapes, out_dtypes: tensor results.
+        args: the op's non-tensor arguments by schema name (``dim``, ``kernel_size``, ...), normalized.
         flops: floating point operations, ``None`` where no formula applies.
         bytes_read, bytes_written: DRAM traffic of a kernel reading each input and writing each output
             once; ``0`` for nodes that launch no kernel.
@@ -84,6 +85,7 @@ class NodeCost:
     in_dtypes: list[str] = field(default_factory=list)
     out_shapes: list[Shape] = field(default_factory=list)
     out_dtypes: list[str] = field(default_factory=list)
+    args: dict[str, Any] = field(default_factory=dict)
     flops: int | None = None
     bytes_read: int | None = None
     bytes_written: int | None = None

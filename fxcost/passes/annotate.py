@@ -65,6 +65,7 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
         in_dtypes=[_dtype(t) for t in ins],
         out_shapes=[_shape(t) for t in outs],
         out_dtypes=[_dtype(t) for t in outs],
+        args=_scalar_args(node),
         has_kernel=has_kernel(node.target),
     )
     if not record.has_kernel:
@@ -93,6 +94,24 @@ def _mutated_args(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         if arg.alias_info is not None and arg.alias_info.is_write:
             written.append(args[i] if i < len(args) else kwargs.get(arg.name))
     return [t for t in tree_leaves(written) if isinstance(t, torch.Tensor)]
+
+
+def _scalar_args(node: torch.fx.Node) -> dict[str, Any]:
+    """The op's non-tensor arguments by schema name, as JSON-friendly values (ints, floats, lists)."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return {}
+    normalized = torch.fx.operator_schemas.normalize_function(
+        node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True
+    )
+    if normalized is None:
+        return {}
+    return {k: v for k, v in normalized.kwargs.items() if _is_plain(v)}
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _value(n: torch.fx.Node) -> Any:
