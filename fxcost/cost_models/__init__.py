@@ -33,6 +33,7 @@ class NodeBatch:
         matmul: whether the node is matmul-class (GEMM, convolution, attention: tensor-core work).
         origin_ms: measured time on the origin device.
         itemsize: bytes per element of the node's widest floating output (4 for fp32), NaN if none.
+        origin: the GPU the ``origin_ms`` were measured on, None if not a known GPU (e.g. a CPU).
     """
 
     nodes: Sequence[NodeCost]
@@ -42,9 +43,10 @@ class NodeBatch:
     matmul: np.ndarray
     origin_ms: np.ndarray
     itemsize: np.ndarray
+    origin: Device | None = None
 
     @classmethod
-    def of(cls, nodes: Sequence[NodeCost]) -> NodeBatch:
+    def of(cls, nodes: Sequence[NodeCost], origin: Device | None = None) -> NodeBatch:
         def column(values: list[float | None]) -> np.ndarray:
             return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
@@ -56,6 +58,7 @@ class NodeBatch:
             matmul=np.array([is_matmul_class(n.op) for n in nodes], dtype=bool),
             origin_ms=column([n.origin_ms for n in nodes]),
             itemsize=column([_itemsize(n.out_dtypes or n.in_dtypes) for n in nodes]),
+            origin=origin,
         )
 
     def __len__(self) -> int:
@@ -118,28 +121,47 @@ def get_model(name: str | CostModel) -> CostModel:
 
 
 def _load_builtin_models() -> None:
-    from fxcost.cost_models import roofline  # noqa: F401  (registers itself)
+    from fxcost.cost_models import roofline, wave_scaling  # noqa: F401  (they register themselves)
 
 
 def predict(
-    nodes: Sequence[NodeCost], devices: Sequence[str | Device], model: str | CostModel = "roofline"
+    nodes: Sequence[NodeCost],
+    devices: Sequence[str | Device],
+    model: str | CostModel | Sequence[str | CostModel] = "roofline",
+    origin: str | Device | None = None,
 ) -> None:
-    """Fill ``pred_ms`` and ``pred_source`` of every record for every device, one vectorized call per device.
+    """Fill ``pred_ms`` and ``pred_source`` of every record for every device, one vectorized call each.
 
-    A node the model cannot predict gets ``None`` (unknown, counted in coverage), never zero.
+    ``model`` may be a sequence: each node takes the first model that predicts it (a fallback chain),
+    and its ``pred_source`` names that model. A node no model predicts gets ``None`` (unknown, counted
+    in coverage), never zero. ``origin`` is the GPU the nodes were measured on, for runtime-based
+    models; anything that is not a known GPU (``"cpu"``) means there is none.
     """
-    from fxcost.devices import get_device
+    from fxcost.devices import UnknownDeviceError, get_device
 
-    cost_model = get_model(model)
-    batch = NodeBatch.of(nodes)
+    chain = [get_model(m) for m in ([model] if isinstance(model, (str, CostModel)) else model)]
+    if not chain:
+        raise ValueError("predict needs at least one cost model")
+    try:
+        origin_device = get_device(origin) if origin is not None else None
+    except UnknownDeviceError:
+        origin_device = None
+    batch = NodeBatch.of(nodes, origin_device)
     for spec in devices:
         device = get_device(spec)
-        ms = np.asarray(cost_model.predict(batch, device), dtype=np.float64)
-        if ms.shape != (len(nodes),):
-            raise ValueError(
-                f"cost model {cost_model.name!r} returned shape {ms.shape} for {len(nodes)} nodes"
-            )
-        for node, value in zip(nodes, ms.tolist(), strict=True):
-            known = np.isfinite(value)
-            node.pred_ms[device.name] = float(value) if known else None
-            node.pred_source[device.name] = cost_model.name if known else "unsupported"
+        ms = np.full(len(nodes), np.nan)
+        source = np.full(len(nodes), "unsupported", dtype=object)
+        for cost_model in chain:
+            todo = ~np.isfinite(ms)
+            if not todo.any():
+                break
+            predicted = np.asarray(cost_model.predict(batch, device), dtype=np.float64)
+            if predicted.shape != (len(nodes),):
+                raise ValueError(
+                    f"cost model {cost_model.name!r} returned shape {predicted.shape} for {len(nodes)} nodes"
+                )
+            fill = todo & np.isfinite(predicted)
+            ms[fill], source[fill] = predicted[fill], cost_model.name
+        for node, value, name in zip(nodes, ms.tolist(), source.tolist(), strict=True):
+            node.pred_ms[device.name] = value if np.isfinite(value) else None
+            node.pred_source[device.name] = name
