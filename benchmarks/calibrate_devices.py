@@ -8,6 +8,10 @@ by least squares on relative error, and takes the launch floor as the median lat
 kernels (< 4096 elements). Held-out GPUs (H100, L4, A100-80GB) are refused: nothing measured on them
 is fit into what fxcost ships (DESIGN.md).
 
+It then fits the L2 ramp of wave scaling (``fxcost.cost_models.wave_scaling.L2_RAMP``): the working
+set, in units of L2, where the row re-reads of softmax and layer norm start and stop missing L2, by
+grid search on cross-GPU pairs of the training rows with many waves (B >= 8192, >= 2^22 elements).
+
     python benchmarks/calibrate_devices.py --data ../shared/data [--write]
 
 With ``--write`` the values go into fxcost/devices/gpus.csv with their source.
@@ -59,11 +63,42 @@ def main() -> int:
         print(f"{device:18s} " + " ".join(f"{v:>11s}" for v in values))
     if args.write:
         _write(fits, args.data)
+    print(f"L2 ramp fit on training rows: {_fit_l2_ramp(args.data)} (wave_scaling.L2_RAMP)")
     fractions = [fits[d][0] / get_device(d).mem_bandwidth_gbps for d in fits]
     print(f"calibrated={len(fits)} bandwidth_fraction_mean={np.mean(fractions):.3f} "
           f"overhead_median_ms={np.median([f[1] for f in fits.values()]):.4f} "
           f"floor_median_ms={np.median([f[2] for f in fits.values()]):.4f}")  # fmt: skip
     return 0
+
+
+def _fit_l2_ramp(data: str) -> tuple[float, float]:
+    from fxcost.cost_models import NodeBatch
+    from fxcost.cost_models import wave_scaling as ws
+    from fxcost.datasets import kernel_alike_node
+
+    rows = read_ops(data, ["ln", "softmax"]).query("B >= 8192 and numel >= 2**22")
+    rows = rows[~rows["device"].isin(HELD_OUT)]
+    pairs = rows.merge(rows, on=["OPName", "B", "H"], suffixes=("_o", "_d"))
+    pairs = pairs[pairs["device_o"] != pairs["device_d"]]
+    batches = []
+    for (origin, dest), group in pairs.groupby(["device_o", "device_d"]):
+        nodes = []
+        for op, b, h, latency in group[["OPName", "B", "H", "Latency_o"]].itertuples(index=False):
+            node = kernel_alike_node(op, b, h)
+            node.origin_ms = latency
+            nodes.append(node)
+        batch = NodeBatch.of(nodes, get_device(origin))
+        batches.append((batch, get_device(dest), group["Latency_d"].to_numpy()))
+    model, saved, best = ws.WaveScaling(), ws.L2_RAMP, (np.inf, ws.L2_RAMP)
+    try:
+        for low in np.arange(0.0, 1.01, 0.1):
+            for high in np.arange(low + 0.2, 5.01, 0.25):
+                ws.L2_RAMP = (float(low), float(high))
+                errors = [np.mean(np.abs(model.predict(b, d) / y - 1)) for b, d, y in batches]
+                best = min(best, (float(np.mean(errors)), ws.L2_RAMP))
+    finally:
+        ws.L2_RAMP = saved
+    return round(best[1][0], 2), round(best[1][1], 2)
 
 
 def _write(fits: dict[str, tuple[float, float, float, int]], data: str) -> None:

@@ -37,8 +37,8 @@ from fxcost.records import KernelRecord, NodeCost
 
 TEST_FILES = ("elem", "vec", "habitat", "ln", "softmax")
 METHODS = ("fxcost", "habitat_eq1", "habitat_eq2", "bw_ratio", "flops_ratio")
-MODELS = {"fxcost": WaveScaling(), "habitat_eq1": WaveScaling("eq1", overheads=False),
-          "habitat_eq2": WaveScaling("eq2", overheads=False)}  # fmt: skip
+MODELS = {"fxcost": WaveScaling(), "habitat_eq1": WaveScaling("eq1", extended=False),
+          "habitat_eq2": WaveScaling("eq2", extended=False)}  # fmt: skip
 
 
 def main() -> int:

@@ -42,13 +42,20 @@ _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8
 
 @dataclass(frozen=True, slots=True)
 class KernelSpec:
-    """One kernel a node launches, with its share of the node's FLOPs and bytes."""
+    """One kernel a node launches, with its share of the node's FLOPs and bytes.
+
+    ``bytes`` is the traffic when every tensor is read once. Row kernels (softmax, layer norm) read
+    their row again in later passes; those ``reread_bytes`` come from L2 while the rows of one wave
+    (``block_bytes`` each) fit there, and from DRAM when they do not.
+    """
 
     name: str
     launch: Launch
     flops: float
     bytes: float
     exact: bool = True
+    reread_bytes: float = 0.0
+    block_bytes: int = 0
 
 
 Lowering = Callable[[NodeCost], list[KernelSpec]]
@@ -133,9 +140,12 @@ def _layer_norm(node: NodeCost) -> list[KernelSpec]:
     x = node.in_shapes[0]
     row = math.prod(node.args["normalized_shape"])
     rows = math.prod(x) // row
-    if row % 4 == 0:
+    itemsize = _ITEMSIZE.get(node.in_dtypes[0], 4)
+    if row % 4 == 0:  # Welford pass over the row, then a second read to normalize it
         launch = Launch(grid=(rows, 1, 1), block=(32, 4, 1))
-        return [KernelSpec("vectorized_layer_norm_kernel", launch, _f(node.flops), _f(node.bytes))]
+        spec = KernelSpec("vectorized_layer_norm_kernel", launch, _f(node.flops), _f(node.bytes),
+                          reread_bytes=rows * row * itemsize, block_bytes=row * itemsize)  # fmt: skip
+        return [spec]
     moments = Launch(grid=(rows, 1, 1), block=(512, 1, 1))
     forward = Launch(grid=(rows, 1, 1), block=(256, 1, 1))
     half_flops, half_bytes = _share(node.flops, 2), _share(node.bytes, 2)
@@ -176,7 +186,13 @@ def _softmax(node: NodeCost) -> list[KernelSpec]:
             limit //= 2  # keep at least half of each row loaded vectorized (SoftMax_getBlockSize)
         block = max(1 << max(limit - 1, 0).bit_length(), 32)
         name = "cunn_SoftMaxBackward" if backward else "cunn_SoftMaxForward"
-        return [KernelSpec(name, Launch((outer, 1, 1), (block, 1, 1)), _f(node.flops), _f(node.bytes))]
+        # Forward: max pass, sum pass, then the write pass: the row is read twice more. Backward:
+        # a reduction over grad * output, then the write pass reads both again.
+        row_bytes = size * itemsize * (2 if backward else 1)
+        reread = outer * row_bytes * (1 if backward else 2)
+        spec = KernelSpec(name, Launch((outer, 1, 1), (block, 1, 1)), _f(node.flops), _f(node.bytes),
+                          reread_bytes=reread, block_bytes=row_bytes)  # fmt: skip
+        return [spec]
     launch = Launch(grid=(min(outer, 1024), math.ceil(inner / 1024), 1), block=(1024, 1, 1))
     return [KernelSpec("cunn_SpatialSoftMax", launch, _f(node.flops), _f(node.bytes), exact=False)]
 
