@@ -79,7 +79,7 @@ class FxcostBackend:
         if isinstance(devices, (str, Device)):
             devices = [devices]
         self.devices = [get_device(d).name for d in devices]
-        self.model = cost_models.get_model(model).name
+        self.model = cost_models.chain_name(cost_models.model_chain(model))
         self.measure = measure
         self.budget_ms = budget_ms
         self.profile_kernels = profile_kernels
@@ -170,7 +170,7 @@ class FxcostBackend:
 
     def _predict(self, gm: torch.fx.GraphModule) -> None:
         try:
-            predict.run(gm, self.devices, self.model)
+            predict.run(gm, self.devices, self.model, origin=self.origin)
         except Exception as e:
             self._warn("predict", e)
 
@@ -235,7 +235,8 @@ def estimate(
         devices: GPUs to predict for: canonical names (``fxcost.devices()``), aliases, or
             ``torch.cuda.get_device_name()`` strings.
         measure: time every node on the device the model runs on, at the first call of each graph.
-        model: the cost model that predicts (see ``fxcost.cost_models.model_names()``).
+        model: the cost model that predicts (see ``fxcost.cost_models.model_names()``), or a
+            comma-separated fallback chain such as ``"wave_scaling,roofline"``.
         budget_ms: measurement time budget per node.
         profile_kernels: on CUDA, record each node's kernels with torch.profiler while measuring.
         progress: called as ``progress(phase, nodes_done, nodes_total)`` while a graph is measured.

@@ -61,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
                          help="time every node on this machine's device (default on)")  # fmt: skip
     _add_devices(profile, ("H100-SXM", "A100-SXM4-80GB", "L4"))
     profile.add_argument("--out", help="write the trace here (JSON; .json.gz compresses)")
+    profile.add_argument(
+        "--model",
+        dest="cost_model",
+        default="roofline",
+        help="cost model or comma-separated fallback chain; on a GPU, 'wave_scaling,roofline' scales the "
+        "measured kernel-alike nodes (default: roofline)",
+    )
     profile.add_argument("--top", type=int, default=20, help="rows of the node table (default 20)")
     profile.add_argument("--device", default=None, help="run on this torch device (default: cuda if present)")
     profile.set_defaults(run=_profile)
@@ -69,6 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("trace")
     show.add_argument("--devices", nargs="+", metavar="GPU", help="GPUs to predict (default: the trace's)")
     show.add_argument("--top", type=int, default=None, help="only the N most expensive nodes")
+    show.add_argument(
+        "--model",
+        help="cost model or comma-separated fallback chain; a trace measured on a GPU scales to others "
+        "with 'wave_scaling,roofline' (default: the trace's)",
+    )
     show.set_defaults(run=_show)
 
     devices = sub.add_parser("devices", help="list the GPUs fxcost knows")
@@ -107,8 +119,10 @@ def _profile(args: argparse.Namespace) -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, inputs = _to_device(model, inputs, device)
     mode = "training step" if args.train else "inference"
-    report = _capture(f"{args.model} (batch {args.batch}), {mode} on {device}", model, inputs,
-                      args.devices, train=args.train, measure=args.measure)  # fmt: skip
+    title = f"{args.model} (batch {args.batch}), {mode} on {device}"
+    report = _capture(title, model, inputs, args.devices, train=args.train, measure=args.measure)
+    if args.cost_model != report.model:
+        report = report.predict(report.devices, model=args.cost_model)
     report.print(top=args.top)
     if args.out:
         print(f"trace written to {report.save(args.out)}")
@@ -118,44 +132,40 @@ def _show(args: argparse.Namespace) -> None:
     from fxcost.report import Report
 
     report = Report.load(args.trace)
-    if args.devices:
-        report = report.predict(args.devices)
+    if args.devices or args.model:
+        report = report.predict(args.devices or report.devices, model=args.model)
     report.print(top=args.top)
 
 
 def _devices(args: argparse.Namespace) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from fxcost.devices import device_names, get_device
+    from fxcost.report.table import console_for
 
-    table = Table(title="GPUs in fxcost's database (spec-sheet values; ? = unconfirmed)")
-    for column in (
-        "name",
-        "full name",
-        "SMs",
-        "FP32 TFLOPS",
-        "BF16 TFLOPS",
-        "GB/s",
-        "memory GB",
-        "$/h",
-    ):
+    table = Table(title="GPUs in fxcost's database (? = unconfirmed, or a default; see Device.source_of)")
+    for column in ("name", "full name", "SMs", "FP32 TFLOPS", "BF16 TFLOPS", "spec GB/s", "achieved GB/s",
+                   "memory GB", "$/h"):  # fmt: skip
         table.add_column(column, justify="left" if "name" in column else "right")
     for name in device_names():
         d = get_device(name)
         cells = [
-            (d.num_sms, "num_sms"), (d.fp32_tflops, "fp32_tflops"), (d.bf16_tflops, "bf16_tflops"),
-            (d.mem_bandwidth_gbps, "mem_bandwidth_gbps"), (d.memory_gb, "memory_gb"),
-            (d.price_usd_per_hr, "price_usd_per_hr"),
-        ]  # fmt: skip
-        table.add_row(d.name, d.full_name, *(_cell(v, f in d.uncertain) for v, f in cells))
-    Console().print(table)
+            (d.num_sms, "num_sms" in d.uncertain),
+            (d.fp32_tflops, "fp32_tflops" in d.uncertain),
+            (d.bf16_tflops, "bf16_tflops" in d.uncertain),
+            (d.mem_bandwidth_gbps, "mem_bandwidth_gbps" in d.uncertain),
+            (d.bandwidth_gbps, d.achieved_bandwidth_gbps is None),
+            (d.memory_gb, "memory_gb" in d.uncertain),
+            (d.price_usd_per_hr, "price_usd_per_hr" in d.uncertain),
+        ]
+        table.add_row(d.name, d.full_name, *(_cell(value, unsure) for value, unsure in cells))
+    console_for().print(table)
 
 
 def _cell(value: float | None, uncertain: bool) -> str:
     if value is None:
         return "-"
-    return f"{value:g}{'?' if uncertain else ''}"
+    return f"{value:.4g}{'?' if uncertain else ''}"
 
 
 def _capture(

@@ -88,3 +88,70 @@ def test_device_names_are_unique_and_ordered() -> None:
     names = device_names()
     assert len(names) == len(set(names)) == 26
     assert names[0] == "P4"
+
+
+@pytest.fixture
+def fresh_database():
+    """Device files change the process-wide table: start from and leave a clean one."""
+    from fxcost import devices
+
+    devices._database.cache_clear()
+    yield devices
+    devices._database.cache_clear()
+
+
+def test_yaml_overrides_and_adds_devices(tmp_path, fresh_database) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(
+        "H100-SXM:\n"
+        "  achieved_bandwidth_gbps: 3000\n"
+        "  price_usd_per_hr: 2.5\n"
+        "MyCloud-H100:\n"
+        "  base: NVIDIA H100 80GB HBM3\n"
+        "  aliases: [H100 (MyCloud)]\n"
+        "  price_usd_per_hr: 1.9\n"
+    )
+    assert fresh_database.load_devices(path) == ["H100-SXM", "MyCloud-H100"]
+    h100 = get_device("H100-SXM")
+    assert h100.bandwidth_gbps == 3000 and h100.price_usd_per_hr == 2.5
+    assert str(path) in h100.source_of("bandwidth_gbps")
+    assert str(path) in h100.source_of("price_usd_per_hr")
+    mine = get_device("h100 (mycloud)")
+    assert mine.name == "MyCloud-H100" and mine.num_sms == 132 and mine.price_usd_per_hr == 1.9
+    assert "MyCloud-H100" in fxcost.devices()
+
+
+def test_json_device_file_from_the_environment(tmp_path, monkeypatch, fresh_database) -> None:
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps({"T4": {"launch_floor_ms": 0.012}}))
+    monkeypatch.setenv("FXCOST_DEVICES", str(path))
+    fresh_database._database.cache_clear()
+    assert get_device("T4").floor_ms == 0.012
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("T4:\n  sms: 40\n", "unknown fields ['sms']"),
+        ("T4:\n  num_sms: many\n", "num_sms must be a non-negative number"),
+        ("Z9:\n  num_sms: 10\n", "not a known device; give 'base:"),
+        ("Z9:\n  base: nothing\n", "unknown base device 'nothing'"),
+        ("- T4\n", "expected a mapping of device names"),
+        ("T4: [1, 2\n", "not valid YAML"),
+    ],
+)
+def test_bad_device_files_are_refused(tmp_path, content, message, fresh_database) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text(content)
+    with pytest.raises(fresh_database.DeviceFileError, match=message.replace("[", r"\[")):
+        fresh_database.load_devices(path)
+
+
+def test_every_value_has_a_source() -> None:
+    t4, h100 = get_device("T4"), get_device("H100-SXM")
+    assert "calibrate_devices.py" in t4.source_of("achieved_bandwidth_gbps")
+    assert h100.source_of("bandwidth_gbps").startswith("default: 0.83 x spec")
+    assert "compute capability 9.0" in h100.source_of("smem_alloc_unit_bytes")
+    assert "(unconfirmed)" in get_device("P100-PCIE-16GB").source_of("boost_clock_mhz")
+    with pytest.raises(ValueError, match="no field"):
+        t4.source_of("colour")

@@ -18,7 +18,16 @@ from fxcost.devices import Device
 from fxcost.lowering import is_matmul_class
 from fxcost.records import NodeCost
 
-__all__ = ["CostModel", "NodeBatch", "get_model", "model_names", "predict", "register"]
+__all__ = [
+    "CostModel",
+    "NodeBatch",
+    "chain_name",
+    "get_model",
+    "model_chain",
+    "model_names",
+    "predict",
+    "register",
+]
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,21 @@ def _load_builtin_models() -> None:
     from fxcost.cost_models import roofline, wave_scaling  # noqa: F401  (they register themselves)
 
 
+def model_chain(model: str | CostModel | Sequence[str | CostModel]) -> list[CostModel]:
+    """Cost models from a name, a comma-separated fallback chain (``"wave_scaling,roofline"``), a
+    model, or a sequence of those."""
+    if isinstance(model, str):
+        return [get_model(name.strip()) for name in model.split(",")]
+    if isinstance(model, CostModel):
+        return [model]
+    return [m for item in model for m in model_chain(item)]
+
+
+def chain_name(chain: Sequence[CostModel]) -> str:
+    """The comma-separated name of a fallback chain, as reports store it."""
+    return ",".join(m.name for m in chain)
+
+
 def predict(
     nodes: Sequence[NodeCost],
     devices: Sequence[str | Device],
@@ -139,7 +163,7 @@ def predict(
     """
     from fxcost.devices import UnknownDeviceError, get_device
 
-    chain = [get_model(m) for m in ([model] if isinstance(model, (str, CostModel)) else model)]
+    chain = model_chain(model)
     if not chain:
         raise ValueError("predict needs at least one cost model")
     try:

@@ -130,7 +130,11 @@ class WaveScaling:
         for i, node in enumerate(batch.nodes):
             if not node.has_kernel:
                 out[i] = 0.0
-            elif node.origin_ms is not None and not is_matmul_class(node.op):
+            elif node.origin_ms is None or is_matmul_class(node.op):
+                continue
+            elif device == origin:
+                out[i] = node.origin_ms  # nothing to scale: the measurement is the answer
+            else:
                 out[i] = self._node(node, origin, device, scale)
         return out
 

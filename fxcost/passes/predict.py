@@ -18,8 +18,13 @@ def run(
     gm: torch.fx.GraphModule,
     devices: Sequence[str | Device],
     model: str | CostModel = "roofline",
+    origin: str | None = None,
 ) -> torch.fx.GraphModule:
-    """Fill ``pred_ms`` and ``pred_source`` of each node's record for every device in ``devices``."""
+    """Fill ``pred_ms`` and ``pred_source`` of each node's record for every device in ``devices``.
+
+    ``model`` may be a comma-separated fallback chain; ``origin`` names the GPU the graph was measured
+    on (runtime-based models scale from it), ``"cpu"`` or None when there is none.
+    """
     nodes = [n.meta[META_KEY] for n in gm.graph.nodes if META_KEY in n.meta]
-    cost_models.predict(nodes, devices, model)
+    cost_models.predict(nodes, devices, model, origin=origin)
     return gm

@@ -103,17 +103,39 @@ class Report:
     # -- re-prediction ---------------------------------------------------------------------------
 
     def predict(self, devices: Iterable[str | Device], model: str | CostModel | None = None) -> Report:
-        """A copy of this report with predictions for ``devices`` (replacing the previous ones)."""
+        """A copy of this report with predictions for ``devices`` (replacing the previous ones).
+
+        ``model`` is a cost model, its name, or a comma-separated fallback chain; by default the
+        report's own.
+        """
         from fxcost import cost_models
 
         names = [get_device(d).name for d in devices]
-        cost_model = cost_models.get_model(model or self.model)
+        chain = cost_models.model_chain(model or self.model)
         out = copy.deepcopy(self)
         for n in out.nodes:
             n.pred_ms, n.pred_source = {}, {}
-        cost_models.predict(out.nodes, names, cost_model)
-        out.devices, out.model = names, cost_model.name
+        cost_models.predict(out.nodes, names, chain, origin=self.origin)
+        out.devices, out.model = names, cost_models.chain_name(chain)
         return out
+
+    def to_device(self, device: str | Device) -> Report:
+        """Runtime-based prediction on ``device`` (Habitat's Figure 1): each kernel-alike node's measured
+        time wave-scaled to ``device``; kernel-varying nodes (matmul, convolution) from the roofline.
+
+        Raises:
+            ValueError: the report was not measured on a GPU of the database.
+        """
+        from fxcost.devices import UnknownDeviceError
+
+        try:
+            get_device(self.origin)
+        except UnknownDeviceError:
+            raise ValueError(
+                f"wave scaling scales measurements from a GPU, and this trace was measured on "
+                f"{self.origin!r}; use report.predict([...]) for predictions without an origin GPU"
+            ) from None
+        return self.predict([device], model="wave_scaling,roofline")
 
     # -- presentation ----------------------------------------------------------------------------
 

@@ -13,21 +13,27 @@ from fxcost.records import NodeCost
 if TYPE_CHECKING:
     from fxcost.report import Report
 
-__all__ = ["print_report"]
+__all__ = ["console_for", "print_report"]
 
 _UNBOUNDED_WIDTH = 1000
 
 
 def print_report(report: Report, top: int | None = None, file: TextIO | None = None) -> None:
     """Print ``report``'s node table, then totals for fw, bw, opt and all, then coverage and fidelity."""
-    console = Console(file=file, highlight=False)
-    if not console.is_terminal:  # a file or a pipe: as wide as the table needs, nothing cut
-        console = Console(file=file, highlight=False, width=_UNBOUNDED_WIDTH)
+    console = console_for(file)
     nodes = _selected(report, top)
     console.print(_node_table(report, nodes, top))
     console.print(_totals_table(report))
     for line in _summary_lines(report):
         console.print(line)
+
+
+def console_for(file: TextIO | None = None) -> Console:
+    """A console for tables: the terminal's width, or for a file or a pipe as wide as tables need."""
+    console = Console(file=file, highlight=False)
+    if not console.is_terminal:
+        console = Console(file=file, highlight=False, width=_UNBOUNDED_WIDTH)
+    return console
 
 
 def _selected(report: Report, top: int | None) -> list[tuple[int, NodeCost]]:

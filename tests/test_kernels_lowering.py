@@ -1,0 +1,66 @@
+"""Lowering kernel-alike ops to PyTorch's CUDA launch configurations."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxcost.datasets import KERNEL_ALIKE, kernel_alike_node, read_ops, read_ops_test
+from fxcost.lowering import lower
+from fxcost.records import NodeCost
+
+
+def test_lowering_reproduces_every_measured_launch(data_dir) -> None:
+    rows = read_ops_test(data_dir, ["vec"])
+    rows = rows[rows["OPName"].isin(KERNEL_ALIKE)]
+    train = read_ops(data_dir, ["add", "ln", "softmax"]).sample(n=3000, random_state=0)
+    columns = ["OPName", "B", "H", "Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z"]
+    for frame in (rows, train):
+        for op, b, h, *measured in frame[columns].drop_duplicates().itertuples(index=False):
+            (spec, *_) = lower(kernel_alike_node(op, b, h))
+            assert spec.launch.grid == tuple(measured[:3]), (op, b, h)
+            assert spec.launch.block == tuple(measured[3:]), (op, b, h)
+
+
+@pytest.mark.parametrize(
+    ("op", "b", "h", "grid", "block", "kernels"),
+    [
+        ("add", 32768, 1600, (102400, 1, 1), (128, 1, 1), 1),  # 52.4M elements / 512 a block
+        ("add", 1 << 19, 2048, (1 << 20, 1, 1), (128, 1, 1), 2),  # 2^30 fp32: split in 2 for int32
+        ("softmax", 8192, 768, (2048, 1, 1), (32, 4, 1), 1),  # warp softmax: 4 rows a block
+        ("softmax", 1 << 21, 1024, (1 << 18, 1, 1), (32, 4, 1), 2),  # chunks of 2^30 / 1024 rows
+        ("softmax", 8192, 1600, (8192, 1, 1), (256, 1, 1), 1),  # 1600 / 4 / 2 = 200 -> 256
+        ("softmax", 8192, 16384, (8192, 1, 1), (512, 1, 1), 1),  # capped at 1024 / 2
+        ("ln", 8192, 1600, (8192, 1, 1), (32, 4, 1), 1),
+        ("ln", 8192, 1601, (8192, 1, 1), (512, 1, 1), 2),  # not a multiple of 4: two kernels
+    ],
+)
+def test_launch_rules(op, b, h, grid, block, kernels) -> None:
+    specs = lower(kernel_alike_node(op, b, h))
+    assert len(specs) == kernels
+    assert specs[0].launch.grid == grid and specs[0].launch.block == block
+    node = kernel_alike_node(op, b, h)
+    assert sum(s.bytes for s in specs) == pytest.approx(node.bytes)
+
+
+def test_row_kernels_declare_their_rereads() -> None:
+    (softmax,) = lower(kernel_alike_node("softmax", 8192, 4096))
+    assert softmax.reread_bytes == pytest.approx(softmax.bytes)  # two more reads of the input
+    (ln,) = lower(kernel_alike_node("ln", 8192, 4096))
+    assert ln.reread_bytes == pytest.approx(8192 * 4096 * 4)
+    (warp,) = lower(kernel_alike_node("softmax", 8192, 1024))
+    assert warp.reread_bytes == 0  # rows live in registers
+
+
+def test_kernel_varying_and_view_nodes() -> None:
+    mm = NodeCost(name="mm", op="aten.mm.default", phase="fw", in_shapes=[(4, 4), (4, 4)],
+                  in_dtypes=["float32"] * 2, out_shapes=[(4, 4)], out_dtypes=["float32"])  # fmt: skip
+    assert lower(mm) is None
+    view = NodeCost(name="v", op="aten.view.default", phase="fw", has_kernel=False)
+    assert lower(view) == []
+    unknown = NodeCost(name="x", op="aten.no_such_op.default", phase="fw", in_shapes=[(4,)],
+                       in_dtypes=["float32"], out_shapes=[(4,)], out_dtypes=["float32"])  # fmt: skip
+    assert lower(unknown) is None
+    reduction = NodeCost(name="s", op="aten.sum.dim_IntList", phase="fw", in_shapes=[(64, 64)],
+                         in_dtypes=["float32"], out_shapes=[(64,)], out_dtypes=["float32"])  # fmt: skip
+    (spec,) = lower(reduction)
+    assert not spec.exact
