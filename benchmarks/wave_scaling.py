@@ -33,6 +33,7 @@ from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.wave_scaling import WaveScaling
 from fxcost.datasets import KERNEL_ALIKE, kernel_alike_node, op_class, read_ops, read_ops_test
 from fxcost.devices import get_device
+from fxcost.lowering import lower
 from fxcost.records import KernelRecord, NodeCost
 
 TEST_FILES = ("elem", "vec", "habitat", "ln", "softmax")
@@ -54,6 +55,10 @@ def main() -> int:
     pairs = _pairs(test, ["OPName", "B", "H"])
     predicted = _predict_kernel_alike(pairs)
     print(f"kernel-alike ops_test rows: {len(test)}, ordered GPU pairs x configurations: {len(pairs)}\n")
+    print("Lowering: fraction of rows whose lowered grid and block equal the measured ones")
+    train = pd.concat([read_ops(d, KERNEL_ALIKE) for d in dirs], ignore_index=True)
+    matches = pd.DataFrame({"ops_test": _lowering_matches(test), "ops (training)": _lowering_matches(train)})
+    print(matches.to_string(float_format=lambda v: f"{v:8.4f}"), "\n")
 
     print("MAPE (%) by op class, mean over GPU pairs")
     summary = _table(predicted, "cls")
@@ -83,6 +88,20 @@ def main() -> int:
         f"pairs={predicted['pair'].nunique()} rows={len(predicted)}"
     )
     return 0
+
+
+def _lowering_matches(rows: pd.DataFrame) -> pd.Series:
+    """Per op, the fraction of rows whose lowered (first) kernel has the measured grid and block."""
+    columns = ["OPName", "B", "H", "Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z"]
+    configs = rows[columns].value_counts().reset_index(name="rows")
+    match = []
+    for op, b, h, *measured in configs[columns].itertuples(index=False):
+        specs = lower(kernel_alike_node(op, b, h)) or []
+        launch = specs[0].launch if specs else None
+        match.append(launch is not None and (*launch.grid, *launch.block) == tuple(measured))
+    configs["match"] = np.array(match) * configs["rows"]
+    grouped = configs.groupby("OPName")[["match", "rows"]].sum()
+    return grouped["match"] / grouped["rows"]
 
 
 def _pairs(rows: pd.DataFrame, key: list[str]) -> pd.DataFrame:
