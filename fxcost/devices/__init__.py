@@ -35,7 +35,6 @@ import types
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import ClassVar
 
 __all__ = ["Device", "DeviceFileError", "UnknownDeviceError", "device_names", "get_device", "load_devices"]
 
@@ -80,6 +79,10 @@ class Device:
     smem_per_sm_kb: float | None
     smem_per_block_optin_kb: float | None
     warp_size: int | None
+    max_threads_per_block: int | None
+    reg_alloc_unit: int | None  # registers are allocated per warp in these units
+    smem_alloc_unit_bytes: int | None  # shared memory is allocated per block in these units
+    smem_reserved_per_block_bytes: int | None  # reserved by the driver per block (from CC 8.0)
     nvlink_bandwidth_gbps: float | None
     pcie_gen: int | None
     tdp_w: float | None
@@ -92,34 +95,11 @@ class Device:
     sources: str = ""
     uncertain: frozenset[str] = field(default_factory=frozenset)
 
-    # -- values derived from the compute capability (CUDA Programming Guide, occupancy calculator) ----
-
-    @property
-    def cc(self) -> tuple[int, int] | None:
-        """Compute capability as (major, minor), None for non-CUDA parts."""
-        if not self.compute_capability:
-            return None
-        major, _, minor = self.compute_capability.partition(".")
-        return int(major), int(minor or 0)
-
     @property
     def max_warps_per_sm(self) -> int | None:
         if self.max_threads_per_sm is None or not self.warp_size:
             return None
         return self.max_threads_per_sm // self.warp_size
-
-    max_threads_per_block: ClassVar[int] = 1024  # every CUDA GPU since Fermi
-    reg_alloc_unit: ClassVar[int] = 256  # registers are allocated per warp in units of 256
-
-    @property
-    def smem_alloc_unit_bytes(self) -> int:
-        """Shared memory is allocated per block in units of 256 bytes (128 from Ampere on)."""
-        return 128 if (self.cc or (0, 0)) >= (8, 0) else 256
-
-    @property
-    def smem_reserved_per_block_bytes(self) -> int:
-        """From compute capability 8.0 the driver reserves 1 KB of shared memory per block."""
-        return 1024 if (self.cc or (0, 0)) >= (8, 0) else 0
 
     # -- calibration, with documented fallbacks -------------------------------------------------------
 
@@ -151,9 +131,8 @@ class Device:
             if getattr(self, stored) is not None:
                 return self.calibration_source
             return _FALLBACK_SOURCES[stored]
-        if name in {"smem_alloc_unit_bytes", "smem_reserved_per_block_bytes", "reg_alloc_unit",
-                    "max_threads_per_block", "max_warps_per_sm"}:  # fmt: skip
-            return f"CUDA occupancy rules for compute capability {self.compute_capability}"
+        if name in _OCCUPANCY_FIELDS:
+            return f"CUDA occupancy calculator, compute capability {self.compute_capability}"
         if name not in {f.name for f in dataclasses.fields(self)}:
             raise ValueError(f"Device has no field {name!r}")
         return self.sources + (" (unconfirmed)" if name in self.uncertain else "")
@@ -185,7 +164,11 @@ _RENAMED = {
 _TEXT_FIELDS = {
     "name", "full_name", "vendor", "architecture", "compute_capability", "sources", "calibration_source"
 }  # fmt: skip
-_INT_FIELDS = {
+_OCCUPANCY_FIELDS = {
+    "max_threads_per_block", "reg_alloc_unit", "smem_alloc_unit_bytes", "smem_reserved_per_block_bytes",
+    "max_warps_per_sm",
+}  # fmt: skip
+_INT_FIELDS = _OCCUPANCY_FIELDS | {
     "num_sms", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm", "max_regs_per_thread",
     "warp_size", "pcie_gen",
 }  # fmt: skip

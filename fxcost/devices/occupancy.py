@@ -55,26 +55,20 @@ def blocks_per_sm(
     Raises:
         ValueError: the block cannot launch on this device at all, or the device lacks the limits.
     """
-    threads_sm, blocks_sm = device.max_threads_per_sm, device.max_blocks_per_sm
-    regs_sm, warp_size, smem_kb = device.regs_per_sm, device.warp_size, device.smem_per_sm_kb
-    if threads_sm is None or blocks_sm is None or regs_sm is None or not warp_size or smem_kb is None:
-        raise ValueError(f"{device.name} lacks the per-SM limits occupancy needs")
-    if not 1 <= threads_per_block <= device.max_threads_per_block:
+    threads_sm, blocks_sm, max_threads, regs_sm, warp_size, reg_unit, smem_unit, smem_kb = _limits(device)
+    if not 1 <= threads_per_block <= max_threads:
         raise ValueError(
-            f"{threads_per_block} threads per block cannot launch on {device.name} "
-            f"(1 to {device.max_threads_per_block})"
+            f"{threads_per_block} threads per block cannot launch on {device.name} (1 to {max_threads})"
         )
     warps = math.ceil(threads_per_block / warp_size)
     fits = [blocks_sm, threads_sm // warp_size // warps]
     if registers_per_thread:
         if device.max_regs_per_thread and registers_per_thread > device.max_regs_per_thread:
             raise ValueError(f"{registers_per_thread} registers per thread exceed {device.name}'s limit")
-        per_warp = _round_up(registers_per_thread * warp_size, device.reg_alloc_unit)
+        per_warp = _round_up(registers_per_thread * warp_size, reg_unit)
         fits.append(regs_sm // per_warp // warps)
     if shared_memory_bytes:
-        per_block = _round_up(
-            shared_memory_bytes + device.smem_reserved_per_block_bytes, device.smem_alloc_unit_bytes
-        )
+        per_block = _round_up(shared_memory_bytes + (device.smem_reserved_per_block_bytes or 0), smem_unit)
         fits.append(int(smem_kb * 1024) // per_block)
     blocks = min(fits)
     if blocks < 1:
@@ -90,6 +84,16 @@ def wave_size(device: Device, launch: Launch) -> int:
         device, launch.threads_per_block, launch.registers_per_thread, launch.shared_memory_bytes
     )
     return per_sm * device.num_sms
+
+
+def _limits(device: Device) -> tuple[int, ...]:
+    names = ("max_threads_per_sm", "max_blocks_per_sm", "max_threads_per_block", "regs_per_sm", "warp_size",
+             "reg_alloc_unit", "smem_alloc_unit_bytes", "smem_per_sm_kb")  # fmt: skip
+    values = [getattr(device, name) for name in names]
+    missing = [name for name, value in zip(names, values, strict=True) if not value]
+    if missing:
+        raise ValueError(f"{device.name} lacks the per-SM limits occupancy needs: {', '.join(missing)}")
+    return tuple(int(v) for v in values)
 
 
 def _round_up(x: int, unit: int) -> int:
