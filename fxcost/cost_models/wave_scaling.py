@@ -181,36 +181,45 @@ class _Kernel:
 
 
 def kernels_of(node: NodeCost) -> list[_Kernel]:
-    """The kernels of ``node``: the profiler's records when the origin trace has them (weighted by
-    measured duration), else the lowering (weighted by bytes). Re-read traffic comes from lowering."""
-    intensity = (node.flops / node.bytes) if (node.flops is not None and node.bytes) else math.nan
-    specs = lower(node) or []
-    recorded = [k for k in node.kernels if k.grid is not None and k.block is not None]
-    if recorded:
-        durations = [k.duration_ms for k in recorded]
-        equal = not all(math.isfinite(d) and d > 0 for d in durations)
-        rereads = [_reread_ratio(s) for s in specs] if len(specs) == len(recorded) else [0.0] * len(recorded)
-        blocks = [s.block_bytes for s in specs] if len(specs) == len(recorded) else [0] * len(recorded)
-        return [
-            _Kernel(
-                Launch(k.grid, k.block, k.registers_per_thread, k.shared_memory_bytes or 0),  # type: ignore[arg-type]
-                1.0 if equal else k.duration_ms,
-                intensity,
-                reread,
-                block,
-            )
-            for k, reread, block in zip(recorded, rereads, blocks, strict=True)
-        ]
-    return [
+    """The kernels of ``node`` with their share of its time.
+
+    From the lowering (shares by bytes), unless the origin trace recorded the kernels: then their
+    launches, shares by measured duration, and the re-read traffic of the lowering when it lowers to
+    as many kernels.
+    """
+    lowered = [
         _Kernel(
             s.launch,
-            s.bytes if math.isfinite(s.bytes) and s.bytes > 0 else 1.0,
+            s.bytes if s.bytes > 0 else 1.0,
             _ratio(s.flops, s.bytes),
             _reread_ratio(s),
             s.block_bytes,
         )
-        for s in specs
+        for s in lower(node) or []
     ]
+    recorded = [k for k in node.kernels if k.grid is not None and k.block is not None]
+    if not recorded:
+        return lowered
+    timed = all(math.isfinite(k.duration_ms) and k.duration_ms > 0 for k in recorded)
+    intensity = _ratio(_number(node.flops), _number(node.bytes))
+    if len(lowered) == len(recorded):
+        rereads = [(k.reread_ratio, k.block_bytes) for k in lowered]
+    else:
+        rereads = [(0.0, 0)] * len(recorded)
+    return [
+        _Kernel(
+            Launch(k.grid, k.block, k.registers_per_thread, k.shared_memory_bytes or 0),  # type: ignore[arg-type]
+            k.duration_ms if timed else 1.0,
+            intensity,
+            reread_ratio,
+            block_bytes,
+        )
+        for k, (reread_ratio, block_bytes) in zip(recorded, rereads, strict=True)
+    ]
+
+
+def _number(x: int | None) -> float:
+    return math.nan if x is None else float(x)
 
 
 def _reread_ratio(spec: KernelSpec) -> float:
