@@ -149,3 +149,24 @@ def test_benchmark_figures_hold(data_dir) -> None:
     assert float(figures["mape_kernel_alike"]) < 5
     assert float(figures["mape_kernel_alike"]) < float(figures["mape_bw_ratio"])
     assert int(figures["pairs"]) == 20
+
+
+def test_profiler_kernels_override_the_lowering() -> None:
+    from fxcost.cost_models.wave_scaling import kernels_of
+    from fxcost.records import KernelRecord
+
+    node = _measured("add", 8192, 1024, 0.5)
+    (lowered,) = kernels_of(node)
+    assert lowered.launch.grid == (16384, 1, 1)
+    node.kernels = [
+        KernelRecord("k1", 0.3, grid=(8, 1, 1), block=(256, 1, 1), registers_per_thread=40),
+        KernelRecord("k2", 0.1, grid=(4096, 1, 1), block=(128, 1, 1)),
+    ]
+    recorded = kernels_of(node)
+    assert [k.launch.grid for k in recorded] == [(8, 1, 1), (4096, 1, 1)]
+    assert [k.weight for k in recorded] == [0.3, 0.1]
+    assert recorded[0].launch.registers_per_thread == 40
+    (few_blocks,) = WaveScaling().predict(NodeBatch.of([node], origin=V100), T4)
+    node.kernels = []
+    (from_lowering,) = WaveScaling().predict(NodeBatch.of([node], origin=V100), T4)
+    assert few_blocks != pytest.approx(from_lowering)
