@@ -76,3 +76,17 @@ def test_devices_lists_the_database(capsys) -> None:
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "H100-SXM" in out and "T4" in out
+
+
+def test_show_scales_a_gpu_trace_with_wave_scaling(tmp_path, capsys) -> None:
+    from fxcost.datasets import kernel_alike_node
+
+    node = kernel_alike_node("add", 8192, 1024)
+    node.origin_ms = 0.2
+    trace = Report(nodes=[node], origin="Tesla V100-PCIE-32GB", devices=[], model="roofline")
+    path = trace.save(tmp_path / "v100.json")
+    assert main(["show", str(path), "--devices", "T4", "--model", "wave_scaling,roofline"]) == 0
+    out = capsys.readouterr().out
+    assert "wave_scaling" in out and "T4" in out
+    assert main(["show", str(path), "--devices", "T4", "--model", "nope"]) == 2
+    assert "unknown cost model 'nope'" in capsys.readouterr().err
