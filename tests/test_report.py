@@ -59,8 +59,11 @@ def test_print_top_keeps_the_most_expensive(report: Report) -> None:
     report.print(top=3, file=out)
     text = out.getvalue()
     assert "the 3 most expensive" in text
-    cheapest = min(report.nodes, key=lambda n: n.origin_ms or 0.0)
-    assert f" {cheapest.name} " not in text
+    ranked = sorted(report.nodes, key=lambda n: n.origin_ms or 0.0, reverse=True)
+    shown = [f"g{n.graph}/{n.name}" for n in report.nodes if f"g{n.graph}/{n.name} " in text]
+    assert shown and len(shown) == 3
+    assert f"g{ranked[0].graph}/{ranked[0].name} " in text
+    assert f"g{ranked[-1].graph}/{ranked[-1].name} " not in text
     with pytest.raises(ValueError, match="top must be a positive"):
         report.print(top=0)
 
