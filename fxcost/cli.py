@@ -83,6 +83,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     show.set_defaults(run=_show)
 
+    train = sub.add_parser(
+        "train",
+        help="train the MLP cost heads on measurement directories (resumable)",
+        description="Trains one MLP head per op class on DIR/ops and evaluates it on DIR/ops_test; writes "
+        "heads.npz and manifest.json to --out. Interrupted runs resume from the checkpoints in --out. GPUs "
+        "held out by DESIGN.md (H100, L4, A100-80GB) are always excluded.",
+    )
+    train.add_argument(
+        "--data", action="append", required=True, metavar="DIR", help="data directory (repeatable)"
+    )
+    train.add_argument("--out", required=True, metavar="DIR")
+    train.add_argument("--ops", nargs="+", metavar="HEAD", help="heads to train (default: all)")
+    train.add_argument(
+        "--exclude-devices", nargs="+", default=[], metavar="GPU", help="also leave these GPUs out"
+    )
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--epochs", type=int, default=None, help="epochs per head (default: the study's choice)"
+    )
+    train.set_defaults(run=_train)
+
     devices = sub.add_parser("devices", help="list the GPUs fxcost knows")
     devices.set_defaults(run=_devices)
     return parser
@@ -135,6 +156,43 @@ def _show(args: argparse.Namespace) -> None:
     if args.devices or args.model:
         report = report.predict(args.devices or report.devices, model=args.model)
     report.print(top=args.top)
+
+
+def _train(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fxcost.cost_models.heads import HEADS
+    from fxcost.devices import get_device
+    from fxcost.training import HELD_OUT_DEVICES, TrainConfig, train
+
+    config = TrainConfig(seed=args.seed)
+    if args.epochs is not None:
+        config = dataclasses.replace(config, epochs=args.epochs)
+    exclude = set(HELD_OUT_DEVICES) | {get_device(d).name for d in args.exclude_devices}
+    columns = (
+        TextColumn("training {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def on_epoch(head: str, epoch: int, epochs: int) -> None:
+            if head not in tasks:
+                tasks[head] = bar.add_task(head, total=epochs)
+            bar.update(tasks[head], completed=epoch)
+
+        manifest = train(args.data, args.out, heads=args.ops or HEADS, exclude=exclude, config=config,
+                         progress=on_epoch)  # fmt: skip
+    for head, facts in manifest["heads"].items():
+        test = facts["test_mape"].get("all", float("nan"))
+        train_mape = facts["train_mape"]["all"]
+        print(f"{head:8s} train rows {facts['train_rows']:6d}  train MAPE {train_mape:6.1f}%  "
+              f"test rows {facts['test_rows']:5d}  test MAPE {test:6.1f}%")  # fmt: skip
+    print(f"heads and manifest written to {args.out}")
 
 
 def _devices(args: argparse.Namespace) -> None:

@@ -19,9 +19,19 @@ from fxcost.devices import get_device
 if TYPE_CHECKING:
     import pandas as pd
 
-    from fxcost.records import NodeCost, Shape
+from fxcost.records import NodeCost, Shape
 
-__all__ = ["ELEMENTWISE", "KERNEL_ALIKE", "kernel_alike_node", "op_class", "read_ops", "read_ops_test"]
+__all__ = [
+    "ELEMENTWISE",
+    "KERNEL_ALIKE",
+    "conv_node",
+    "gemm_node",
+    "kernel_alike_node",
+    "op_class",
+    "read_ops",
+    "read_ops_test",
+    "row_node",
+]
 
 # Op names used by the data set, with the number of [B, H] tensors the kernel reads and writes:
 # binary ops read two and write one; unary ops and ops with a scalar operand ("u") read one.
@@ -109,7 +119,6 @@ def kernel_alike_node(op: str, batch: int, hidden: int) -> NodeCost:
     import torch
 
     from fxcost.lowering import count_flops, resolve_op
-    from fxcost.records import NodeCost
 
     aten_name, binary = _ATEN[op]
     x = (batch, hidden)
@@ -135,6 +144,73 @@ def kernel_alike_node(op: str, batch: int, hidden: int) -> NodeCost:
         out_dtypes=["float32"] * len(out_shapes),
         args=args,
         flops=flops,
+        bytes_read=ITEMSIZE * sum(math.prod(s) for s in in_shapes),
+        bytes_written=ITEMSIZE * sum(math.prod(s) for s in out_shapes),
+    )
+
+
+def gemm_node(op: str, batch: int, m: int, n: int, k: int) -> NodeCost:
+    """A data-set ``linear`` ([B, M, K] x [N, K]^T, one GEMM of B*M rows) or ``bmm`` row as a node."""
+    if op == "linear":
+        return _node("aten.mm.default", [(batch * m, k), (k, n)], [(batch * m, n)], {})
+    return _node("aten.bmm.default", [(batch, m, k), (batch, k, n)], [(batch, m, n)], {})
+
+
+def conv_node(
+    batch: int, c_in: int, c_out: int, kernel: int, size: int, stride: int, padding: int
+) -> NodeCost:
+    """A data-set ``conv`` row (square input and kernel, no bias) as an ``aten.convolution`` node."""
+    out = (size + 2 * padding - kernel) // stride + 1
+    args = {"stride": [stride, stride], "padding": [padding, padding], "dilation": [1, 1],
+            "transposed": False, "output_padding": [0, 0], "groups": 1}  # fmt: skip
+    return _node("aten.convolution.default", [(batch, c_in, size, size), (c_out, c_in, kernel, kernel)],
+                 [(batch, c_out, out, out)], args)  # fmt: skip
+
+
+def row_node(row: Any) -> NodeCost:
+    """The node a data-set row measures (any op of the data set), with FLOPs and bytes counted."""
+    op = row.OPName
+    if op in KERNEL_ALIKE:
+        return kernel_alike_node(op, int(row.B), int(row.H))
+    if op in ("linear", "bmm"):
+        return gemm_node(op, int(row.B), int(row.M), int(row.N), int(row.K))
+    if op == "conv":
+        return conv_node(int(row.B), int(row.Input_Channel), int(row.Output_Channel), int(row.Kernel_Szie),
+                         int(row.Input_Size), int(row.Stride), int(row.Padding))  # fmt: skip
+    raise ValueError(f"unknown data-set op {op!r}")
+
+
+def _node(aten_name: str, in_shapes: list[Shape], out_shapes: list[Shape], args: dict[str, Any]) -> NodeCost:
+    import torch
+
+    from fxcost.lowering import count_flops, resolve_op
+
+    target = resolve_op(aten_name)
+    ins = [torch.empty(s, device="meta") for s in in_shapes]
+    out = torch.empty(out_shapes[0], device="meta")
+    if aten_name == "aten.convolution.default":
+        call: tuple[Any, ...] = (
+            *ins,
+            None,
+            args["stride"],
+            args["padding"],
+            args["dilation"],
+            False,
+            [0, 0],
+            1,
+        )
+    else:
+        call = tuple(ins)
+    return NodeCost(
+        name=aten_name.split(".")[1],
+        op=aten_name,
+        phase="fw",
+        in_shapes=in_shapes,
+        in_dtypes=["float32"] * len(in_shapes),
+        out_shapes=out_shapes,
+        out_dtypes=["float32"] * len(out_shapes),
+        args=args,
+        flops=count_flops(target, call, {}, out),
         bytes_read=ITEMSIZE * sum(math.prod(s) for s in in_shapes),
         bytes_written=ITEMSIZE * sum(math.prod(s) for s in out_shapes),
     )

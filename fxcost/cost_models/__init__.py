@@ -130,7 +130,7 @@ def get_model(name: str | CostModel) -> CostModel:
 
 
 def _load_builtin_models() -> None:
-    from fxcost.cost_models import roofline, wave_scaling  # noqa: F401  (they register themselves)
+    from fxcost.cost_models import heads, roofline, wave_scaling  # noqa: F401  (they register themselves)
 
 
 def model_chain(model: str | CostModel | Sequence[str | CostModel]) -> list[CostModel]:

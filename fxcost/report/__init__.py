@@ -11,12 +11,12 @@ import copy
 import gzip
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fxcost._io import atomic_write
 from fxcost.devices import Device, get_device
 from fxcost.records import PHASES, GraphRecord, NodeCost, Phase
 
@@ -203,20 +203,10 @@ class Report:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the trace as JSON (gzip-compressed if ``path`` ends in ``.gz``), atomically."""
-        path = Path(path)
         payload = json.dumps(self.to_json(), separators=(",", ":")).encode()
-        if path.suffix == ".gz":
+        if Path(path).suffix == ".gz":
             payload = gzip.compress(payload, mtime=0)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        return path
+        return atomic_write(path, payload)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Report:

@@ -1,0 +1,248 @@
+"""MLP cost heads: origin-free predictions for GEMMs, convolutions and kernel-alike ops.
+
+One small MLP per op class (``linear``, ``bmm``, ``conv``, ``ew``, ``ln``, ``softmax``), in the spirit of
+Habitat §3.4 but built to generalize to GPUs never seen in training:
+
+- the target is physical: ``log(T / T_roofline)``, how far the op runs from the roofline bound of the
+  target GPU, rather than raw time, so the model learns an efficiency that transfers across GPUs;
+- the features say what determines that efficiency: log problem dims, FLOPs, bytes, arithmetic
+  intensity against the GPU's ridge point, GEMM tile waves per SM, and the GPU's spec-sheet facts
+  (peak FP32, bandwidth, SMs, L2, clock, memory). Only spec-sheet facts, so an unseen GPU needs
+  nothing measured.
+
+Inference is numpy, vectorized over all nodes of a class at once. Weights ship in
+``fxcost/cost_models/weights`` (trained by ``fxcost train`` on the shared training data only).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fxcost.cost_models import NodeBatch, register
+from fxcost.cost_models.roofline import Roofline
+from fxcost.devices import Device
+from fxcost.records import NodeCost
+
+__all__ = ["HEADS", "MLP", "Heads", "device_features", "head_of", "node_features", "roofline_ms"]
+
+HEADS = ("linear", "bmm", "conv", "ew", "ln", "softmax")
+
+# Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
+EW_OPS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
+
+_GEMM = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "aten.bmm.default": "bmm",
+         "aten.baddbmm.default": "bmm", "aten.convolution.default": "conv",
+         "aten.convolution_backward.default": "conv", "aten.native_layer_norm.default": "ln",
+         "aten.native_layer_norm_backward.default": "ln", "aten._softmax.default": "softmax",
+         "aten._log_softmax.default": "softmax", "aten._softmax_backward_data.default": "softmax",
+         "aten._log_softmax_backward_data.default": "softmax"}  # fmt: skip
+
+# A reference roofline (no launch floor) whose ratio to the measured time is the learned target.
+_REFERENCE = Roofline(launch_floor_ms=0.01)
+
+
+def head_of(node: NodeCost) -> str | None:
+    """The head that predicts ``node``, None if none does."""
+    if not node.has_kernel:
+        return None
+    head = _GEMM.get(node.op)
+    if head is not None:
+        return head
+    import torch
+
+    from fxcost.lowering import resolve_op
+
+    op = resolve_op(node.op)
+    if op is not None and torch.Tag.pointwise in op.tags and node.out_shapes:
+        return "ew"
+    return None
+
+
+def device_features(device: Device) -> list[float]:
+    """Spec-sheet facts of a GPU, log-scaled: peak FP32, bandwidth, SMs, L2, clock, memory."""
+    values = [device.fp32_tflops, device.mem_bandwidth_gbps, device.num_sms, device.l2_cache_mb,
+              device.boost_clock_mhz, device.memory_gb]  # fmt: skip
+    if any(v is None for v in values):
+        raise ValueError(f"{device.name} lacks a spec value the heads need")
+    return [math.log(float(v)) for v in values]  # type: ignore[arg-type]
+
+
+def _gemm_dims(node: NodeCost) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of a GEMM-like node."""
+    shapes = node.in_shapes
+    if node.op in ("aten.addmm.default", "aten.baddbmm.default"):
+        shapes = shapes[1:]
+    a, b = shapes[0], shapes[1]
+    if len(a) == 3:
+        return a[0], a[1], b[2], a[2]
+    return 1, a[0], b[1], a[1]
+
+
+def _conv_dims(node: NodeCost) -> tuple[int, int, int, int, int, int]:
+    """(batch, C_in, C_out, kernel, input size, stride) of a 2-D convolution (or its backward)."""
+    if node.op == "aten.convolution_backward.default":
+        x, w = node.in_shapes[1], node.in_shapes[2]
+    else:
+        x, w = node.in_shapes[0], node.in_shapes[1]
+    stride = node.args.get("stride") or [1]
+    return x[0], x[1], w[0], w[-1], x[-1], int(stride[0])
+
+
+def node_features(head: str, node: NodeCost) -> list[float]:
+    """The problem features of ``node`` for ``head`` (device features are appended separately)."""
+    flops = max(float(node.flops or 0), 1.0)
+    traffic = max(float(node.bytes or 0), 1.0)
+    common = [math.log(flops), math.log(traffic), math.log(flops / traffic)]
+    if head in ("linear", "bmm"):
+        b, m, n, k = _gemm_dims(node)
+        dims = [math.log(b), math.log(m), math.log(n), math.log(k)]
+        tiles = b * math.ceil(m / 128) * math.ceil(n / 128)
+        return [*dims, math.log(tiles), *common]
+    if head == "conv":
+        b, cin, cout, kernel, size, stride = _conv_dims(node)
+        backward = float(node.op == "aten.convolution_backward.default")
+        dims = [math.log(b), math.log(cin), math.log(cout), float(kernel), math.log(size), float(stride)]
+        return [*dims, backward, *common]
+    if head == "ew":
+        numel = max(math.prod(node.out_shapes[0]), 1)
+        name = node.op.split(".")[1]
+        onehot = [float(name == op) for op in EW_OPS] + [float(name not in EW_OPS)]
+        return [math.log(numel), float(len(node.in_shapes)), *onehot, *common]
+    if head in ("ln", "softmax"):
+        x = node.in_shapes[0]
+        row = x[-1] if x else 1
+        rows = max(math.prod(x) // max(row, 1), 1)
+        backward = float(node.op.endswith("backward.default") or node.op.endswith("backward_data.default"))
+        return [math.log(rows), math.log(row), backward, *common]
+    raise ValueError(f"unknown head {head!r}; heads: {', '.join(HEADS)}")
+
+
+def roofline_ms(batch: NodeBatch, device: Device) -> np.ndarray:
+    """The reference time the heads' targets are relative to."""
+    return _REFERENCE.predict(batch, device)
+
+
+def feature_matrix(head: str, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
+    """Rows of problem features + device features + intensity over the device's ridge point."""
+    dev = device_features(device)
+    ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
+    rows = []
+    for node in nodes:
+        problem = node_features(head, node)
+        rows.append([*problem, *dev, problem[-1] - ridge])
+    return np.asarray(rows, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class MLP:
+    """A trained head: feature range, standardization, weights and biases of a ReLU MLP, one output.
+
+    Inputs are clipped to the range seen in training: a ReLU network extrapolates linearly, and an
+    op's efficiency saturates beyond the largest problems measured rather than growing without bound.
+    """
+
+    low: np.ndarray
+    high: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    weights: tuple[np.ndarray, ...]
+    biases: tuple[np.ndarray, ...]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        h = (np.clip(x, self.low, self.high) - self.mean) / self.std
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = h @ w + b
+            if i < len(self.weights) - 1:
+                h = np.maximum(h, 0.0)
+        return h[:, 0]
+
+    def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        arrays = {f"{prefix}/low": self.low, f"{prefix}/high": self.high, f"{prefix}/mean": self.mean,
+                  f"{prefix}/std": self.std}  # fmt: skip
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            arrays[f"{prefix}/w{i}"], arrays[f"{prefix}/b{i}"] = w, b
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, arrays: Any, prefix: str) -> MLP:
+        layers = sum(1 for k in arrays if k.startswith(f"{prefix}/w"))
+        return cls(
+            low=np.asarray(arrays[f"{prefix}/low"], dtype=np.float64),
+            high=np.asarray(arrays[f"{prefix}/high"], dtype=np.float64),
+            mean=np.asarray(arrays[f"{prefix}/mean"], dtype=np.float64),
+            std=np.asarray(arrays[f"{prefix}/std"], dtype=np.float64),
+            weights=tuple(np.asarray(arrays[f"{prefix}/w{i}"], dtype=np.float64) for i in range(layers)),
+            biases=tuple(np.asarray(arrays[f"{prefix}/b{i}"], dtype=np.float64) for i in range(layers)),
+        )
+
+
+def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
+    """Heads from ``directory`` (``heads.npz``), or the ones shipped with fxcost."""
+    if directory is None:
+        return dict(_shipped())
+    path = Path(directory) / "heads.npz"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no trained heads (run `fxcost train --out {directory}`)")
+    with np.load(path) as arrays:
+        names = sorted({k.split("/")[0] for k in arrays.files})
+        return {name: MLP.from_arrays(arrays, name) for name in names}
+
+
+@functools.cache
+def _shipped() -> tuple[tuple[str, MLP], ...]:
+    weights = resources.files("fxcost.cost_models").joinpath("weights", "heads.npz")
+    if not weights.is_file():
+        return ()
+    with weights.open("rb") as f, np.load(f) as arrays:
+        names = sorted({k.split("/")[0] for k in arrays.files})
+        return tuple((name, MLP.from_arrays(arrays, name)) for name in names)
+
+
+def shipped_manifest() -> dict[str, Any]:
+    """The training manifest of the shipped heads (data files and hashes, devices, metrics)."""
+    path = resources.files("fxcost.cost_models").joinpath("weights", "manifest.json")
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class Heads:
+    """Origin-free cost model: each node predicted by the head of its op class."""
+
+    name = "mlp"
+
+    def __init__(self, heads: dict[str, MLP] | None = None) -> None:
+        self.heads = load_heads() if heads is None else heads
+
+    def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+        out = np.full(len(batch), np.nan)
+        groups: dict[str, list[int]] = {}
+        for i, node in enumerate(batch.nodes):
+            if not node.has_kernel:
+                out[i] = 0.0
+                continue
+            head = head_of(node)
+            if head in self.heads:
+                groups.setdefault(head, []).append(i)
+        if not groups:
+            return out
+        try:
+            reference = roofline_ms(batch, device)
+            for head, index in groups.items():
+                x = feature_matrix(head, [batch.nodes[i] for i in index], device)
+                out[index] = reference[index] * np.exp(self.heads[head](x))
+        except ValueError:  # a device without the spec values the heads need
+            return np.where(np.isnan(out), np.nan, out)
+        return out
+
+
+@register("mlp")
+def _mlp() -> Heads:
+    return Heads()
