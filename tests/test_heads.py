@@ -1,0 +1,168 @@
+"""MLP cost heads: op classes, features, inference, shipped weights, and the training pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import fxcost
+from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.heads import HEADS, Heads, feature_matrix, head_of, load_heads, shipped_manifest
+from fxcost.datasets import conv_node, gemm_node, kernel_alike_node
+from fxcost.devices import get_device
+from fxcost.records import NodeCost
+from fxcost.training import HELD_OUT_DEVICES, Examples, TrainConfig, fit, train
+
+WEIGHTS = Path(fxcost.__file__).parent / "cost_models" / "weights"
+
+
+def test_op_classes() -> None:
+    assert head_of(gemm_node("linear", 1, 64, 32, 16)) == "linear"
+    assert head_of(gemm_node("bmm", 4, 64, 32, 16)) == "bmm"
+    assert head_of(conv_node(2, 3, 8, 3, 32, 1, 1)) == "conv"
+    assert head_of(kernel_alike_node("gelu", 8, 8)) == "ew"
+    assert head_of(kernel_alike_node("ln", 8, 8)) == "ln"
+    assert head_of(kernel_alike_node("softmax", 8, 8)) == "softmax"
+    assert head_of(NodeCost(name="v", op="aten.view.default", phase="fw", has_kernel=False)) is None
+    assert head_of(NodeCost(name="s", op="aten.sort.default", phase="fw", out_shapes=[(4,)])) is None
+
+
+def test_features_are_finite_for_every_head() -> None:
+    nodes = {
+        "linear": gemm_node("linear", 1, 1, 1, 1),
+        "bmm": gemm_node("bmm", 7, 65, 3, 1025),
+        "conv": conv_node(1, 3, 2048, 3, 252, 1, 1),
+        "ew": kernel_alike_node("powu", 16384, 768),
+        "ln": kernel_alike_node("ln", 1, 16384),
+        "softmax": kernel_alike_node("softmax", 8, 1),
+    }
+    for head, node in nodes.items():
+        x = feature_matrix(head, [node], get_device("H100-SXM"))
+        assert x.shape[0] == 1 and np.isfinite(x).all(), head
+
+
+def test_numpy_inference_matches_the_trained_network() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 5))
+    y = x @ rng.normal(size=5) * 0.3
+    ex = Examples(x, y, np.ones(256), np.exp(y), np.array(["T4"] * 256, dtype=object))
+    model = fit(ex, TrainConfig(layers=2, width=16, epochs=3, batch=64))
+    torch.manual_seed(0)
+    assert model(x).shape == (256,)
+    inside = model(x[:3])
+    clipped = model(np.clip(x[:3] * 100, model.low, model.high))
+    np.testing.assert_allclose(model(x[:3] * 100), clipped)  # beyond the training range: saturates
+    assert np.isfinite(inside).all()
+
+
+def _tiny_examples(n: int = 300) -> Examples:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(n, 4))
+    y = np.tanh(x[:, 0]) + 0.1 * x[:, 1]
+    return Examples(x, y, np.ones(n), np.exp(y), np.array(["T4"] * n, dtype=object))
+
+
+def test_training_is_deterministic_and_resumes_after_an_interruption(tmp_path) -> None:
+    ex, config = _tiny_examples(), TrainConfig(layers=2, width=16, epochs=4, batch=64, seed=3)
+    once = fit(ex, config)
+    again = fit(ex, config)
+    for a, b in zip(once.weights, again.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_two(head: str, epoch: int, epochs: int) -> None:
+        if epoch == 2:
+            raise Interrupted
+
+    checkpoint = tmp_path / "head.pt"
+    with pytest.raises(Interrupted):
+        fit(ex, config, checkpoint, progress=stop_after_two)
+    assert torch.load(checkpoint, weights_only=False)["epoch"] == 2
+    resumed = fit(ex, config, checkpoint)
+    for a, b in zip(once.weights, resumed.weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_shipped_heads_are_small_and_fit_only_on_training_gpus() -> None:
+    assert (WEIGHTS / "heads.npz").stat().st_size < 5 * 2**20
+    heads = load_heads()
+    assert set(heads) == set(HEADS)
+    manifest = shipped_manifest()
+    assert set(manifest["excluded_devices"]) >= {"H100-SXM", "L4", "A100-PCIE-80GB"}
+    for head, facts in manifest["heads"].items():
+        assert not set(facts["devices"]) & HELD_OUT_DEVICES, head
+        assert facts["train_rows"] > 0 and "all" in facts["train_mape"]
+    assert all(len(f["sha256"]) == 64 for f in manifest["data"])
+
+
+def test_heads_predict_captured_graph_nodes() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128))
+    report = fxcost.profile(model, torch.randn(32, 64), devices=["T4"], measure=False)
+    predicted = report.predict(["H100-SXM", "T4"], model="mlp,roofline")
+    sources = {n.pred_source["T4"] for n in predicted.nodes if n.has_kernel}
+    assert "mlp" in sources
+    mlp_nodes = [n for n in predicted.nodes if n.pred_source["T4"] == "mlp" and n.has_kernel]
+    assert all(n.pred_ms["T4"] > 0 and np.isfinite(n.pred_ms["T4"]) for n in mlp_nodes)
+    assert {n.op for n in mlp_nodes} >= {"aten.addmm.default", "aten.native_layer_norm.default"}
+    assert predicted.total_ms("T4") > predicted.total_ms("H100-SXM")
+
+
+def test_heads_leave_unknown_devices_and_ops_unpredicted() -> None:
+    node = NodeCost(name="s", op="aten.sort.default", phase="fw", out_shapes=[(4,)], flops=1, bytes_read=4,
+                    bytes_written=4)  # fmt: skip
+    out = Heads().predict(NodeBatch.of([node, gemm_node("linear", 1, 8, 8, 8)]), get_device("MI300X"))
+    assert np.isnan(out[0])
+
+
+def _tiny_data(root: Path, data_dir: Path) -> Path:
+    """A data directory of the shared layout holding a few layer-norm rows of two GPUs."""
+    for sub in ("ops/ln", "ops_test"):
+        (root / "neusight" / sub).mkdir(parents=True)
+    for name in ("Tesla_T4.csv", "Tesla_P4.csv"):
+        rows = pd.read_csv(data_dir / "neusight" / "ops" / "ln" / name).head(120)
+        rows.to_csv(root / "neusight" / "ops" / "ln" / name, index=False)
+    test = pd.read_csv(data_dir / "neusight" / "ops_test" / "ln.csv")
+    test = test[test["Device"].isin(["Tesla T4", "Tesla P4"])].head(20)
+    test.to_csv(root / "neusight" / "ops_test" / "ln.csv", index=False)
+    return root
+
+
+def test_train_command_writes_heads_and_manifest(tmp_path, data_dir, capsys, monkeypatch) -> None:
+    from fxcost.cli import main
+
+    data = _tiny_data(tmp_path / "data", data_dir)
+    out = tmp_path / "heads"
+    argv = ["train", "--data", str(data), "--out", str(out), "--ops", "ln", "--epochs", "2", "--seed", "1"]
+    assert main(argv) == 0
+    assert "ln" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["heads"]["ln"]["devices"] == ["P4", "T4"]
+    assert manifest["heads"]["ln"]["test_rows"] == 20
+    assert set(load_heads(out)) == {"ln"}
+    before = load_heads(out)["ln"]
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished head was trained again")
+
+    monkeypatch.setattr("fxcost.training.fit", no_training)
+    assert main(argv) == 0  # finished heads are kept, only re-evaluated
+    np.testing.assert_array_equal(load_heads(out)["ln"].weights[0], before.weights[0])
+
+
+def test_train_rejects_bad_input(tmp_path, data_dir) -> None:
+    with pytest.raises(ValueError, match="unknown heads"):
+        train([data_dir], tmp_path, heads=["lstm"])
+    with pytest.raises(FileNotFoundError, match="no ops/ or ops_test/"):
+        train([tmp_path / "nothing"], tmp_path / "out", heads=["ln"])
+    bad = tmp_path / "bad" / "neusight" / "ops" / "ln"
+    bad.mkdir(parents=True)
+    (bad / "Tesla_T4.csv").write_text("OPName,Device\nln,Tesla T4\n")
+    with pytest.raises(ValueError, match="missing columns"):
+        train([tmp_path / "bad"], tmp_path / "out2", heads=["ln"])
