@@ -116,37 +116,14 @@ _ATEN = {
 
 def kernel_alike_node(op: str, batch: int, hidden: int) -> NodeCost:
     """The annotated node a kernel-alike data-set row stands for (``op`` on a [B, H] fp32 tensor)."""
-    import torch
-
-    from fxcost.lowering import count_flops, resolve_op
-
     aten_name, binary = _ATEN[op]
     x = (batch, hidden)
-    in_shapes: list[Shape] = [x, x] if binary else [x]
-    out_shapes: list[Shape] = [x]
-    args: dict[str, Any] = {}
     if op == "ln":
-        in_shapes, out_shapes = [x, (hidden,), (hidden,)], [x, (batch, 1), (batch, 1)]
-        args = {"normalized_shape": [hidden], "eps": 1e-5}
-    elif op == "softmax":
-        args = {"dim": -1, "half_to_float": False}
-    ins = [torch.empty(s, device="meta") for s in in_shapes]
-    outs = [torch.empty(s, device="meta") for s in out_shapes]
-    call_args = (*ins, 2.0) if op.endswith("u") else tuple(ins)  # "u" ops take a Python scalar
-    flops = count_flops(resolve_op(aten_name), call_args, {}, outs[0] if len(outs) == 1 else tuple(outs))
-    return NodeCost(
-        name=op,
-        op=aten_name,
-        phase="fw",
-        in_shapes=in_shapes,
-        in_dtypes=["float32"] * len(in_shapes),
-        out_shapes=out_shapes,
-        out_dtypes=["float32"] * len(out_shapes),
-        args=args,
-        flops=flops,
-        bytes_read=ITEMSIZE * sum(math.prod(s) for s in in_shapes),
-        bytes_written=ITEMSIZE * sum(math.prod(s) for s in out_shapes),
-    )
+        args: dict[str, Any] = {"normalized_shape": [hidden], "eps": 1e-5}
+        return _node(aten_name, [x, (hidden,), (hidden,)], [x, (batch, 1), (batch, 1)], args)
+    args = {"dim": -1, "half_to_float": False} if op == "softmax" else {}
+    scalar = (2.0,) if op.endswith("u") else ()  # the "u" ops take a Python scalar operand
+    return _node(aten_name, [x, x] if binary else [x], [x], args, scalar)
 
 
 def gemm_node(op: str, batch: int, m: int, n: int, k: int) -> NodeCost:
@@ -163,8 +140,9 @@ def conv_node(
     out = (size + 2 * padding - kernel) // stride + 1
     args = {"stride": [stride, stride], "padding": [padding, padding], "dilation": [1, 1],
             "transposed": False, "output_padding": [0, 0], "groups": 1}  # fmt: skip
+    extra = (None, args["stride"], args["padding"], args["dilation"], False, [0, 0], 1)
     return _node("aten.convolution.default", [(batch, c_in, size, size), (c_out, c_in, kernel, kernel)],
-                 [(batch, c_out, out, out)], args)  # fmt: skip
+                 [(batch, c_out, out, out)], args, extra)  # fmt: skip
 
 
 def row_node(row: Any) -> NodeCost:
@@ -180,27 +158,23 @@ def row_node(row: Any) -> NodeCost:
     raise ValueError(f"unknown data-set op {op!r}")
 
 
-def _node(aten_name: str, in_shapes: list[Shape], out_shapes: list[Shape], args: dict[str, Any]) -> NodeCost:
+def _node(
+    aten_name: str,
+    in_shapes: list[Shape],
+    out_shapes: list[Shape],
+    args: dict[str, Any],
+    extra: tuple[Any, ...] = (),
+) -> NodeCost:
+    """A fp32 node of ``aten_name`` on tensors of ``in_shapes``; ``extra`` are the op's other call
+    arguments, after the tensors, for counting its FLOPs."""
     import torch
 
     from fxcost.lowering import count_flops, resolve_op
 
-    target = resolve_op(aten_name)
     ins = [torch.empty(s, device="meta") for s in in_shapes]
-    out = torch.empty(out_shapes[0], device="meta")
-    if aten_name == "aten.convolution.default":
-        call: tuple[Any, ...] = (
-            *ins,
-            None,
-            args["stride"],
-            args["padding"],
-            args["dilation"],
-            False,
-            [0, 0],
-            1,
-        )
-    else:
-        call = tuple(ins)
+    outs = [torch.empty(s, device="meta") for s in out_shapes]
+    out = outs[0] if len(outs) == 1 else tuple(outs)
+    flops = count_flops(resolve_op(aten_name), (*ins, *extra), {}, out)
     return NodeCost(
         name=aten_name.split(".")[1],
         op=aten_name,
@@ -210,7 +184,7 @@ def _node(aten_name: str, in_shapes: list[Shape], out_shapes: list[Shape], args:
         out_shapes=out_shapes,
         out_dtypes=["float32"] * len(out_shapes),
         args=args,
-        flops=count_flops(target, call, {}, out),
+        flops=flops,
         bytes_read=ITEMSIZE * sum(math.prod(s) for s in in_shapes),
         bytes_written=ITEMSIZE * sum(math.prod(s) for s in out_shapes),
     )
