@@ -22,7 +22,7 @@ import numpy as np
 
 from fxcost._io import atomic_write
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import HEADS, MLP, feature_matrix, roofline_ms
+from fxcost.cost_models.heads import FEATURE_VERSION, HEADS, MLP, feature_matrix, roofline_ms
 from fxcost.datasets import ELEMENTWISE, read_ops, read_ops_test, row_node
 from fxcost.devices import get_device
 
@@ -119,7 +119,7 @@ def fit(
     start = 0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
-        if state["config"] == asdict(config) and state["rows"] == len(ex.y):
+        if (state["config"], state["rows"], state.get("features")) == (asdict(config), len(ex.y), x.shape[1]):
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             schedule.load_state_dict(state["schedule"])
@@ -136,10 +136,10 @@ def fit(
             optimizer.step()
         schedule.step()
         if checkpoint is not None:
-            _atomic_torch_save({"config": asdict(config), "rows": len(ex.y), "epoch": epoch + 1,
-                                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                "schedule": schedule.state_dict(), "generator": generator.get_state()},
-                               checkpoint)  # fmt: skip
+            state = {"config": asdict(config), "rows": len(ex.y), "features": x.shape[1], "epoch": epoch + 1,
+                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "schedule": schedule.state_dict(), "generator": generator.get_state()}  # fmt: skip
+            _atomic_torch_save(state, checkpoint)
         if progress is not None:
             progress(label, epoch + 1, config.epochs)
     linears = [m for m in model if isinstance(m, torch.nn.Linear)]
@@ -195,8 +195,10 @@ def train(
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if manifest.get("feature_version") != FEATURE_VERSION:
+        manifest["heads"] = {}  # heads of other features: train again
     manifest.update({"config": asdict(config), "excluded_devices": sorted(set(exclude)),
-                     "data": _data_files(data)})  # fmt: skip
+                     "data": _data_files(data), "feature_version": FEATURE_VERSION})  # fmt: skip
     manifest.setdefault("heads", {})
     trained = dict(_load_existing(out))
     for head in heads:

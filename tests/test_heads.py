@@ -166,3 +166,22 @@ def test_train_rejects_bad_input(tmp_path, data_dir) -> None:
     (bad / "Tesla_T4.csv").write_text("OPName,Device\nln,Tesla T4\n")
     with pytest.raises(ValueError, match="missing columns"):
         train([tmp_path / "bad"], tmp_path / "out2", heads=["ln"])
+
+
+def test_convolution_backward_is_its_forward_once_per_gradient() -> None:
+    forward = conv_node(8, 64, 64, 3, 56, 1, 1)
+    backward = NodeCost(
+        name="cb", op="aten.convolution_backward.default", phase="bw",
+        in_shapes=[forward.out_shapes[0], forward.in_shapes[0], forward.in_shapes[1]],
+        in_dtypes=["float32"] * 3, out_shapes=[forward.in_shapes[0], forward.in_shapes[1]],
+        out_dtypes=["float32"] * 2,
+        args={"stride": [1, 1], "padding": [1, 1], "output_mask": [True, True, False]},
+        flops=2 * forward.flops, bytes_read=1, bytes_written=1,
+    )  # fmt: skip
+    weight_only = NodeCost.from_json(
+        {**backward.to_json(), "args": {**backward.args, "output_mask": [False, True, False]}}
+    )
+    fw, bw, bw_weight = Heads().predict(
+        NodeBatch.of([forward, backward, weight_only]), get_device("V100-PCIE-32GB")
+    )
+    assert bw == pytest.approx(2 * fw) and bw_weight == pytest.approx(fw)

@@ -32,9 +32,21 @@ from fxcost.cost_models.roofline import Roofline
 from fxcost.devices import Device
 from fxcost.records import NodeCost
 
-__all__ = ["HEADS", "MLP", "Heads", "device_features", "head_of", "node_features", "roofline_ms"]
+__all__ = [
+    "FEATURE_VERSION",
+    "HEADS",
+    "MLP",
+    "Heads",
+    "device_features",
+    "head_of",
+    "node_features",
+    "roofline_ms",
+]
 
 HEADS = ("linear", "bmm", "conv", "ew", "ln", "softmax")
+
+# Bumped whenever the features change, so trained heads and checkpoints of another version are redone.
+FEATURE_VERSION = 2
 
 # Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
 EW_OPS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
@@ -109,9 +121,8 @@ def node_features(head: str, node: NodeCost) -> list[float]:
         return [*dims, math.log(tiles), *common]
     if head == "conv":
         b, cin, cout, kernel, size, stride = _conv_dims(node)
-        backward = float(node.op == "aten.convolution_backward.default")
         dims = [math.log(b), math.log(cin), math.log(cout), float(kernel), math.log(size), float(stride)]
-        return [*dims, backward, *common]
+        return [*dims, *common]
     if head == "ew":
         numel = max(math.prod(node.out_shapes[0]), 1)
         name = node.op.split(".")[1]
@@ -121,9 +132,14 @@ def node_features(head: str, node: NodeCost) -> list[float]:
         x = node.in_shapes[0]
         row = x[-1] if x else 1
         rows = max(math.prod(x) // max(row, 1), 1)
-        backward = float(node.op.endswith("backward.default") or node.op.endswith("backward_data.default"))
-        return [math.log(rows), math.log(row), backward, *common]
+        return [math.log(rows), math.log(row), *common]
     raise ValueError(f"unknown head {head!r}; heads: {', '.join(HEADS)}")
+
+
+def _conv_gradients(node: NodeCost) -> int:
+    """How many convolutions a ``convolution_backward`` runs: grad of the input and/or the weight."""
+    mask = node.args.get("output_mask") or [True, True, False]
+    return max(int(bool(mask[0])) + int(bool(mask[1])), 1)
 
 
 def roofline_ms(batch: NodeBatch, device: Device) -> np.ndarray:
@@ -234,13 +250,33 @@ class Heads:
         if not groups:
             return out
         try:
-            reference = roofline_ms(batch, device)
             for head, index in groups.items():
-                x = feature_matrix(head, [batch.nodes[i] for i in index], device)
-                out[index] = reference[index] * np.exp(self.heads[head](x))
+                nodes = [batch.nodes[i] for i in index]
+                repeats = np.ones(len(nodes))
+                if head == "conv":  # the heads learned forward convolutions: a backward runs one per gradient
+                    repeats = np.array(
+                        [_conv_gradients(n) if _is_backward(n) else 1 for n in nodes], dtype=float
+                    )
+                    nodes = [_forward_conv(n) if _is_backward(n) else n for n in nodes]
+                reference = roofline_ms(NodeBatch.of(nodes), device)
+                out[index] = (
+                    reference * np.exp(self.heads[head](feature_matrix(head, nodes, device))) * repeats
+                )
         except ValueError:  # a device without the spec values the heads need
             return np.where(np.isnan(out), np.nan, out)
         return out
+
+
+def _is_backward(node: NodeCost) -> bool:
+    return node.op == "aten.convolution_backward.default"
+
+
+def _forward_conv(node: NodeCost) -> NodeCost:
+    """The forward convolution whose gradients a ``convolution_backward`` node computes."""
+    from fxcost.datasets import conv_node
+
+    b, cin, cout, kernel, size, stride = _conv_dims(node)
+    return conv_node(b, cin, cout, kernel, size, stride, int((node.args.get("padding") or [0])[0]))
 
 
 @register("mlp")
