@@ -185,3 +185,24 @@ def test_convolution_backward_is_its_forward_once_per_gradient() -> None:
         NodeBatch.of([forward, backward, weight_only]), get_device("V100-PCIE-32GB")
     )
     assert bw == pytest.approx(2 * fw) and bw_weight == pytest.approx(fw)
+
+
+def test_cudnn_lstm_is_lowered_to_gemms_and_pointwise_work() -> None:
+    from fxcost.lowering.rnn import lower_rnn
+
+    lstm = NodeCost(
+        name="rnn", op="aten._cudnn_rnn.default", phase="fw",
+        in_shapes=[(32, 16, 256)], in_dtypes=["float32"], out_shapes=[(32, 16, 512)], out_dtypes=["float32"],
+        args={"mode": 2, "hidden_size": 512, "num_layers": 2, "batch_first": False, "bidirectional": False},
+    )  # fmt: skip
+    work = lower_rnn(lstm)
+    gemms = [(n.in_shapes, count) for n, count in work if n.op == "aten.mm.default"]
+    assert gemms == [
+        ([(512, 256), (256, 2048)], 1),  # layer 0: the input sequence onto the four gates
+        ([(16, 512), (512, 2048)], 32),  # a recurrent step, 32 times
+        ([(512, 512), (512, 2048)], 1),  # layer 1 reads layer 0's hidden states
+        ([(16, 512), (512, 2048)], 32),
+    ]
+    backward = NodeCost.from_json({**lstm.to_json(), "op": "aten._cudnn_rnn_backward.default"})
+    fw, bw = Heads().predict(NodeBatch.of([lstm, backward]), get_device("T4"))
+    assert 0 < fw < bw == pytest.approx(2 * fw)

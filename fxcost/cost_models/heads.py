@@ -30,6 +30,7 @@ import numpy as np
 from fxcost.cost_models import NodeBatch, register
 from fxcost.cost_models.roofline import Roofline
 from fxcost.devices import Device
+from fxcost.lowering.rnn import RNN_OPS, lower_rnn
 from fxcost.records import NodeCost
 
 __all__ = [
@@ -69,6 +70,8 @@ def head_of(node: NodeCost) -> str | None:
     head = _GEMM.get(node.op)
     if head is not None:
         return head
+    if node.op in RNN_OPS:
+        return "rnn"
     import torch
 
     from fxcost.lowering import resolve_op
@@ -245,11 +248,15 @@ class Heads:
                 out[i] = 0.0
                 continue
             head = head_of(node)
-            if head in self.heads:
+            if head in self.heads or (head == "rnn" and {"linear", "ew"} <= set(self.heads)):
                 groups.setdefault(head, []).append(i)
         if not groups:
             return out
         try:
+            for i in groups.pop("rnn", []):
+                work = lower_rnn(batch.nodes[i])
+                parts = self.predict(NodeBatch.of([n for n, _ in work]), device)
+                out[i] = float(np.dot(parts, [count for _, count in work]))
             for head, index in groups.items():
                 nodes = [batch.nodes[i] for i in index]
                 repeats = np.ones(len(nodes))
