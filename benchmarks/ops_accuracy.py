@@ -110,16 +110,14 @@ def _mape(frame: pd.DataFrame, method: str) -> float:
 
 
 def _roofline(rows: pd.DataFrame, head: str) -> np.ndarray:
-    ex = examples(rows, head)  # reference uses the same nodes; the roofline model adds its launch floor
-    out = np.empty(len(ex.y))
-    offset = 0
+    """fxcost's roofline model on the rows, in the device order :func:`examples` uses."""
     from fxcost.datasets import row_node
 
+    parts = []
     for device_name, group in rows.groupby("device", sort=True):
         nodes = [row_node(r) for r in group.itertuples(index=False)]
-        out[offset : offset + len(group)] = Roofline().predict(NodeBatch.of(nodes), get_device(device_name))
-        offset += len(group)
-    return out
+        parts.append(Roofline().predict(NodeBatch.of(nodes), get_device(device_name)))
+    return np.concatenate(parts)
 
 
 def _habitat_features(ex: Examples, head: str) -> np.ndarray:
