@@ -206,3 +206,11 @@ def test_cudnn_lstm_is_lowered_to_gemms_and_pointwise_work() -> None:
     backward = NodeCost.from_json({**lstm.to_json(), "op": "aten._cudnn_rnn_backward.default"})
     fw, bw = Heads().predict(NodeBatch.of([lstm, backward]), get_device("T4"))
     assert 0 < fw < bw == pytest.approx(2 * fw)
+
+
+def test_nodes_with_unexpected_shapes_stay_unpredicted() -> None:
+    odd = NodeCost(name="mm", op="aten.mm.default", phase="fw", in_shapes=[(4,)], in_dtypes=["float32"],
+                   out_shapes=[(4,)], out_dtypes=["float32"], flops=8, bytes_read=16)  # fmt: skip
+    good = gemm_node("linear", 1, 64, 64, 64)
+    out = Heads().predict(NodeBatch.of([odd, good]), get_device("T4"))
+    assert np.isnan(out[0]) and out[1] > 0

@@ -52,14 +52,15 @@ FEATURE_VERSION = 2
 # Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
 EW_OPS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
 
-_GEMM = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "aten.bmm.default": "bmm",
+_HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "aten.bmm.default": "bmm",
          "aten.baddbmm.default": "bmm", "aten.convolution.default": "conv",
          "aten.convolution_backward.default": "conv", "aten.native_layer_norm.default": "ln",
          "aten.native_layer_norm_backward.default": "ln", "aten._softmax.default": "softmax",
          "aten._log_softmax.default": "softmax", "aten._softmax_backward_data.default": "softmax",
          "aten._log_softmax_backward_data.default": "softmax"}  # fmt: skip
 
-# A reference roofline (no launch floor) whose ratio to the measured time is the learned target.
+# The reference roofline whose ratio to the measured time is the learned target; its 10 us floor keeps
+# the ratio of tiny ops finite.
 _REFERENCE = Roofline(launch_floor_ms=0.01)
 
 
@@ -67,7 +68,7 @@ def head_of(node: NodeCost) -> str | None:
     """The head that predicts ``node``, None if none does."""
     if not node.has_kernel:
         return None
-    head = _GEMM.get(node.op)
+    head = _HEAD_OF_OP.get(node.op)
     if head is not None:
         return head
     if node.op in RNN_OPS:
@@ -248,13 +249,16 @@ class Heads:
                 out[i] = 0.0
                 continue
             head = head_of(node)
-            if head in self.heads or (head == "rnn" and {"linear", "ew"} <= set(self.heads)):
+            if head is not None and self._can_predict(head, node):
                 groups.setdefault(head, []).append(i)
         if not groups:
             return out
         try:
             for i in groups.pop("rnn", []):
-                work = lower_rnn(batch.nodes[i])
+                try:
+                    work = lower_rnn(batch.nodes[i])
+                except (IndexError, KeyError, TypeError):  # an RNN node without the arguments we read
+                    continue
                 parts = self.predict(NodeBatch.of([n for n, _ in work]), device)
                 out[i] = float(np.dot(parts, [count for _, count in work]))
             for head, index in groups.items():
@@ -269,9 +273,23 @@ class Heads:
                 out[index] = (
                     reference * np.exp(self.heads[head](feature_matrix(head, nodes, device))) * repeats
                 )
-        except ValueError:  # a device without the spec values the heads need
-            return np.where(np.isnan(out), np.nan, out)
+        except ValueError:  # a device without the spec values the heads need: what is left stays unknown
+            pass
         return out
+
+    def _can_predict(self, head: str, node: NodeCost) -> bool:
+        if head == "rnn":  # lowered to GEMMs and pointwise work
+            return {"linear", "ew"} <= set(self.heads)
+        return head in self.heads and _has_features(head, node)
+
+
+def _has_features(head: str, node: NodeCost) -> bool:
+    """Whether ``node``'s shapes are what ``head`` expects (else it stays unpredicted, not a crash)."""
+    try:
+        node_features(head, _forward_conv(node) if _is_backward(node) else node)
+    except (IndexError, KeyError, TypeError, ValueError):
+        return False
+    return True
 
 
 def _is_backward(node: NodeCost) -> bool:
