@@ -9,8 +9,8 @@ duplicates; :func:`get_model` builds one by name.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -53,6 +53,7 @@ class NodeBatch:
     origin_ms: np.ndarray
     itemsize: np.ndarray
     origin: Device | None = None
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, nodes: Sequence[NodeCost], origin: Device | None = None) -> NodeBatch:
@@ -72,6 +73,13 @@ class NodeBatch:
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    def derived(self, key: str, compute: Callable[[], Any]) -> Any:
+        """Device-independent data a model derives from the nodes, computed once per batch and reused
+        for every device the batch is predicted on (``predict`` calls models once per device)."""
+        if key not in self._derived:
+            self._derived[key] = compute()
+        return self._derived[key]
 
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1}

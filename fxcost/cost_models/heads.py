@@ -153,13 +153,13 @@ def roofline_ms(batch: NodeBatch, device: Device) -> np.ndarray:
 
 def feature_matrix(head: str, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
     """Rows of problem features + device features + intensity over the device's ridge point."""
+    return _with_device([node_features(head, n) for n in nodes], device)
+
+
+def _with_device(problem: Sequence[Sequence[float]], device: Device) -> np.ndarray:
     dev = device_features(device)
     ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
-    rows = []
-    for node in nodes:
-        problem = node_features(head, node)
-        rows.append([*problem, *dev, problem[-1] - ridge])
-    return np.asarray(rows, dtype=np.float64)
+    return np.asarray([[*row, *dev, row[-1] - ridge] for row in problem], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -242,54 +242,65 @@ class Heads:
         self.heads = load_heads() if heads is None else heads
 
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
-        out = np.full(len(batch), np.nan)
-        groups: dict[str, list[int]] = {}
-        for i, node in enumerate(batch.nodes):
-            if not node.has_kernel:
-                out[i] = 0.0
-                continue
-            head = head_of(node)
-            if head is not None and self._can_predict(head, node):
-                groups.setdefault(head, []).append(i)
-        if not groups:
-            return out
+        out = np.where(batch.has_kernel, np.nan, 0.0)
         try:
-            for i in groups.pop("rnn", []):
-                try:
-                    work = lower_rnn(batch.nodes[i])
-                except (IndexError, KeyError, TypeError):  # an RNN node without the arguments we read
-                    continue
-                parts = self.predict(NodeBatch.of([n for n, _ in work]), device)
-                out[i] = float(np.dot(parts, [count for _, count in work]))
-            for head, index in groups.items():
-                nodes = [batch.nodes[i] for i in index]
-                repeats = np.ones(len(nodes))
-                if head == "conv":  # the heads learned forward convolutions: a backward runs one per gradient
-                    repeats = np.array(
-                        [_conv_gradients(n) if _is_backward(n) else 1 for n in nodes], dtype=float
-                    )
-                    nodes = [_forward_conv(n) if _is_backward(n) else n for n in nodes]
-                reference = roofline_ms(NodeBatch.of(nodes), device)
-                out[index] = (
-                    reference * np.exp(self.heads[head](feature_matrix(head, nodes, device))) * repeats
-                )
-        except ValueError:  # a device without the spec values the heads need: what is left stays unknown
-            pass
+            device_features(device)
+        except ValueError:  # a device without the spec values the heads need
+            return out
+        groups, rnns = batch.derived("heads", lambda: self._groups(batch))
+        for head, group in groups.items():
+            reference = roofline_ms(group.batch, device)
+            ratio = np.exp(self.heads[head](_with_device(group.problem, device)))
+            out[group.index] = reference * ratio * group.repeats
+        for i, (work, counts) in rnns.items():
+            out[i] = float(np.dot(self.predict(work, device), counts))
         return out
 
-    def _can_predict(self, head: str, node: NodeCost) -> bool:
-        if head == "rnn":  # lowered to GEMMs and pointwise work
-            return {"linear", "ew"} <= set(self.heads)
-        return head in self.heads and _has_features(head, node)
+    def _groups(self, batch: NodeBatch) -> tuple[dict[str, _Group], dict[int, tuple[NodeBatch, list[int]]]]:
+        """Nodes by head with their device-independent features, and RNN nodes lowered to work."""
+        members: dict[str, list[tuple[int, NodeCost, float, list[float]]]] = {}
+        rnns: dict[int, tuple[NodeBatch, list[int]]] = {}
+        for i, node in enumerate(batch.nodes):
+            head = head_of(node) if node.has_kernel else None
+            if head == "rnn" and {"linear", "ew"} <= set(self.heads):
+                work = _rnn_work(node)
+                if work:
+                    rnns[i] = (NodeBatch.of([n for n, _ in work]), [count for _, count in work])
+            elif head in self.heads:
+                try:
+                    # The heads learned forward convolutions: a backward runs one per gradient.
+                    repeats = _conv_gradients(node) if _is_backward(node) else 1
+                    node = _forward_conv(node) if _is_backward(node) else node
+                    members.setdefault(head, []).append((i, node, repeats, node_features(head, node)))
+                except (IndexError, KeyError, TypeError, ValueError):
+                    pass  # shapes the head does not expect: left unpredicted, not a crash
+        groups = {
+            head: _Group(
+                index=[i for i, *_ in rows],
+                batch=NodeBatch.of([n for _, n, *_ in rows]),
+                repeats=np.array([r for *_, r, _ in rows], dtype=float),
+                problem=[p for *_, p in rows],
+            )
+            for head, rows in members.items()
+        }
+        return groups, rnns
 
 
-def _has_features(head: str, node: NodeCost) -> bool:
-    """Whether ``node``'s shapes are what ``head`` expects (else it stays unpredicted, not a crash)."""
+@dataclass(frozen=True)
+class _Group:
+    """The nodes of one head in a batch: positions, the nodes (as forward ops), repeats, features."""
+
+    index: list[int]
+    batch: NodeBatch
+    repeats: np.ndarray
+    problem: list[list[float]]
+
+
+def _rnn_work(node: NodeCost) -> list[tuple[NodeCost, int]]:
     try:
-        node_features(head, _forward_conv(node) if _is_backward(node) else node)
-    except (IndexError, KeyError, TypeError, ValueError):
-        return False
-    return True
+        return lower_rnn(node)
+    except (IndexError, KeyError, TypeError, ValueError):  # an RNN node without the arguments we read
+        return []
 
 
 def _is_backward(node: NodeCost) -> bool:

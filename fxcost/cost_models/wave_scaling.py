@@ -127,22 +127,22 @@ class WaveScaling:
         if origin is None or origin.num_sms is None or device.num_sms is None:
             return out
         scale = STRATEGIES[self.strategy]
+        kernels = batch.derived("wave_scaling.kernels", lambda: [_scalable_kernels(n) for n in batch.nodes])
         for i, node in enumerate(batch.nodes):
             if not node.has_kernel:
                 out[i] = 0.0
-            elif node.origin_ms is None or is_matmul_class(node.op):
+            elif node.origin_ms is None or not kernels[i]:
                 continue
             elif device == origin:
                 out[i] = node.origin_ms  # nothing to scale: the measurement is the answer
             else:
-                out[i] = self._node(node, origin, device, scale)
+                out[i] = self._scale(node.origin_ms, kernels[i], origin, device, scale)
         return out
 
-    def _node(self, node: NodeCost, origin: Device, dest: Device, scale: Strategy) -> float:
-        kernels = kernels_of(node)
-        if not kernels or node.origin_ms is None:
-            return math.nan
-        body = max(node.origin_ms - (origin.overhead_ms if self.extended else 0.0), 0.0)
+    def _scale(
+        self, origin_ms: float, kernels: list[_Kernel], origin: Device, dest: Device, scale: Strategy
+    ) -> float:
+        body = max(origin_ms - (origin.overhead_ms if self.extended else 0.0), 0.0)
         total_weight = sum(k.weight for k in kernels)
         scaled = 0.0
         for k in kernels:
@@ -178,6 +178,13 @@ class _Kernel:
     flops_per_byte: float
     reread_ratio: float = 0.0  # re-read bytes per single-pass byte (0: one pass)
     block_bytes: int = 0
+
+
+def _scalable_kernels(node: NodeCost) -> list[_Kernel]:
+    """The kernels wave scaling scales: none for kernel-varying (matmul-class) or kernel-free nodes."""
+    if not node.has_kernel or is_matmul_class(node.op):
+        return []
+    return kernels_of(node)
 
 
 def kernels_of(node: NodeCost) -> list[_Kernel]:
