@@ -62,7 +62,7 @@ def main() -> int:
         nodes_ms = {
             "heads": test_ex.reference_ms * np.exp(heads[head](test_ex.x)),
             "roofline": _roofline(test_rows, head),
-            "habitat_mlp": _habitat_mlp(train_rows, test_rows, head),
+            "habitat_mlp": _habitat_mlp(examples(train_rows, head), test_ex, head),
         }
         frame = pd.DataFrame({"head": head, "device": test_ex.device, "measured_ms": test_ex.latency_ms,
                               **{k: v for k, v in nodes_ms.items()}})  # fmt: skip
@@ -130,8 +130,7 @@ def _habitat_features(ex: Examples, head: str) -> np.ndarray:
     return np.c_[np.exp(ex.x[:, :dims]) if head != "ew" else ex.x[:, :dims], np.asarray(gpu, dtype=float)]
 
 
-def _habitat_mlp(train_rows: pd.DataFrame, test_rows: pd.DataFrame, head: str) -> np.ndarray:
-    train_ex, test_ex = examples(train_rows, head), examples(test_rows, head)
+def _habitat_mlp(train_ex: Examples, test_ex: Examples, head: str) -> np.ndarray:
     raw = Examples(_habitat_features(train_ex, head), train_ex.latency_ms, train_ex.reference_ms,
                    train_ex.latency_ms, train_ex.device)  # fmt: skip
     model: MLP = fit(raw, TrainConfig(epochs=20), loss="mape")

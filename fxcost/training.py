@@ -22,9 +22,10 @@ import numpy as np
 
 from fxcost._io import atomic_write
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import FEATURE_VERSION, HEADS, MLP, feature_matrix, roofline_ms
+from fxcost.cost_models.heads import FEATURE_VERSION, HEADS, MLP, node_features, roofline_ms, with_device
 from fxcost.datasets import ELEMENTWISE, read_ops, read_ops_test, row_node
 from fxcost.devices import get_device
+from fxcost.records import NodeCost
 
 __all__ = ["HELD_OUT_DEVICES", "TrainConfig", "examples", "fit", "train"]
 
@@ -74,20 +75,23 @@ class Examples:
 
 
 def examples(frame: Any, head: str) -> Examples:
-    """Feature rows for ``head`` from a frame of data-set rows (see :mod:`fxcost.datasets`)."""
+    """Feature rows for ``head`` from a frame of data-set rows (see :mod:`fxcost.datasets`).
+
+    A configuration measured on several GPUs is built and featurized once.
+    """
+    built: dict[tuple[Any, ...], tuple[NodeCost, list[float]]] = {}
     parts = []
     for device_name, group in frame.groupby("device", sort=True):
         device = get_device(device_name)
-        cache: dict[tuple[Any, ...], Any] = {}
         keys = [tuple(r) for r in group[["OPName", *_CONFIG[head]]].itertuples(index=False)]
-        nodes = []
         for key, row in zip(keys, group.itertuples(index=False), strict=True):
-            if key not in cache:
-                cache[key] = row_node(row)
-            nodes.append(cache[key])
+            if key not in built:
+                node = row_node(row)
+                built[key] = (node, node_features(head, node))
+        nodes, problem = zip(*(built[k] for k in keys), strict=True)
         reference = roofline_ms(NodeBatch.of(nodes), device)
         latency = group["Latency"].to_numpy(dtype=np.float64)
-        parts.append(Examples(feature_matrix(head, nodes, device), np.log(latency / reference), reference,
+        parts.append(Examples(with_device(problem, device), np.log(latency / reference), reference,
                               latency, np.full(len(group), device_name, dtype=object)))  # fmt: skip
     return Examples(*(np.concatenate([getattr(p, f) for p in parts]) for f in Examples.__dataclass_fields__))
 

@@ -153,10 +153,11 @@ def roofline_ms(batch: NodeBatch, device: Device) -> np.ndarray:
 
 def feature_matrix(head: str, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
     """Rows of problem features + device features + intensity over the device's ridge point."""
-    return _with_device([node_features(head, n) for n in nodes], device)
+    return with_device([node_features(head, n) for n in nodes], device)
 
 
-def _with_device(problem: Sequence[Sequence[float]], device: Device) -> np.ndarray:
+def with_device(problem: Sequence[Sequence[float]], device: Device) -> np.ndarray:
+    """Problem feature rows (see :func:`node_features`) completed with ``device``'s features."""
     dev = device_features(device)
     ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
     return np.asarray([[*row, *dev, row[-1] - ridge] for row in problem], dtype=np.float64)
@@ -250,7 +251,7 @@ class Heads:
         groups, rnns = batch.derived("heads", lambda: self._groups(batch))
         for head, group in groups.items():
             reference = roofline_ms(group.batch, device)
-            ratio = np.exp(self.heads[head](_with_device(group.problem, device)))
+            ratio = np.exp(self.heads[head](with_device(group.problem, device)))
             out[group.index] = reference * ratio * group.repeats
         for i, (work, counts) in rnns.items():
             out[i] = float(np.dot(self.predict(work, device), counts))
