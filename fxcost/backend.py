@@ -122,8 +122,12 @@ class FxcostBackend:
             self._warn("capture", e)
             return gm.forward
 
-    def report(self) -> Report:
-        """The report of every graph captured so far (forward graphs, then backward, then optimizer)."""
+    def report(self, copy_nodes: bool = True) -> Report:
+        """The report of every graph captured so far (forward graphs, then backward, then optimizer).
+
+        Its records are copies, so later predictions by this backend do not change it; a caller that
+        owns the backend alone (``fxcost.profile``) may take the records themselves.
+        """
         with self._lock:
             captured = [g for frame in self._frames.values() for g in frame]
         rank = {p: i for i, p in enumerate(PHASES)}
@@ -140,7 +144,7 @@ class FxcostBackend:
             report.graphs.append(record)
             for node in graph.gm.graph.nodes:
                 if META_KEY in node.meta:
-                    cost = copy.deepcopy(node.meta[META_KEY])
+                    cost = copy.deepcopy(node.meta[META_KEY]) if copy_nodes else node.meta[META_KEY]
                     cost.graph = index
                     report.nodes.append(cost)
         return report

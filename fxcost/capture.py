@@ -109,7 +109,7 @@ def profile(
             _run_step(torch.compile(step, backend=backend, dynamic=False), args, kwargs, train)
     finally:
         _forget_compiled_code(backend)
-    report = backend.report()
+    report = backend.report(copy_nodes=False)  # the backend is ours alone and ends here
     if not report.nodes:
         failures = "; ".join(backend.failures) or "Dynamo produced no graph"
         raise RuntimeError(f"fxcost captured nothing from the step: {failures}")
