@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import inspect
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 __all__ = ["main"]
@@ -141,9 +142,8 @@ def _profile(args: argparse.Namespace) -> None:
     model, inputs = _to_device(model, inputs, device)
     mode = "training step" if args.train else "inference"
     title = f"{args.model} (batch {args.batch}), {mode} on {device}"
-    report = _capture(title, model, inputs, args.devices, train=args.train, measure=args.measure)
-    if args.cost_model != report.model:
-        report = report.predict(report.devices, model=args.cost_model)
+    report = _capture(title, model, inputs, args.devices, train=args.train, measure=args.measure,
+                      cost_model=args.cost_model)  # fmt: skip
     report.print(top=args.top)
     if args.out:
         print(f"trace written to {report.save(args.out)}")
@@ -161,8 +161,6 @@ def _show(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     import dataclasses
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from fxcost.cost_models.heads import HEADS
     from fxcost.devices import get_device
     from fxcost.training import HELD_OUT_DEVICES, TrainConfig, train
@@ -171,19 +169,10 @@ def _train(args: argparse.Namespace) -> None:
     if args.epochs is not None:
         config = dataclasses.replace(config, epochs=args.epochs)
     exclude = set(HELD_OUT_DEVICES) | {get_device(d).name for d in args.exclude_devices}
-    columns = (
-        TextColumn("training {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, transient=True) as bar:
-        tasks: dict[str, Any] = {}
+    with _progress_bars() as (_, on_progress):
 
         def on_epoch(head: str, epoch: int, epochs: int) -> None:
-            if head not in tasks:
-                tasks[head] = bar.add_task(head, total=epochs)
-            bar.update(tasks[head], completed=epoch)
+            on_progress(f"training {head}", epoch, epochs)
 
         manifest = train(args.data, args.out, heads=args.ops or HEADS, exclude=exclude, config=config,
                          progress=on_epoch)  # fmt: skip
@@ -227,30 +216,38 @@ def _cell(value: float | None, uncertain: bool) -> str:
 
 
 def _capture(
-    title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool
-) -> Any:
+    title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool,
+    cost_model: str = "roofline",
+) -> Any:  # fmt: skip
+    import fxcost
+
+    with _progress_bars() as (bar, on_progress):
+        capturing = bar.add_task(f"capturing {title}", total=None)
+        report = fxcost.profile(
+            model, inputs, devices=devices, train=train, measure=measure, cost_model=cost_model,
+            progress=lambda phase, done, total: on_progress(f"  measuring {phase} graph nodes", done, total),
+        )  # fmt: skip
+        bar.update(capturing, total=1, completed=1)
+    bar.console.print(f"[bold]{title}[/bold]")
+    return report
+
+
+@contextlib.contextmanager
+def _progress_bars() -> Iterator[tuple[Any, Callable[[str, int, int], None]]]:
+    """A transient rich progress display on stderr, and ``update(label, done, total)`` for its bars."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    import fxcost
-
-    console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        capturing = bar.add_task(f"capturing {title}", total=None)
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         tasks: dict[str, Any] = {}
 
-        def on_progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(f"  measuring {phase} graph nodes", total=total)
-            bar.update(tasks[phase], completed=done, total=total)
+        def update(label: str, done: int, total: int) -> None:
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=total)
+            bar.update(tasks[label], completed=done, total=total)
 
-        report = fxcost.profile(
-            model, inputs, devices=devices, train=train, measure=measure, progress=on_progress
-        )
-        bar.update(capturing, total=1, completed=1)
-    console.print(f"[bold]{title}[/bold]")
-    return report
+        yield bar, update
 
 
 def _load_model(spec: str, batch: int) -> tuple[Any, Any]:
