@@ -95,12 +95,6 @@ class Device:
     sources: str = ""
     uncertain: frozenset[str] = field(default_factory=frozenset)
 
-    @property
-    def max_warps_per_sm(self) -> int | None:
-        if self.max_threads_per_sm is None or not self.warp_size:
-            return None
-        return self.max_threads_per_sm // self.warp_size
-
     # -- calibration, with documented fallbacks -------------------------------------------------------
 
     @property
@@ -166,7 +160,6 @@ _TEXT_FIELDS = {
 }  # fmt: skip
 _OCCUPANCY_FIELDS = {
     "max_threads_per_block", "reg_alloc_unit", "smem_alloc_unit_bytes", "smem_reserved_per_block_bytes",
-    "max_warps_per_sm",
 }  # fmt: skip
 _INT_FIELDS = _OCCUPANCY_FIELDS | {
     "num_sms", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm", "max_regs_per_thread",
