@@ -91,7 +91,7 @@ def examples(frame: Any, head: str) -> Examples:
         nodes, problem = zip(*(built[k] for k in keys), strict=True)
         reference = roofline_ms(NodeBatch.of(nodes), device)
         latency = group["Latency"].to_numpy(dtype=np.float64)
-        parts.append(Examples(with_device(problem, device), np.log(latency / reference), reference,
+        parts.append(Examples(with_device(head, problem, device), np.log(latency / reference), reference,
                               latency, np.full(len(group), device_name, dtype=object)))  # fmt: skip
     return Examples(*(np.concatenate([getattr(p, f) for p in parts]) for f in Examples.__dataclass_fields__))
 
@@ -123,7 +123,8 @@ def fit(
     start = 0
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
-        if (state["config"], state["rows"], state.get("features")) == (asdict(config), len(ex.y), x.shape[1]):
+        resumable = (asdict(config), len(ex.y), x.shape[1], FEATURE_VERSION)
+        if (state["config"], state["rows"], state.get("features"), state.get("version")) == resumable:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             schedule.load_state_dict(state["schedule"])
@@ -140,7 +141,8 @@ def fit(
             optimizer.step()
         schedule.step()
         if checkpoint is not None:
-            state = {"config": asdict(config), "rows": len(ex.y), "features": x.shape[1], "epoch": epoch + 1,
+            state = {"config": asdict(config), "rows": len(ex.y), "features": x.shape[1],
+                     "version": FEATURE_VERSION, "epoch": epoch + 1,
                      "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "schedule": schedule.state_dict(), "generator": generator.get_state()}  # fmt: skip
             _atomic_torch_save(state, checkpoint)
@@ -242,12 +244,12 @@ def _load_existing(out: Path) -> dict[str, MLP]:
 
     try:
         return load_heads(out)
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):  # none yet, or trained on other features: train again
         return {}
 
 
 def _save(out: Path, heads: dict[str, MLP], manifest: dict[str, Any]) -> None:
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, np.ndarray] = {"feature_version": np.array(FEATURE_VERSION)}
     for name, model in heads.items():
         arrays.update({k: v.astype(np.float32) for k, v in model.to_arrays(name).items()})
     atomic_write(out / "heads.npz", lambda f: np.savez_compressed(f, **arrays))  # type: ignore[arg-type]

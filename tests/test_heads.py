@@ -214,3 +214,14 @@ def test_nodes_with_unexpected_shapes_stay_unpredicted() -> None:
     good = gemm_node("linear", 1, 64, 64, 64)
     out = Heads().predict(NodeBatch.of([odd, good]), get_device("T4"))
     assert np.isnan(out[0]) and out[1] > 0
+
+
+def test_heads_of_other_features_are_refused_with_a_retrain_hint(tmp_path) -> None:
+    from fxcost.cost_models.heads import FEATURE_VERSION
+
+    with np.load(WEIGHTS / "heads.npz") as shipped:
+        arrays = dict(shipped)
+    assert int(arrays["feature_version"]) == FEATURE_VERSION
+    np.savez(tmp_path / "heads.npz", **{**arrays, "feature_version": np.array(FEATURE_VERSION - 1)})
+    with pytest.raises(ValueError, match="feature version .* retrain them with `fxcost train`"):
+        load_heads(tmp_path)

@@ -29,6 +29,7 @@ import numpy as np
 
 from fxcost.cost_models import NodeBatch, register
 from fxcost.cost_models.roofline import Roofline
+from fxcost.cost_models.wave_scaling import dram_traffic_factor, kernels_of
 from fxcost.devices import Device
 from fxcost.lowering.rnn import RNN_OPS, lower_rnn
 from fxcost.records import NodeCost
@@ -47,7 +48,7 @@ __all__ = [
 HEADS = ("linear", "bmm", "conv", "ew", "ln", "softmax")
 
 # Bumped whenever the features change, so trained heads and checkpoints of another version are redone.
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 
 # Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
 EW_OPS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
@@ -121,8 +122,12 @@ def node_features(head: str, node: NodeCost) -> list[float]:
     if head in ("linear", "bmm"):
         b, m, n, k = _gemm_dims(node)
         dims = [math.log(b), math.log(m), math.log(n), math.log(k)]
+        # Tile quantization: the share of the output tiles' work that is real, for the tile shapes of
+        # the cuBLAS fp32 kernels in the data (128x128 down to 32x128); and the 128x128 tile count the
+        # device features turn into waves.
+        use = [math.log(m * n / (_round_up(m, tm) * _round_up(n, tn))) for tm, tn in _TILES]
         tiles = b * math.ceil(m / 128) * math.ceil(n / 128)
-        return [*dims, math.log(tiles), *common]
+        return [*dims, *use, math.log(tiles), *common]
     if head == "conv":
         b, cin, cout, kernel, size, stride = _conv_dims(node)
         dims = [math.log(b), math.log(cin), math.log(cout), float(kernel), math.log(size), float(stride)]
@@ -140,6 +145,16 @@ def node_features(head: str, node: NodeCost) -> list[float]:
     raise ValueError(f"unknown head {head!r}; heads: {', '.join(HEADS)}")
 
 
+# Position of the log 128x128 tile count in the GEMM features.
+_GEMM_TILES = 4 + 4
+
+_TILES = ((128, 128), (128, 64), (64, 64), (32, 128))
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
 def _conv_gradients(node: NodeCost) -> int:
     """How many convolutions a ``convolution_backward`` runs: grad of the input and/or the weight."""
     mask = node.args.get("output_mask") or [True, True, False]
@@ -147,20 +162,39 @@ def _conv_gradients(node: NodeCost) -> int:
 
 
 def roofline_ms(batch: NodeBatch, device: Device) -> np.ndarray:
-    """The reference time the heads' targets are relative to."""
-    return _REFERENCE.predict(batch, device)
+    """The reference time the heads' targets are relative to: the roofline of the DRAM traffic the
+    nodes move on ``device``. Row kernels (layer norm, softmax) read rows again in later passes; the
+    re-reads that miss ``device``'s L2 count as traffic, so an op whose rows outgrow the L2 of one GPU
+    (an effect beyond the training rows' row lengths) keeps the efficiency it has on another.
+    """
+    kernels = batch.derived("heads.row_kernels", lambda: [_row_kernels(n) for n in batch.nodes])
+    traffic = np.array([dram_traffic_factor(k, device) if k else 1.0 for k in kernels])
+    return _REFERENCE.predict(batch, device, traffic)
+
+
+def _row_kernels(node: NodeCost) -> list[Any]:
+    return kernels_of(node) if head_of(node) in ("ln", "softmax") else []
 
 
 def feature_matrix(head: str, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
     """Rows of problem features + device features + intensity over the device's ridge point."""
-    return with_device([node_features(head, n) for n in nodes], device)
+    return with_device(head, [node_features(head, n) for n in nodes], device)
 
 
-def with_device(problem: Sequence[Sequence[float]], device: Device) -> np.ndarray:
-    """Problem feature rows (see :func:`node_features`) completed with ``device``'s features."""
+def with_device(head: str, problem: Sequence[Sequence[float]], device: Device) -> np.ndarray:
+    """Problem feature rows (see :func:`node_features`) completed with ``device``'s features, the
+    problem's arithmetic intensity over the device's ridge point and, for GEMMs, its waves of tiles."""
     dev = device_features(device)
     ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
-    return np.asarray([[*row, *dev, row[-1] - ridge] for row in problem], dtype=np.float64)
+    x = np.asarray([[*row, *dev, row[-1] - ridge] for row in problem], dtype=np.float64).reshape(
+        len(problem), -1
+    )
+    if head in ("linear", "bmm"):
+        # One 128x128 tile per SM at a time: the waves of the grid, and the share of the last wave filled.
+        tiles = np.rint(np.exp(x[:, _GEMM_TILES]))
+        waves = np.ceil(tiles / float(device.num_sms))  # type: ignore[arg-type]
+        x = np.c_[x, np.log(waves), np.log(tiles / (waves * float(device.num_sms)))]  # type: ignore[arg-type]
+    return x
 
 
 @dataclass(frozen=True)
@@ -214,8 +248,7 @@ def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no trained heads (run `fxcost train --out {directory}`)")
     with np.load(path) as arrays:
-        names = sorted({k.split("/")[0] for k in arrays.files})
-        return {name: MLP.from_arrays(arrays, name) for name in names}
+        return _read(arrays, str(path))
 
 
 @functools.cache
@@ -224,8 +257,18 @@ def _shipped() -> tuple[tuple[str, MLP], ...]:
     if not weights.is_file():
         return ()
     with weights.open("rb") as f, np.load(f) as arrays:
-        names = sorted({k.split("/")[0] for k in arrays.files})
-        return tuple((name, MLP.from_arrays(arrays, name)) for name in names)
+        return tuple(_read(arrays, "the shipped heads").items())
+
+
+def _read(arrays: Any, source: str) -> dict[str, MLP]:
+    version = int(arrays["feature_version"]) if "feature_version" in arrays.files else None
+    if version != FEATURE_VERSION:
+        raise ValueError(
+            f"{source} were trained on feature version {version}; this fxcost computes version "
+            f"{FEATURE_VERSION}: retrain them with `fxcost train`"
+        )
+    names = sorted({k.split("/")[0] for k in arrays.files if "/" in k})
+    return {name: MLP.from_arrays(arrays, name) for name in names}
 
 
 def shipped_manifest() -> dict[str, Any]:
@@ -251,7 +294,7 @@ class Heads:
         groups, rnns = batch.derived("heads", lambda: self._groups(batch))
         for head, group in groups.items():
             reference = roofline_ms(group.batch, device)
-            ratio = np.exp(self.heads[head](with_device(group.problem, device)))
+            ratio = np.exp(self.heads[head](with_device(head, group.problem, device)))
             out[group.index] = reference * ratio * group.repeats
         for i, (work, counts) in rnns.items():
             out[i] = float(np.dot(self.predict(work, device), counts))

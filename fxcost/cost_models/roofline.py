@@ -29,12 +29,13 @@ class Roofline:
     launch_floor_ms: float = LAUNCH_FLOOR_MS
     name: str = "roofline"
 
-    def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+    def predict(self, batch: NodeBatch, device: Device, traffic: np.ndarray | float = 1.0) -> np.ndarray:
+        """Per-node ms; ``traffic`` scales each node's bytes to what its kernels move from DRAM."""
         if device.mem_bandwidth_gbps is None:
             return np.full(len(batch), np.nan)
         peak_tflops = self._peak_tflops(batch, device)
         compute_ms = np.nan_to_num(batch.flops) / (peak_tflops * 1e9)
-        memory_ms = batch.bytes / (device.mem_bandwidth_gbps * 1e6)
+        memory_ms = batch.bytes * traffic / (device.mem_bandwidth_gbps * 1e6)
         ms = np.maximum(compute_ms, memory_ms) + self.launch_floor_ms
         return np.where(batch.has_kernel, ms, 0.0)
 

@@ -30,6 +30,7 @@ The strategies below are interchangeable functions of one signature; :class:`Wav
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -44,7 +45,16 @@ from fxcost.devices.occupancy import Launch, wave_size
 from fxcost.lowering import KernelSpec, is_matmul_class, lower
 from fxcost.records import NodeCost
 
-__all__ = ["L2_RAMP", "Strategy", "WaveScaling", "equation_1", "equation_2", "gamma", "kernels_of"]
+__all__ = [
+    "L2_RAMP",
+    "Strategy",
+    "WaveScaling",
+    "dram_traffic_factor",
+    "equation_1",
+    "equation_2",
+    "gamma",
+    "kernels_of",
+]
 
 # Working set of one wave, in units of the L2 size, where row re-reads start and stop missing L2.
 L2_RAMP = (0.4, 1.6)
@@ -231,6 +241,20 @@ def _number(x: int | None) -> float:
 
 def _reread_ratio(spec: KernelSpec) -> float:
     return spec.reread_bytes / spec.bytes if math.isfinite(spec.bytes) and spec.bytes > 0 else 0.0
+
+
+def dram_traffic_factor(kernels: list[_Kernel], device: Device) -> float:
+    """DRAM traffic of a node's ``kernels`` on ``device`` over its single-pass bytes: 1 plus the row
+    re-reads that miss L2 (see the module docstring), weighted by each kernel's share."""
+    total = sum(k.weight for k in kernels)
+    if not total:
+        return 1.0
+    extra = 0.0
+    for k in kernels:
+        if k.reread_ratio:
+            with contextlib.suppress(ValueError):  # a launch the device cannot run: no re-read estimate
+                extra += k.weight * k.reread_ratio * _l2_miss(device, _wave(device, k.launch) * k.block_bytes)
+    return 1.0 + extra / total
 
 
 def _l2_miss(device: Device, working_set_bytes: float) -> float:
