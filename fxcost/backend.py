@@ -20,7 +20,7 @@ import os
 import threading
 import types
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +69,8 @@ class FxcostBackend:
         devices: Sequence[str | Device] = DEFAULT_DEVICES,
         *,
         measure: bool = True,
-        model: str = "roofline",
+        model: str = "auto",
+        overrides: Mapping[str, str] | None = None,
         budget_ms: float = 10.0,
         profile_kernels: bool = True,
         progress: Callable[[Phase, int, int], None] | None = None,
@@ -79,7 +80,10 @@ class FxcostBackend:
         if isinstance(devices, (str, Device)):
             devices = [devices]
         self.devices = [get_device(d).name for d in devices]
-        self.model = cost_models.chain_name(cost_models.model_chain(model))
+        for spec in [model, *(overrides or {}).values()]:
+            cost_models.model_chain(spec)  # unknown model names fail here, before anything compiles
+        self.model = model
+        self.overrides = dict(overrides or {})
         self.measure = measure
         self.budget_ms = budget_ms
         self.profile_kernels = profile_kernels
@@ -174,7 +178,7 @@ class FxcostBackend:
 
     def _predict(self, gm: torch.fx.GraphModule) -> None:
         try:
-            predict.run(gm, self.devices, self.model, origin=self.origin)
+            predict.run(gm, self.devices, self.model, origin=self.origin, overrides=self.overrides)
         except Exception as e:
             self._warn("predict", e)
 
@@ -228,7 +232,8 @@ def estimate(
     devices: Sequence[str | Device] = DEFAULT_DEVICES,
     *,
     measure: bool = True,
-    model: str = "roofline",
+    model: str = "auto",
+    overrides: Mapping[str, str] | None = None,
     budget_ms: float = 10.0,
     profile_kernels: bool = True,
     progress: Callable[[Phase, int, int], None] | None = None,
@@ -239,8 +244,12 @@ def estimate(
         devices: GPUs to predict for: canonical names (``fxcost.devices()``), aliases, or
             ``torch.cuda.get_device_name()`` strings.
         measure: time every node on the device the model runs on, at the first call of each graph.
-        model: the cost model that predicts (see ``fxcost.cost_models.model_names()``), or a
-            comma-separated fallback chain such as ``"wave_scaling,roofline"``.
+        model: ``"auto"``, the prediction policy: wave scaling of measured kernel-alike nodes and MLP
+            heads for matmuls and convolutions when the model runs on a GPU, the heads for everything
+            they cover when it does not, the roofline for the rest (see :mod:`fxcost.cost_models`).
+            Or a cost model (``fxcost.cost_models.model_names()``), or a comma-separated fallback
+            chain such as ``"wave_scaling,roofline"``.
+        overrides: op name -> model or chain for those ops, e.g. ``{"aten.mm.default": "roofline"}``.
         budget_ms: measurement time budget per node.
         profile_kernels: on CUDA, record each node's kernels with torch.profiler while measuring.
         progress: called as ``progress(phase, nodes_done, nodes_total)`` while a graph is measured.
@@ -258,6 +267,7 @@ def estimate(
         devices,
         measure=measure,
         model=model,
+        overrides=overrides,
         budget_ms=budget_ms,
         profile_kernels=profile_kernels,
         progress=progress,

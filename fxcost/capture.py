@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +77,8 @@ def profile(
     train: bool = True,
     measure: bool = True,
     loss_fn: LossFn = default_loss,
-    cost_model: str = "roofline",
+    cost_model: str = "auto",
+    overrides: Mapping[str, str] | None = None,
     budget_ms: float = 10.0,
     progress: Callable[[Phase, int, int], None] | None = None,
 ) -> Report:
@@ -90,14 +91,14 @@ def profile(
         train: forward, loss and backward (True), or a forward under ``torch.no_grad`` (False).
         measure: time each node on the device the inputs live on, and the whole eager step.
         loss_fn: turns the model's output into the scalar to backpropagate.
-        cost_model: the cost model that predicts.
+        cost_model: ``"auto"`` (the prediction policy), a cost model name or a fallback chain.
+        overrides: op name -> model or chain for those ops.
         budget_ms: measurement time budget per node.
         progress: called as ``progress(phase, nodes_done, nodes_total)`` while a graph is measured.
     """
     args, kwargs = _as_call(example_inputs)
-    backend = FxcostBackend(
-        devices, measure=measure, model=cost_model, budget_ms=budget_ms, progress=progress
-    )
+    backend = FxcostBackend(devices, measure=measure, model=cost_model, overrides=overrides,
+                            budget_ms=budget_ms, progress=progress)  # fmt: skip
 
     def step(*a: Any, **kw: Any) -> Any:
         out = model(*a, **kw)
@@ -134,7 +135,7 @@ def cost(
     train: bool = True,
     *,
     loss_fn: LossFn = default_loss,
-    cost_model: str = "roofline",
+    cost_model: str = "auto",
 ) -> Cost:
     """Predicted time of one step of ``model`` on ``device``, without measuring anything.
 

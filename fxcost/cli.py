@@ -65,9 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "--model",
         dest="cost_model",
-        default="roofline",
-        help="cost model or comma-separated fallback chain; on a GPU, 'wave_scaling,roofline' scales the "
-        "measured kernel-alike nodes (default: roofline)",
+        default="auto",
+        help="cost model or comma-separated fallback chain (default: auto, the prediction policy: on a "
+        "GPU wave scaling for measured kernel-alike nodes and MLP heads for matmuls/convolutions, "
+        "elsewhere the heads; the roofline for the rest)",
     )
     profile.add_argument("--top", type=int, default=20, help="rows of the node table (default 20)")
     profile.add_argument("--device", default=None, help="run on this torch device (default: cuda if present)")
@@ -217,7 +218,7 @@ def _cell(value: float | None, uncertain: bool) -> str:
 
 def _capture(
     title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool,
-    cost_model: str = "roofline",
+    cost_model: str = "auto",
 ) -> Any:  # fmt: skip
     import fxcost
 

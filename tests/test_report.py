@@ -26,7 +26,9 @@ def test_totals_add_up_by_phase(report: Report) -> None:
         total = report.total_ms(device)
         assert total > 0
         assert total == pytest.approx(report.total_ms(device, "fw") + report.total_ms(device, "bw"))
-    assert report.total_ms("T4") > report.total_ms("H100-SXM")
+    # Bandwidth and FLOPS favour the H100; the default heads need not (these ops are launch bound).
+    roofline = report.predict(["T4", "H100-SXM"], "roofline")
+    assert roofline.total_ms("T4") > roofline.total_ms("H100-SXM")
     assert report.origin_ms() == pytest.approx(report.origin_ms("fw") + report.origin_ms("bw"))
     assert report.total_ms("T4", "opt") == 0
 

@@ -4,11 +4,23 @@ Every model implements :class:`CostModel` and is vectorized over nodes: it recei
 :class:`NodeBatch` (numpy columns built once from the records) and returns one array of ms, with NaN
 where it has no prediction. Models are registered by name through :func:`register`, which refuses
 duplicates; :func:`get_model` builds one by name.
+
+Which model predicts a node is a policy (Habitat's hybrid, §3.2). The default, ``"auto"``, is:
+
+- runtime-based, when the nodes were measured on a GPU (the origin): wave scaling for kernel-alike
+  ops, which run the same kernels on every GPU, and the MLP heads for kernel-varying ones (matmul,
+  convolution), whose libraries pick other kernels on other GPUs;
+- origin-free, when there is no GPU measurement (a CPU laptop, an AutoML loop): the heads for every
+  op they cover;
+- the roofline for whatever the others leave, a fallback counted in each node's ``pred_source``.
+
+Any name, comma-separated fallback chain or model replaces the policy, and ``overrides`` gives single
+ops their own chain (``{"aten.mm.default": "roofline"}``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,6 +31,9 @@ from fxcost.lowering import is_matmul_class
 from fxcost.records import NodeCost
 
 __all__ = [
+    "AUTO",
+    "ORIGIN_FREE",
+    "RUNTIME_BASED",
     "CostModel",
     "NodeBatch",
     "chain_name",
@@ -141,14 +156,24 @@ def _load_builtin_models() -> None:
     from fxcost.cost_models import heads, roofline, wave_scaling  # noqa: F401  (they register themselves)
 
 
-def model_chain(model: str | CostModel | Sequence[str | CostModel]) -> list[CostModel]:
+AUTO = "auto"
+RUNTIME_BASED = "wave_scaling,mlp,roofline"
+ORIGIN_FREE = "mlp,roofline"
+
+ModelSpec = str | CostModel | Sequence[str | CostModel]
+
+
+def model_chain(model: ModelSpec, origin: Device | None = None) -> list[CostModel]:
     """Cost models from a name, a comma-separated fallback chain (``"wave_scaling,roofline"``), a
-    model, or a sequence of those."""
+    model, or a sequence of those. ``"auto"`` is the default policy: :data:`RUNTIME_BASED` when the
+    nodes have an ``origin`` GPU, else :data:`ORIGIN_FREE`."""
     if isinstance(model, str):
+        if model.strip() == AUTO:
+            return model_chain(RUNTIME_BASED if origin is not None else ORIGIN_FREE)
         return [get_model(name.strip()) for name in model.split(",")]
     if isinstance(model, CostModel):
         return [model]
-    return [m for item in model for m in model_chain(item)]
+    return [m for item in model for m in model_chain(item, origin)]
 
 
 def chain_name(chain: Sequence[CostModel]) -> str:
@@ -159,28 +184,45 @@ def chain_name(chain: Sequence[CostModel]) -> str:
 def predict(
     nodes: Sequence[NodeCost],
     devices: Sequence[str | Device],
-    model: str | CostModel | Sequence[str | CostModel] = "roofline",
+    model: ModelSpec = AUTO,
     origin: str | Device | None = None,
+    overrides: Mapping[str, ModelSpec] | None = None,
 ) -> None:
     """Fill ``pred_ms`` and ``pred_source`` of every record for every device, one vectorized call each.
 
     ``model`` may be a sequence: each node takes the first model that predicts it (a fallback chain),
     and its ``pred_source`` names that model. A node no model predicts gets ``None`` (unknown, counted
     in coverage), never zero. ``origin`` is the GPU the nodes were measured on, for runtime-based
-    models; anything that is not a known GPU (``"cpu"``) means there is none.
+    models; anything that is not a known GPU (``"cpu"``) means there is none. ``overrides`` maps ATen
+    op names (``"aten.mm.default"``) to the chain their nodes use instead of ``model``.
     """
     from fxcost.devices import UnknownDeviceError, get_device
 
-    chain = model_chain(model)
-    if not chain:
-        raise ValueError("predict needs at least one cost model")
     try:
         origin_device = get_device(origin) if origin is not None else None
     except UnknownDeviceError:
         origin_device = None
-    batch = NodeBatch.of(nodes, origin_device)
-    for spec in devices:
-        device = get_device(spec)
+    chain = model_chain(model, origin_device)
+    if not chain:
+        raise ValueError("predict needs at least one cost model")
+    groups: dict[int, tuple[list[CostModel], list[int]]] = {}
+    for op, spec in (overrides or {}).items():
+        override = model_chain(spec, origin_device)
+        index = [i for i, n in enumerate(nodes) if n.op == op]
+        if index and override:
+            groups[len(groups) + 1] = (override, index)
+    overridden = {i for _, index in groups.values() for i in index}
+    groups[0] = (chain, [i for i in range(len(nodes)) if i not in overridden])
+    targets = [get_device(spec) for spec in devices]
+    for group_chain, index in groups.values():
+        group = [nodes[i] for i in index]
+        if group:
+            _predict_chain(NodeBatch.of(group, origin_device), group_chain, targets)
+
+
+def _predict_chain(batch: NodeBatch, chain: Sequence[CostModel], devices: Sequence[Device]) -> None:
+    nodes = batch.nodes
+    for device in devices:
         ms = np.full(len(nodes), np.nan)
         source = np.full(len(nodes), "unsupported", dtype=object)
         for cost_model in chain:

@@ -1,8 +1,8 @@
-"""Prediction pass: predicted ms per target GPU for every annotated node, from one cost model."""
+"""Prediction pass: predicted ms per target GPU for every annotated node, by the prediction policy."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch.fx
 
@@ -17,14 +17,17 @@ __all__ = ["run"]
 def run(
     gm: torch.fx.GraphModule,
     devices: Sequence[str | Device],
-    model: str | CostModel = "roofline",
+    model: str | CostModel = "auto",
     origin: str | None = None,
+    overrides: Mapping[str, str | CostModel] | None = None,
 ) -> torch.fx.GraphModule:
     """Fill ``pred_ms`` and ``pred_source`` of each node's record for every device in ``devices``.
 
-    ``model`` may be a comma-separated fallback chain; ``origin`` names the GPU the graph was measured
-    on (runtime-based models scale from it), ``"cpu"`` or None when there is none.
+    ``model`` is ``"auto"`` (the policy: runtime-based when the graph was measured on a GPU, else
+    origin-free; see :mod:`fxcost.cost_models`), a model, or a comma-separated fallback chain;
+    ``overrides`` gives single ops their own. ``origin`` names the GPU the graph was measured on
+    (runtime-based models scale from it), ``"cpu"`` or None when there is none.
     """
     nodes = [n.meta[META_KEY] for n in gm.graph.nodes if META_KEY in n.meta]
-    cost_models.predict(nodes, devices, model, origin=origin)
+    cost_models.predict(nodes, devices, model, origin=origin, overrides=overrides)
     return gm

@@ -11,7 +11,7 @@ import copy
 import gzip
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -52,7 +52,7 @@ class Report:
     graphs: list[GraphRecord] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     origin: str = "cpu"
-    model: str = "roofline"
+    model: str = "auto"
     step_ms: float | None = None
     torch_version: str = ""
 
@@ -102,21 +102,28 @@ class Report:
 
     # -- re-prediction ---------------------------------------------------------------------------
 
-    def predict(self, devices: Iterable[str | Device], model: str | CostModel | None = None) -> Report:
+    def predict(
+        self,
+        devices: Iterable[str | Device],
+        model: str | CostModel | None = None,
+        overrides: Mapping[str, str | CostModel] | None = None,
+    ) -> Report:
         """A copy of this report with predictions for ``devices`` (replacing the previous ones).
 
-        ``model`` is a cost model, its name, or a comma-separated fallback chain; by default the
-        report's own.
+        ``model`` is ``"auto"`` (the policy of :mod:`fxcost.cost_models`), a cost model, its name, or a
+        comma-separated fallback chain; by default the report's own. ``overrides`` maps op names to
+        the chain their nodes use instead.
         """
         from fxcost import cost_models
 
         names = [get_device(d).name for d in devices]
-        chain = cost_models.model_chain(model or self.model)
+        spec = model or self.model
         out = copy.deepcopy(self)
         for n in out.nodes:
             n.pred_ms, n.pred_source = {}, {}
-        cost_models.predict(out.nodes, names, chain, origin=self.origin)
-        out.devices, out.model = names, cost_models.chain_name(chain)
+        cost_models.predict(out.nodes, names, spec, origin=self.origin, overrides=overrides)
+        out.devices = names
+        out.model = spec if isinstance(spec, str) else cost_models.chain_name(cost_models.model_chain(spec))
         return out
 
     def to_device(self, device: str | Device) -> Report:

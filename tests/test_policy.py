@@ -1,0 +1,65 @@
+"""The prediction policy: which cost model predicts which node, with and without an origin GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from fxcost import cost_models
+from fxcost.datasets import gemm_node, kernel_alike_node
+from fxcost.records import NodeCost
+
+
+def _graph(origin_ms: float | None = None) -> list[NodeCost]:
+    """A matmul, a softmax, a GELU, an op no head covers, and a view (no kernel)."""
+    nodes = [
+        gemm_node("linear", 1, 512, 512, 512),
+        kernel_alike_node("softmax", 512, 512),
+        kernel_alike_node("gelu", 512, 2048),
+        NodeCost(
+            name="sum",
+            op="aten.sum.default",
+            phase="fw",
+            in_shapes=[(512, 512)],
+            in_dtypes=["float32"],
+            out_shapes=[()],
+            out_dtypes=["float32"],
+            flops=512 * 512,
+            bytes_read=4 * 512 * 512,
+            bytes_written=4,
+        ),
+        NodeCost(name="view", op="aten.view.default", phase="fw", has_kernel=False),
+    ]
+    return [dataclasses.replace(n, origin_ms=origin_ms if n.has_kernel else None) for n in nodes]
+
+
+def _sources(nodes: list[NodeCost], device: str) -> list[str]:
+    return [n.pred_source[device] for n in nodes]
+
+
+def test_origin_free_policy_uses_the_heads_then_the_roofline() -> None:
+    nodes = _graph()
+    cost_models.predict(nodes, ["T4"])  # the default policy, "auto"
+    assert _sources(nodes, "T4") == ["mlp", "mlp", "mlp", "roofline", "mlp"]
+    assert nodes[-1].pred_ms["T4"] == 0.0  # a view costs nothing
+    assert all(n.pred_ms["T4"] > 0 for n in nodes[:-1])
+
+
+def test_runtime_based_policy_scales_kernel_alike_ops_and_predicts_matmuls_with_heads() -> None:
+    nodes = _graph(origin_ms=0.25)
+    cost_models.predict(nodes, ["T4"], origin="V100-PCIE-32GB")
+    # Kernel-alike nodes are wave-scaled from their V100 time; the matmul picks other kernels on
+    # another GPU, so its head predicts it.
+    assert _sources(nodes, "T4") == ["mlp", "wave_scaling", "wave_scaling", "wave_scaling", "wave_scaling"]
+    measured_on_cpu = _graph(origin_ms=0.25)
+    cost_models.predict(measured_on_cpu, ["T4"], origin="cpu")  # a CPU time is no origin
+    assert _sources(measured_on_cpu, "T4")[:3] == ["mlp", "mlp", "mlp"]
+
+
+def test_overrides_give_single_ops_their_own_chain() -> None:
+    nodes = _graph()
+    cost_models.predict(nodes, ["T4"], overrides={"aten.mm.default": "roofline"})
+    assert _sources(nodes, "T4")[:3] == ["roofline", "mlp", "mlp"]
+    with pytest.raises(ValueError, match="unknown cost model 'nope'"):
+        cost_models.predict(_graph(), ["T4"], overrides={"aten.mm.default": "nope"})
