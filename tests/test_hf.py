@@ -28,3 +28,32 @@ def test_gpt2_two_layers_captures_and_reports() -> None:
     assert any(n.module.startswith("transformer.h.1") for n in report.nodes)
     assert report.total_ms("T4") > report.total_ms("H100-SXM") > 0
     assert all(n.origin_ms is not None for n in report.nodes)
+
+
+def test_hf_step_captures_a_training_step_on_meta_tensors() -> None:
+    from fxcost.hf import hf_step
+
+    # GPT-2 large's width at two layers: on the meta device nothing is allocated.
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 1280,
+              "n_head": 20, "vocab_size": 50257, "n_positions": 1024}  # fmt: skip
+    step = hf_step(config, batch=2, seqlen=256)
+    assert step.inputs["input_ids"].device.type == "meta"
+    report = fxcost.profile(step.model, step.inputs, devices=["V100-PCIE-32GB"], train=step.train,
+                            measure=False, loss_fn=step.loss_fn)  # fmt: skip
+    assert report.phases() == ["fw", "bw"]
+    fw, bw = report.total_ms("V100-PCIE-32GB", "fw"), report.total_ms("V100-PCIE-32GB", "bw")
+    assert 1.5 < bw / fw < 3  # the backward graph holds the gradient GEMMs (it is empty if the loss is cut)
+    lm_head = [n for n in report.nodes if n.phase == "fw" and n.op == "aten.mm.default" and n.flops]
+    assert max(n.flops for n in lm_head) == 2 * 2 * 256 * 1280 * 50257
+    assert report.coverage("V100-PCIE-32GB") == 1.0
+
+
+def test_hf_step_rejects_bad_configs() -> None:
+    from fxcost.hf import hf_step
+
+    with pytest.raises(ValueError, match="needs 'model_type' and 'architectures'"):
+        hf_step({"n_layer": 2}, batch=1, seqlen=8)
+    with pytest.raises(ValueError, match="no model class 'NoSuchModel'"):
+        hf_step({"architectures": ["NoSuchModel"], "model_type": "gpt2"}, batch=1, seqlen=8)
+    with pytest.raises(ValueError, match="batch and seqlen must be positive"):
+        hf_step({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, batch=0, seqlen=8)

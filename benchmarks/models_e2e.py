@@ -1,0 +1,145 @@
+"""End-to-end latency of Hugging Face models, predicted with no origin GPU, against measurements.
+
+For every ``DIR/models/<Device>/<model>-<mode>-<seqlen>-<batch>.json`` (``-fusion``, ``-dp4``, ``-tp4`` and
+``-pp4*`` runs skipped) the model of ``DIR/model_configs/<model>.json`` is built as measured (fp32, eager
+attention, random weights, ``input_ids`` of ones; train = forward + backward of the cross-entropy of the
+logits), captured on this CPU with meta tensors (nothing runs, any size fits), and predicted on that
+GPU from the graph alone. Each (model, mode, seqlen, batch) is captured once and predicted for every
+GPU that measured it; captures are cached in ``--cache`` so an interrupted run resumes.
+
+Prints per row predicted, measured and error for the default policy and the roofline model, then the
+MAPE of training and inference rows apart. Last line:
+``mape_train=.. mape_inf=.. mape_all=.. max_err_train=.. roofline_mape_all=.. rows=N``.
+
+    python benchmarks/models_e2e.py --data ../shared/data [--out rows.csv] [--cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
+
+import fxcost
+from fxcost.devices import get_device
+from fxcost.hf import hf_step
+from fxcost.report import Report
+
+RUN = re.compile(r"^(?P<model>.+)-(?P<mode>train|inf)-(?P<seqlen>\d+)-(?P<batch>\d+)$")
+SKIPPED = ("-fusion", "-dp4", "-tp4", "-pp4")
+# Models whose step depends on the data: the expert a token goes to (Switch's top-1 routing) decides
+# the shapes, and meta tensors carry no data.
+DATA_DEPENDENT = {"switch_transformers": "mixture-of-experts routing depends on the token values"}
+METHODS = {"fxcost": None, "roofline": "roofline"}  # None: the default prediction policy
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="../shared/data")
+    parser.add_argument("--out", help="write one row per measurement to this CSV")
+    parser.add_argument("--cache", help="directory of captured reports (default: a temporary one)")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    root = Path(args.data) / "neusight" if (Path(args.data) / "neusight").is_dir() else Path(args.data)
+    runs = _runs(root)
+    if runs.empty:
+        print(f"no model runs under {root / 'models'}", file=sys.stderr)
+        return 2
+    cache = Path(args.cache or tempfile.mkdtemp(prefix="fxcost-e2e-"))
+    cache.mkdir(parents=True, exist_ok=True)
+
+    rows = []
+    for (model, mode, seqlen, batch), group in runs.groupby(["model", "mode", "seqlen", "batch"], sort=True):
+        config = json.loads((root / "model_configs" / f"{model}.json").read_text())
+        reason = DATA_DEPENDENT.get(config.get("model_type", ""))
+        if reason:
+            print(f"skip {model}-{mode}-{seqlen}-{batch} ({len(group)} rows): {reason}")
+            continue
+        report = _capture(root, cache, model, mode == "train", seqlen, batch)
+        for run in group.itertuples(index=False):
+            device = get_device(run.device).name
+            row = {"model": model, "mode": mode, "seqlen": seqlen, "batch": batch, "device": device,
+                   "measured_ms": run.e2e, "measured_fw_ms": run.fw, "measured_bw_ms": run.bw}  # fmt: skip
+            for method, cost_model in METHODS.items():
+                predicted = report.predict([device], cost_model)
+                row[f"{method}_ms"] = predicted.total_ms(device)
+                row[f"{method}_fw_ms"] = predicted.total_ms(device, "fw")
+                row[f"{method}_bw_ms"] = predicted.total_ms(device, "bw")
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    for method in METHODS:
+        table[f"{method}_err"] = (table[f"{method}_ms"] - table["measured_ms"]) / table["measured_ms"] * 100
+
+    print("\nPredicted vs measured end-to-end ms (fxcost: the default 'auto' policy; roofline alone)")
+    columns = ["model", "mode", "seqlen", "batch", "device", "measured_ms", "fxcost_ms", "fxcost_err",
+               "roofline_ms", "roofline_err"]  # fmt: skip
+    print(table[columns].to_string(index=False, float_format=lambda v: f"{v:9.1f}"))
+    mape = {
+        (method, mode): float(table.loc[table["mode"] == mode, f"{method}_err"].abs().mean())
+        for method in METHODS
+        for mode in ("train", "inf")
+    }
+    train = table[table["mode"] == "train"]
+    if not train.empty:
+        print("\nTraining rows, forward and backward apart (error %):")
+        fw = (train["fxcost_fw_ms"] - train["measured_fw_ms"]) / train["measured_fw_ms"] * 100
+        bw = (train["fxcost_bw_ms"] - train["measured_bw_ms"]) / train["measured_bw_ms"] * 100
+        print(train.assign(fw_err=fw, bw_err=bw)[["model", "seqlen", "batch", "device", "fw_err", "bw_err"]]
+              .to_string(index=False, float_format=lambda v: f"{v:7.1f}"))  # fmt: skip
+    print("\nMAPE (%)        train     inf     all")
+    for method in METHODS:
+        everything = float(table[f"{method}_err"].abs().mean())
+        print(f"{method:<12} {mape[method, 'train']:8.1f} {mape[method, 'inf']:7.1f} {everything:7.1f}")
+    if args.out:
+        table.to_csv(args.out, index=False)
+    print(f"({time.perf_counter() - start:.0f} s)")
+    max_train = float(train["fxcost_err"].abs().max()) if not train.empty else float("nan")
+    print(
+        f"mape_train={mape['fxcost', 'train']:.2f} mape_inf={mape['fxcost', 'inf']:.2f} "
+        f"mape_all={table['fxcost_err'].abs().mean():.2f} max_err_train={max_train:.2f} "
+        f"roofline_mape_all={table['roofline_err'].abs().mean():.2f} rows={len(table)}"
+    )
+    return 0
+
+
+def _runs(root: Path) -> pd.DataFrame:
+    """One row per measured single-GPU run: device folder, model, mode, seqlen, batch and latencies."""
+    rows = []
+    for path in sorted((root / "models").glob("*/*.json")):
+        match = RUN.match(path.stem)
+        if match is None or any(tag in path.stem for tag in SKIPPED):
+            continue
+        measured = json.loads(path.read_text())
+        rows.append({"device": path.parent.name, "model": match["model"], "mode": match["mode"],
+                     "seqlen": int(match["seqlen"]), "batch": int(match["batch"]),
+                     "e2e": measured["e2e_latency"], "fw": measured.get("fw_latency"),
+                     "bw": measured.get("bwall_latency")})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _capture(root: Path, cache: Path, model: str, train: bool, seqlen: int, batch: int) -> Report:
+    """The captured step of a model, from the cache or captured now (and cached)."""
+    path = cache / f"{model}-{'train' if train else 'inf'}-{seqlen}-{batch}.json.gz"
+    if path.exists():
+        return Report.load(path)
+    began = time.perf_counter()
+    step = hf_step(root / "model_configs" / f"{model}.json", batch, seqlen, train=train)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' and autograd's notes on meta tensors
+        report = fxcost.profile(step.model, step.inputs, devices=[], train=train, measure=False,
+                                loss_fn=step.loss_fn)  # fmt: skip
+    report.save(path)
+    print(f"captured {path.name[: -len('.json.gz')]}: {len(report.nodes)} nodes in "
+          f"{time.perf_counter() - began:.0f} s", flush=True)  # fmt: skip
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main())

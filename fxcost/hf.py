@@ -1,0 +1,80 @@
+"""Hugging Face models from config files, built on the meta device so that any size fits in memory.
+
+``hf_step(config, batch, seqlen)`` builds the model a ``config.json`` describes (its ``architectures``
+entry names the class) with random weights, eager attention and no KV cache, and returns the step to
+capture: ``input_ids`` of ones, and for training the cross-entropy of the logits against those ids.
+Parameters and activations are meta tensors: shapes and dtypes without storage, so capturing a
+13-billion-parameter model costs the time of tracing it, not its memory. Nothing runs, so nodes can
+be predicted (``measure=False``) but not measured.
+
+Requires ``transformers`` (``pip install fxcost[hf]``).
+
+Example:
+    >>> step = hf_step("gpt2_large.json", batch=4, seqlen=1024)  # doctest: +SKIP
+    >>> report = fxcost.profile(  # doctest: +SKIP
+    ...     step.model, step.inputs, train=step.train, loss_fn=step.loss_fn, measure=False
+    ... )
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["HFStep", "hf_step"]
+
+
+@dataclass(frozen=True)
+class HFStep:
+    """A model on the meta device, its keyword inputs and the loss of a training step."""
+
+    model: torch.nn.Module
+    inputs: dict[str, torch.Tensor]
+    train: bool
+
+    def loss_fn(self, output: Any) -> torch.Tensor:
+        """Cross-entropy of the logits against the input ids (next-token targets are not shifted: the
+        cost is the same).
+
+        Written as log-softmax and gather, the kernels ``F.cross_entropy`` runs (log-softmax, then a
+        gather-like ``nll_loss``): on the meta device ``nll_loss`` has no autograd formula, and the
+        backward graph would come out empty.
+        """
+        logits = output.logits
+        targets = self.inputs.get("decoder_input_ids", self.inputs["input_ids"])
+        logp = F.log_softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
+        return -logp.gather(1, targets.reshape(-1, 1)).mean()
+
+
+def hf_step(config: str | Path | dict[str, Any], batch: int, seqlen: int, train: bool = True) -> HFStep:
+    """The model of ``config`` (a path to a Hugging Face ``config.json`` or its dict) and a step on
+    ``batch`` sequences of ``seqlen`` tokens, on the meta device."""
+    import transformers
+
+    raw = json.loads(Path(config).read_text()) if isinstance(config, (str, Path)) else dict(config)
+    if batch < 1 or seqlen < 1:
+        raise ValueError(f"batch and seqlen must be positive, got batch={batch}, seqlen={seqlen}")
+    try:
+        model_type, architecture = raw["model_type"], raw["architectures"][0]
+    except (KeyError, IndexError) as e:
+        raise ValueError(f"a Hugging Face config needs 'model_type' and 'architectures'; missing {e}") from e
+    cls = getattr(transformers, architecture, None)
+    if cls is None:
+        raise ValueError(f"transformers {transformers.__version__} has no model class {architecture!r}")
+    settings = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
+    hf_config = transformers.AutoConfig.for_model(model_type, **settings)
+    hf_config.use_cache = False  # a training or single-pass step: no KV cache to build
+    hf_config._attn_implementation = "eager"  # as measured: the attention as separate matmuls and softmax
+    with torch.device("meta"):
+        model = cls(hf_config)
+    model.train(train)
+    ids = torch.ones(batch, seqlen, dtype=torch.long, device="meta")
+    inputs = {"input_ids": ids}
+    if hf_config.is_encoder_decoder:
+        inputs["decoder_input_ids"] = ids
+    return HFStep(model, inputs, train)
