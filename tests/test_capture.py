@@ -74,3 +74,16 @@ def test_bad_inputs_get_clear_errors() -> None:
         fxcost.cost(nn.Linear(2, 2).requires_grad_(False), torch.randn(1, 2), device="T4")
     with pytest.raises(fxcost.devices.UnknownDeviceError):
         fxcost.cost(nn.Linear(2, 2), torch.randn(1, 2), device="Z9000")
+
+
+def test_inactive_dropout_launches_nothing_as_in_eager() -> None:
+    model = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.1), nn.ReLU())
+    model.eval()  # AOTAutograd turns the inactive dropout into a clone; eager returns its input
+    report = fxcost.profile(model, (torch.randn(4, 32),), devices=["T4"], train=False, measure=False)
+    clones = [n for n in report.nodes if n.op == "aten.clone.default"]
+    assert clones and not any(n.has_kernel for n in clones)
+    assert all(n.pred_ms["T4"] == 0 for n in clones)
+    model.train()  # an active dropout draws a mask: real kernels
+    report = fxcost.profile(model, (torch.randn(4, 32),), devices=["T4"], measure=False)
+    dropout = [n for n in report.nodes if n.module == "1" and n.phase == "fw"]
+    assert any(n.has_kernel and n.pred_ms["T4"] > 0 for n in dropout)

@@ -16,6 +16,7 @@ _NO_KERNEL: frozenset[Any] = frozenset(
     {
         operator.getitem,
         aten.empty.memory_format,
+        aten._unsafe_view.default,  # a view of a fresh tensor, though not marked as one
         aten.empty_strided.default,
         aten.empty_like.default,
         aten.new_empty.default,

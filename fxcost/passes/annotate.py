@@ -4,6 +4,10 @@ Reads the fake tensors AOTAutograd leaves in ``node.meta["val"]`` (no tensor is 
 the canonical op, phase, shapes and dtypes, FLOPs, bytes read and written, whether a kernel runs, and
 the owning module path. Backward nodes get the module of the forward op they differentiate, which
 AOTAutograd keeps in ``node.meta["fwd_nn_module_stack"]``.
+
+The graph is what eager PyTorch runs, with one exception this pass corrects: AOTAutograd turns an
+inactive dropout (eval mode, ``p=0``) into a ``clone``, where eager returns its input and launches
+nothing; such a clone is recorded without a kernel.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
         out_shapes=[_shape(t) for t in outs],
         out_dtypes=[_dtype(t) for t in outs],
         args=_scalar_args(node),
-        has_kernel=has_kernel(node.target),
+        has_kernel=has_kernel(node.target) and not _inactive_dropout(node),
     )
     if not record.has_kernel:
         record.flops, record.bytes_read, record.bytes_written = 0, 0, 0
@@ -83,6 +87,18 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
     written = outs or _mutated_args(node.target, args, kwargs)
     record.bytes_written = sum(_int(tensor_bytes(t)) for t in written)
     return record
+
+
+_DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+                       "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"})  # fmt: skip
+
+
+def _inactive_dropout(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is the clone an inactive dropout became (a no-op in eager)."""
+    if node.target is not torch.ops.aten.clone.default:
+        return False
+    stack = node.meta.get("source_fn_stack") or []
+    return bool(stack) and getattr(stack[-1][1], "__name__", None) in _DROPOUTS
 
 
 def _mutated_args(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
