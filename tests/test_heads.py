@@ -223,5 +223,5 @@ def test_heads_of_other_features_are_refused_with_a_retrain_hint(tmp_path) -> No
         arrays = dict(shipped)
     assert int(arrays["feature_version"]) == FEATURE_VERSION
     np.savez(tmp_path / "heads.npz", **{**arrays, "feature_version": np.array(FEATURE_VERSION - 1)})
-    with pytest.raises(ValueError, match="feature version .* retrain them with `fxcost train`"):
+    with pytest.raises(ValueError, match=r"feature version .* retrain them with `fxcost train`"):
         load_heads(tmp_path)

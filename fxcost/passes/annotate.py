@@ -89,8 +89,9 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
     return record
 
 
-_DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
-                       "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout"})  # fmt: skip
+_DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                       "feature_alpha_dropout", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
+                       "AlphaDropout", "FeatureAlphaDropout"})  # fmt: skip
 
 
 def _inactive_dropout(node: torch.fx.Node) -> bool:
