@@ -50,8 +50,21 @@ def test_runtime_based_policy_scales_kernel_alike_ops_and_predicts_matmuls_with_
     nodes = _graph(origin_ms=0.25)
     cost_models.predict(nodes, ["T4"], origin="V100-PCIE-32GB")
     # Kernel-alike nodes are wave-scaled from their V100 time; the matmul picks other kernels on
-    # another GPU, so its head predicts it.
-    assert _sources(nodes, "T4") == ["mlp", "wave_scaling", "wave_scaling", "wave_scaling", "wave_scaling"]
+    # another GPU, so the heads' T4/V100 ratio scales its measured time.
+    assert _sources(nodes, "T4") == [
+        "mlp_ratio",
+        "wave_scaling",
+        "wave_scaling",
+        "wave_scaling",
+        "wave_scaling",
+    ]
+    heads_alone = _graph(origin_ms=0.25)
+    cost_models.predict(heads_alone, ["T4", "V100-PCIE-32GB"], "mlp")
+    ratio = heads_alone[0].pred_ms["T4"] / heads_alone[0].pred_ms["V100-PCIE-32GB"]
+    assert nodes[0].pred_ms["T4"] == pytest.approx(0.25 * ratio)
+    on_origin = _graph(origin_ms=0.25)
+    cost_models.predict(on_origin, ["V100-PCIE-32GB"], origin="V100-PCIE-32GB")
+    assert all(n.pred_ms["V100-PCIE-32GB"] == pytest.approx(0.25) for n in on_origin[:4])  # the measurement
     measured_on_cpu = _graph(origin_ms=0.25)
     cost_models.predict(measured_on_cpu, ["T4"], origin="cpu")  # a CPU time is no origin
     assert _sources(measured_on_cpu, "T4")[:3] == ["mlp", "mlp", "mlp"]

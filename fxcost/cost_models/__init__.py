@@ -8,8 +8,10 @@ duplicates; :func:`get_model` builds one by name.
 Which model predicts a node is a policy (Habitat's hybrid, §3.2). The default, ``"auto"``, is:
 
 - runtime-based, when the nodes were measured on a GPU (the origin): wave scaling for kernel-alike
-  ops, which run the same kernels on every GPU, and the MLP heads for kernel-varying ones (matmul,
-  convolution), whose libraries pick other kernels on other GPUs;
+  ops, which run the same kernels on every GPU, and for kernel-varying ones (matmul, convolution),
+  whose libraries pick other kernels on other GPUs, the MLP heads: their ratio between target and
+  origin scales the measured time (``mlp_ratio``), or they predict alone where a node has no
+  measurement;
 - origin-free, when there is no GPU measurement (a CPU laptop, an AutoML loop): the heads for every
   op they cover;
 - the roofline for whatever the others leave, a fallback counted in each node's ``pred_source``.
@@ -157,7 +159,7 @@ def _load_builtin_models() -> None:
 
 
 AUTO = "auto"
-RUNTIME_BASED = "wave_scaling,mlp,roofline"
+RUNTIME_BASED = "wave_scaling,mlp_ratio,mlp,roofline"
 ORIGIN_FREE = "mlp,roofline"
 
 ModelSpec = str | CostModel | Sequence[str | CostModel]

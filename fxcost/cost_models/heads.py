@@ -39,6 +39,7 @@ __all__ = [
     "HEADS",
     "MLP",
     "Heads",
+    "HeadsRatio",
     "device_features",
     "head_of",
     "node_features",
@@ -359,6 +360,36 @@ def _forward_conv(node: NodeCost) -> NodeCost:
     return conv_node(b, cin, cout, kernel, size, stride, int((node.args.get("padding") or [0])[0]))
 
 
+class HeadsRatio:
+    """Runtime-based prediction for kernel-varying ops: the origin measurement scaled by the ratio of
+    the heads' predictions on the target and on the origin GPU.
+
+    The measurement carries what the heads miss about this exact shape on real hardware (a
+    well-aligned GEMM's better kernel, a harness's overhead); the heads carry how the op's time
+    changes from one GPU to another. On the origin itself it returns the measurement.
+    """
+
+    name = "mlp_ratio"
+
+    def __init__(self, heads: Heads | None = None) -> None:
+        self.heads = heads or Heads()
+
+    def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+        origin = batch.origin
+        if origin is None:
+            return np.full(len(batch), np.nan)
+        on_origin = batch.derived("mlp_ratio.origin", lambda: self.heads.predict(batch, origin))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = self.heads.predict(batch, device) / on_origin
+        out = np.where(on_origin > 0, batch.origin_ms * ratio, np.nan)
+        return np.where(batch.has_kernel, out, 0.0)
+
+
 @register("mlp")
 def _mlp() -> Heads:
     return Heads()
+
+
+@register("mlp_ratio")
+def _mlp_ratio() -> HeadsRatio:
+    return HeadsRatio()
