@@ -21,6 +21,7 @@ __all__ = [
     "NodeCost",
     "Report",
     "Trace",
+    "at_batch",
     "cost",
     "devices",
     "estimate",
@@ -36,6 +37,7 @@ _EXPORTS = {
     "estimate": "fxcost.backend",
     "last_report": "fxcost.backend",
     "Report": "fxcost.report",
+    "at_batch": "fxcost.report.batch",
     "NodeCost": "fxcost.records",
     "get_device": "fxcost.devices",
 }
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from fxcost.devices import get_device
     from fxcost.records import NodeCost
     from fxcost.report import Report
+    from fxcost.report.batch import at_batch
 
     Trace = Report
 

@@ -76,3 +76,26 @@ def test_overrides_give_single_ops_their_own_chain() -> None:
     assert _sources(nodes, "T4")[:3] == ["roofline", "mlp", "mlp"]
     with pytest.raises(ValueError, match="unknown cost model 'nope'"):
         cost_models.predict(_graph(), ["T4"], overrides={"aten.mm.default": "nope"})
+
+
+def test_autocast_bf16_matmuls_are_predicted_against_tensor_core_peaks() -> None:
+    import torch
+    from torch import nn
+
+    import fxcost
+
+    mlp = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1024))
+
+    class Autocast(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return mlp(x)
+
+    x = torch.randn(2048, 1024)
+    fp32 = fxcost.profile(mlp, (x,), devices=["H100-SXM"], measure=False)
+    bf16 = fxcost.profile(Autocast(), (x,), devices=["H100-SXM"], measure=False)
+    matmuls = [n for n in bf16.nodes if n.op in ("aten.addmm.default", "aten.mm.default")]
+    assert matmuls and all(n.in_dtypes[-1] == "bfloat16" for n in matmuls)
+    fw32 = sum(n.pred_ms["H100-SXM"] for n in fp32.nodes if n.op == "aten.addmm.default")
+    fw16 = sum(n.pred_ms["H100-SXM"] for n in matmuls if n.op == "aten.addmm.default")
+    assert fw16 < fw32 / 5  # ~990 dense bf16 TFLOPS against 67 fp32

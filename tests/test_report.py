@@ -142,3 +142,30 @@ def test_last_report_before_any_capture(monkeypatch) -> None:
     monkeypatch.setattr(fxcost.backend, "_last_backend", None)
     with pytest.raises(RuntimeError, match="no fxcost capture yet"):
         fxcost.last_report()
+
+
+def test_by_module_rolls_up_predictions(report: Report) -> None:
+    rollup = report.by_module("T4")
+    assert set(rollup) >= {"0", "1", "2", "3"}  # the Sequential's four children
+    total = sum(ms for phases in rollup.values() for ms in phases.values())
+    assert total == pytest.approx(report.total_ms("T4"))
+    assert rollup["0"]["bw"] > 0  # backward nodes count for the module they differentiate
+    assert next(iter(rollup)) == max(rollup, key=lambda m: sum(rollup[m].values()))
+    assert set(report.by_module("T4", depth=0)) == {""}
+
+
+def test_at_batch_extrapolates_a_line_through_smaller_batches() -> None:
+    model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
+
+    def captured(batch: int) -> Report:
+        return fxcost.profile(model, (torch.randn(batch, 512),), devices=["T4"], measure=False,
+                              cost_model="roofline")  # fmt: skip
+
+    fit = fxcost.at_batch({b: captured(b) for b in (1024, 2048, 4096)}, 16384)
+    assert fit.total_ms("T4") == pytest.approx(captured(16384).total_ms("T4"), rel=0.05)
+    slope, _ = fit.line("T4", "fw")
+    assert slope > 0
+    with pytest.raises(ValueError, match="two or more positive batch sizes"):
+        fxcost.at_batch({8: captured(8)}, 64)
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        fxcost.at_batch({8: captured(8), 16: captured(16)}, 0)

@@ -95,6 +95,21 @@ class Report:
             return None
         return nodes / whole
 
+    def by_module(self, device: str | Device, depth: int | None = None) -> dict[str, dict[str, float]]:
+        """Predicted ms on ``device`` rolled up by module path: ``{module: {"fw": ms, "bw": ms, ...}}``.
+
+        ``depth`` truncates paths to their first ``depth`` components (``depth=2``: ``"transformer.h"``),
+        so repeated blocks add up; nodes outside any module are under ``""``. Backward nodes count for
+        the module whose forward they differentiate. Sorted by total time, largest first.
+        """
+        name = self._predicted_name(device)
+        rollup: dict[str, dict[str, float]] = {}
+        for n in self.nodes:
+            module = ".".join(n.module.split(".")[:depth]) if depth is not None else n.module
+            phases = rollup.setdefault(module, {})
+            phases[n.phase] = phases.get(n.phase, 0.0) + (n.pred_ms.get(name) or 0.0)
+        return dict(sorted(rollup.items(), key=lambda item: -sum(item[1].values())))
+
     def phases(self) -> list[Phase]:
         """The phases present, in fw, bw, opt order."""
         present = {n.phase for n in self.nodes}

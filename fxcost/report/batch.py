@@ -1,0 +1,62 @@
+"""Iteration time at batch sizes that were not captured: Habitat's extrapolation (§6.1.3).
+
+A batch that does not fit on the origin GPU cannot be measured there. Habitat predicts the iteration
+at several batch sizes that fit and extrapolates with a least-squares line, since iteration time is
+close to linear in the batch size once kernels fill the GPU. :func:`at_batch` does that from reports
+of the same model at two or more batch sizes.
+
+Example:
+    >>> reports = {b: fxcost.profile(model, inputs(b), devices=["A100-SXM4-80GB"]) for b in (8, 16, 32)}
+    >>> fit = at_batch(reports, 256)  # doctest: +SKIP
+    >>> fit.total_ms("A100-SXM4-80GB")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fxcost.devices import Device, get_device
+from fxcost.records import Phase
+from fxcost.report import Report
+
+__all__ = ["BatchFit", "at_batch"]
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """Predicted totals at ``batch``, from lines fit through the reports' totals per device and phase."""
+
+    batch: int
+    reports: Mapping[int, Report]
+
+    def total_ms(self, device: str | Device, phase: Phase | None = None) -> float:
+        """Predicted ms of the iteration at :attr:`batch` on ``device`` (or of one phase)."""
+        slope, intercept = self.line(device, phase)
+        return intercept + slope * self.batch
+
+    def line(self, device: str | Device, phase: Phase | None = None) -> tuple[float, float]:
+        """(ms per sample, fixed ms) of the least-squares line through the reports' totals."""
+        name = get_device(device).name
+        points = [(float(b), r.total_ms(name, phase)) for b, r in sorted(self.reports.items())]
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        spread = sum((b - mean_b) ** 2 for b, _ in points)
+        slope = sum((b - mean_b) * (t - mean_t) for b, t in points) / spread
+        return slope, mean_t - slope * mean_b
+
+
+def at_batch(reports: Mapping[int, Report], batch: int) -> BatchFit:
+    """Predictions at ``batch`` from ``reports`` of one model at two or more other batch sizes.
+
+    Raises:
+        ValueError: fewer than two distinct batch sizes, or a batch size that is not positive.
+    """
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    sizes = sorted(reports)
+    if len(sizes) < 2 or any(not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(
+            f"at_batch needs reports at two or more positive batch sizes (keys of the mapping), got {sizes}"
+        )
+    return BatchFit(batch, dict(reports))
