@@ -6,10 +6,10 @@ other GPU: kernel-alike nodes are wave-scaled from their measured time, kernel-v
 the MLP heads' ratio between the GPUs (the default ``auto`` policy with an origin). The prediction is
 compared with the other GPU's measured ``e2e_latency``.
 
-Two figures per pair: ``trace`` is the sum of the scaled nodes; ``calibrated`` also uses the origin's
-own measured iteration time, scaling the prediction by ``e2e_origin / trace_origin`` (the trace times
-each node alone, which on some runs adds up to more or less than the measured iteration). Both use
-only measurements from the origin GPU.
+Two figures per pair: ``trace`` is the scaled nodes run as an eager pipeline (``report.eager_ms``);
+``calibrated`` also uses the origin's own measured iteration time, scaling the prediction by
+``e2e_origin / trace_origin`` (the trace times each node alone, which on some runs adds up to more or
+less than the measured iteration). Both use only measurements from the origin GPU.
 
     python benchmarks/runtime_scaling.py --data ../shared/data [--out rows.csv]
 
@@ -61,12 +61,12 @@ def main() -> int:
                 continue
             traces[get_device(path.parent.name).name] = (report, _e2e(path))
         for origin, (report, origin_e2e) in traces.items():
-            trace_ms = report.origin_ms() or float("nan")
-            predicted = report.predict([d for d in traces if d != origin])
+            predicted = report.predict(list(traces))
+            trace_ms = predicted.eager_ms(origin)  # the origin's measured nodes, run as a pipeline
             for target, (_, measured) in traces.items():
                 if target == origin:
                     continue
-                ms = predicted.total_ms(target)
+                ms = predicted.eager_ms(target)
                 rows.append({"run": run, "origin": origin, "target": target, "measured_ms": measured,
                              "trace_ms": ms, "calibrated_ms": ms * origin_e2e / trace_ms,
                              "origin_trace_vs_e2e": trace_ms / origin_e2e})  # fmt: skip

@@ -169,3 +169,28 @@ def test_at_batch_extrapolates_a_line_through_smaller_batches() -> None:
         fxcost.at_batch({8: captured(8)}, 64)
     with pytest.raises(ValueError, match="batch must be a positive integer"):
         fxcost.at_batch({8: captured(8), 16: captured(16)}, 0)
+
+
+def test_eager_pipeline_hides_per_op_overhead_and_waits_for_the_host() -> None:
+    from fxcost.devices import get_device
+    from fxcost.records import NodeCost
+    from fxcost.report.eager import eager_ms
+
+    t4 = get_device("T4")
+
+    def node(ms: float, source: str = "mlp") -> NodeCost:
+        return NodeCost(
+            name="n", op="aten.add.Tensor", phase="fw", pred_ms={"T4": ms}, pred_source={"T4": source}
+        )
+
+    # Long kernels: back to back, each without the overhead of timing it alone.
+    big = Report(nodes=[node(1.0), node(2.0)], devices=["T4"])
+    assert big.total_ms("T4") == pytest.approx(3.0)
+    assert big.eager_ms("T4") == pytest.approx(3.0 - 2 * t4.overhead_ms + 0.010)
+    # Roofline times are kernel times already: nothing to take off.
+    assert eager_ms(Report(nodes=[node(1.0, "roofline")]), "T4", host_ms=0) == pytest.approx(1.0)
+    # Tiny kernels: the host issuing them bounds the iteration.
+    tiny = Report(nodes=[node(t4.overhead_ms + 0.001) for _ in range(100)], devices=["T4"])
+    assert tiny.eager_ms("T4", host_ms=0.05) == pytest.approx(100 * 0.05 + 0.002, rel=0.01)
+    with pytest.raises(ValueError, match="host_ms must be >= 0"):
+        tiny.eager_ms("T4", host_ms=-1)

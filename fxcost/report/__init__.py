@@ -66,6 +66,16 @@ class Report:
         name = self._predicted_name(device)
         return sum(n.pred_ms.get(name) or 0.0 for n in self._phase(phase))
 
+    def eager_ms(
+        self, device: str | Device, phase: Phase | None = None, host_ms: float | None = None
+    ) -> float:
+        """Predicted ms of the step run eagerly on ``device``: the nodes' kernels back to back, without
+        the per-op overhead of timing each alone, and waiting for the host where it issues them slower
+        than they run (see :mod:`fxcost.report.eager`). ``total_ms`` is the sum of isolated times."""
+        from fxcost.report.eager import HOST_MS, eager_ms
+
+        return eager_ms(self, device, phase, HOST_MS if host_ms is None else host_ms)
+
     def origin_ms(self, phase: Phase | None = None) -> float | None:
         """Sum of the measured node times on the origin device, or None if nothing was measured."""
         times = [n.origin_ms for n in self._phase(phase) if n.origin_ms is not None]
