@@ -80,8 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--top", type=int, default=None, help="only the N most expensive nodes")
     show.add_argument(
         "--model",
-        help="cost model or comma-separated fallback chain; a trace measured on a GPU scales to others "
-        "with 'wave_scaling,roofline' (default: the trace's)",
+        help="cost model or comma-separated fallback chain (default: the trace's, normally 'auto': "
+        "a trace measured on a GPU is scaled runtime-based to the others)",
     )
     show.set_defaults(run=_show)
 

@@ -19,7 +19,8 @@ _UNBOUNDED_WIDTH = 1000
 
 
 def print_report(report: Report, top: int | None = None, file: TextIO | None = None) -> None:
-    """Print ``report``'s node table, then totals for fw, bw, opt and all, then coverage and fidelity."""
+    """Print ``report``'s node table, then totals for fw, bw, opt and all (sums of isolated node times)
+    and the eager step, then coverage and fidelity."""
     console = console_for(file)
     nodes = _selected(report, top)
     console.print(_node_table(report, nodes, top))
@@ -97,6 +98,9 @@ def _totals_table(report: Report) -> Table:
             *(f"{report.total_ms(d, phase):.3f}" for d in report.devices),
             style="bold" if phase is None else None,
         )
+    # The same nodes run back to back as an eager step runs them (no per-op timing overhead).
+    table.add_row("eager step", "", _num(report.step_ms, 1, ".3f"),
+                  *(f"{report.eager_ms(d):.3f}" for d in report.devices), style="bold")  # fmt: skip
     return table
 
 
