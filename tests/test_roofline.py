@@ -58,3 +58,26 @@ def test_registry_refuses_duplicates_and_unknown_names() -> None:
     with pytest.raises(ValueError, match="unknown cost model 'nope'"):
         cost_models.get_model("nope")
     assert isinstance(cost_models.get_model("roofline"), cost_models.CostModel)
+
+
+def test_tf32_matmuls_use_tensor_core_peaks_where_the_gpu_has_them() -> None:
+    import torch
+    from torch import nn
+
+    import fxcost
+
+    lin, x = nn.Linear(2048, 2048), torch.randn(2048, 2048)
+    gpus = ["A100-PCIE-40GB", "V100-PCIE-32GB"]
+    saved = torch.backends.cuda.matmul.allow_tf32  # a settings object monkeypatch cannot patch
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        fp32 = fxcost.profile(lin, (x,), devices=gpus, measure=False, cost_model="roofline")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        tf32 = fxcost.profile(lin, (x,), devices=gpus, measure=False, cost_model="roofline")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert all(n.tf32 for n in tf32.nodes if n.op == "aten.addmm.default")
+    assert not any(n.tf32 for n in fp32.nodes)
+    assert tf32.total_ms("A100-PCIE-40GB") < fp32.total_ms("A100-PCIE-40GB") / 4  # 156 vs 19.5 TFLOPS
+    assert tf32.total_ms("V100-PCIE-32GB") == pytest.approx(fp32.total_ms("V100-PCIE-32GB"))  # no TF32
+    assert fxcost.Report.from_json(tf32.to_json()).nodes[0].tf32 == tf32.nodes[0].tf32

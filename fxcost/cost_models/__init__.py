@@ -59,6 +59,7 @@ class NodeBatch:
         matmul: whether the node is matmul-class (GEMM, convolution, attention: tensor-core work).
         origin_ms: measured time on the origin device.
         itemsize: bytes per element of the node's widest floating output (4 for fp32), NaN if none.
+        tf32: fp32 matmul-class nodes allowed to run on TF32 tensor cores.
         origin: the GPU the ``origin_ms`` were measured on, None if not a known GPU (e.g. a CPU).
     """
 
@@ -69,6 +70,7 @@ class NodeBatch:
     matmul: np.ndarray
     origin_ms: np.ndarray
     itemsize: np.ndarray
+    tf32: np.ndarray
     origin: Device | None = None
     _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -85,6 +87,7 @@ class NodeBatch:
             matmul=np.array([is_matmul_class(n.op) for n in nodes], dtype=bool),
             origin_ms=column([n.origin_ms for n in nodes]),
             itemsize=column([_itemsize(n.out_dtypes or n.in_dtypes) for n in nodes]),
+            tf32=np.array([n.tf32 for n in nodes], dtype=bool),
             origin=origin,
         )
 

@@ -2,8 +2,9 @@
 
 A kernel takes ``max(flops / peak_flops, bytes / bandwidth)`` plus a fixed launch floor, the shortest
 time any kernel takes on the GPU's timeline. Peaks are spec-sheet values: CUDA-core fp32 for fp32 work,
-tensor-core peaks for fp16/bf16 matmul-class ops (those PyTorch's flop registry counts). Nodes that
-launch no kernel cost zero; a node whose bytes are unknown has no prediction.
+tensor-core peaks for fp16/bf16 matmul-class ops (those PyTorch's flop registry counts) and for fp32
+ones that may use TF32 (``NodeCost.tf32``). Nodes that launch no kernel cost zero; a node whose bytes
+are unknown has no prediction.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class Roofline:
     def _peak_tflops(batch: NodeBatch, device: Device) -> np.ndarray:
         fp32 = device.fp32_tflops or np.nan
         half = device.fp16_tflops or fp32
-        return np.where(batch.matmul & (batch.itemsize == 2), half, fp32)
+        tf32 = device.tf32_tflops or fp32  # GPUs without TF32 (before Ampere) run fp32 on CUDA cores
+        peak = np.where(batch.matmul & batch.tf32, tf32, fp32)
+        return np.where(batch.matmul & (batch.itemsize == 2), half, peak)
 
 
 @register("roofline")

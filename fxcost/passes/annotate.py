@@ -20,7 +20,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
 
-from fxcost.lowering import count_flops, has_kernel, tensor_bytes
+from fxcost.lowering import count_flops, has_kernel, is_matmul_class, tensor_bytes
 from fxcost.records import META_KEY, NodeCost, Phase, Shape
 
 __all__ = ["op_name", "run"]
@@ -82,6 +82,7 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
         record.flops = None
     if record.flops is None:
         record.note = f"no FLOP formula for {record.op}"
+    record.tf32 = _tf32(node.target, outs)
     record.bytes_read = sum(_int(tensor_bytes(t)) for t in ins)
     # In-place ops such as the optimizer's _foreach_add_ return nothing: they write their arguments.
     written = outs or _mutated_args(node.target, args, kwargs)
@@ -100,6 +101,20 @@ def _inactive_dropout(node: torch.fx.Node) -> bool:
         return False
     stack = node.meta.get("source_fn_stack") or []
     return bool(stack) and getattr(stack[-1][1], "__name__", None) in _DROPOUTS
+
+
+_CONVOLUTIONS = frozenset({"convolution", "convolution_backward", "cudnn_convolution", "_convolution"})
+
+
+def _tf32(target: Any, outs: list[torch.Tensor]) -> bool:
+    """Whether an fp32 matmul-class op may run on TF32 tensor cores under the process's settings."""
+    if not isinstance(target, torch._ops.OpOverload) or not is_matmul_class(str(target)):
+        return False
+    if not outs or outs[0].dtype != torch.float32:
+        return False
+    if target.__name__.split(".")[0] in _CONVOLUTIONS:
+        return bool(torch.backends.cudnn.allow_tf32)
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def _mutated_args(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
