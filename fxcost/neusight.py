@@ -85,6 +85,9 @@ def read_trace(csv: str | Path, config: str | Path | dict[str, Any] | None = Non
             node.name, node.module = f"{row['Name']}.{node.name}", str(row["target"])
         repeats = int(run.get("num_layer") or 1) if first <= i <= last else 1
         nodes += [copy.copy(n) for _ in range(repeats) for n in lowered]
+    for i, node in enumerate(nodes):  # the trace keeps no edges: one chain, in the order measured
+        node.name = f"{node.name}#{i}"
+        node.inputs = [nodes[i - 1].name] if i else []
     return Report(nodes=nodes, devices=[], origin=device, model="auto")
 
 

@@ -69,6 +69,8 @@ class NodeCost:
         bytes_read, bytes_written: DRAM traffic of a kernel reading each input and writing each output
             once; ``0`` for nodes that launch no kernel.
         has_kernel: False for views, aliases and tuple access, which cost nothing on a GPU.
+        inputs: names of the nodes of the same graph whose results this node reads (its data
+            dependencies; graph inputs are not listed).
         tf32: an fp32 matmul or convolution that PyTorch lets run on TF32 tensor cores (the
             process's ``torch.backends.cuda.matmul.allow_tf32`` / ``cudnn.allow_tf32`` at capture).
         origin_ms: median measured time on the origin device, ``None`` if not measured.
@@ -92,6 +94,7 @@ class NodeCost:
     bytes_read: int | None = None
     bytes_written: int | None = None
     has_kernel: bool = True
+    inputs: list[str] = field(default_factory=list)
     tf32: bool = False
     origin_ms: float | None = None
     kernels: list[KernelRecord] = field(default_factory=list)

@@ -194,3 +194,23 @@ def test_eager_pipeline_hides_per_op_overhead_and_waits_for_the_host() -> None:
     assert tiny.eager_ms("T4", host_ms=0.05) == pytest.approx(100 * 0.05 + 0.002, rel=0.01)
     with pytest.raises(ValueError, match="host_ms must be >= 0"):
         tiny.eager_ms("T4", host_ms=-1)
+
+
+def test_critical_path_overlaps_independent_branches() -> None:
+    class TwoBranches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 256)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x) + self.b(x)
+
+    report = fxcost.profile(TwoBranches(), (torch.randn(64, 256),), devices=["T4"], measure=False,
+                            cost_model="roofline")  # fmt: skip
+    ms = {n.name: n.pred_ms["T4"] for n in report.nodes if n.phase == "fw"}
+    addmms = [v for k, v in ms.items() if k.startswith("addmm")]
+    assert len(addmms) == 2
+    # Both GEMMs read only x: on two streams they overlap; the add (then the loss's sum) waits for both.
+    assert report.critical_path_ms("T4", "fw") == pytest.approx(max(addmms) + ms["add"] + ms["sum_1"])
+    assert report.critical_path_ms("T4", "fw") < report.total_ms("T4", "fw")
+    assert report.critical_path_ms("T4") <= report.total_ms("T4")

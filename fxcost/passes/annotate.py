@@ -71,6 +71,7 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
         out_dtypes=[_dtype(t) for t in outs],
         args=_scalar_args(node),
         has_kernel=has_kernel(node.target) and not _inactive_dropout(node),
+        inputs=[a.name for a in node.all_input_nodes if a.op == "call_function"],
     )
     if not record.has_kernel:
         record.flops, record.bytes_read, record.bytes_written = 0, 0, 0

@@ -76,6 +76,21 @@ class Report:
 
         return eager_ms(self, device, phase, HOST_MS if host_ms is None else host_ms)
 
+    def critical_path_ms(self, device: str | Device, phase: Phase | None = None) -> float:
+        """The longest chain of dependent nodes on ``device``, graph after graph: the step's time if
+        every independent op ran concurrently (on as many streams as it takes), a lower bound where
+        ``total_ms`` is the one-stream sum. Nodes without recorded inputs depend on nothing."""
+        name = self._predicted_name(device)
+        total = 0.0
+        for graph in sorted({n.graph for n in self._phase(phase)}):
+            finish: dict[str, float] = {}
+            for n in self.nodes:
+                if n.graph == graph:
+                    start = max((finish.get(i, 0.0) for i in n.inputs), default=0.0)
+                    finish[n.name] = start + (n.pred_ms.get(name) or 0.0)
+            total += max(finish.values(), default=0.0)
+        return total
+
     def origin_ms(self, phase: Phase | None = None) -> float | None:
         """Sum of the measured node times on the origin device, or None if nothing was measured."""
         times = [n.origin_ms for n in self._phase(phase) if n.origin_ms is not None]

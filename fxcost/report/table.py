@@ -101,6 +101,8 @@ def _totals_table(report: Report) -> Table:
     # The same nodes run back to back as an eager step runs them (no per-op timing overhead).
     table.add_row("eager step", "", _num(report.step_ms, 1, ".3f"),
                   *(f"{report.eager_ms(d):.3f}" for d in report.devices), style="bold")  # fmt: skip
+    # Independent ops overlapped on as many streams as they need: the bound multi-stream work meets.
+    table.add_row("critical path", "", "", *(f"{report.critical_path_ms(d):.3f}" for d in report.devices))
     return table
 
 
