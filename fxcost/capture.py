@@ -111,6 +111,7 @@ def profile(
     finally:
         _forget_compiled_code(backend)
     report = backend.report(copy_nodes=False)  # the backend is ours alone and ends here
+    report.batch = _batch_of(args, kwargs)
     if not report.nodes:
         failures = "; ".join(backend.failures) or "Dynamo produced no graph"
         raise RuntimeError(f"fxcost captured nothing from the step: {failures}")
@@ -175,6 +176,12 @@ def _run_step(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     else:
         with torch.no_grad():
             fn(*args, **kwargs)
+
+
+def _batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The leading dimension of the step's first tensor input: its batch size, by convention."""
+    first = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim()), None)
+    return int(first.shape[0]) if first is not None else None
 
 
 def _device_of(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:

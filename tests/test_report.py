@@ -161,8 +161,11 @@ def test_at_batch_extrapolates_a_line_through_smaller_batches() -> None:
         return fxcost.profile(model, (torch.randn(batch, 512),), devices=["T4"], measure=False,
                               cost_model="roofline")  # fmt: skip
 
-    fit = fxcost.at_batch({b: captured(b) for b in (1024, 2048, 4096)}, 16384)
+    reports = [captured(b) for b in (1024, 2048, 4096)]
+    assert [r.batch for r in reports] == [1024, 2048, 4096]
+    fit = reports[0].at_batch(16384, *reports[1:])
     assert fit.total_ms("T4") == pytest.approx(captured(16384).total_ms("T4"), rel=0.05)
+    assert fxcost.at_batch({r.batch: r for r in reports}, 16384).total_ms("T4") == fit.total_ms("T4")
     slope, _ = fit.line("T4", "fw")
     assert slope > 0
     with pytest.raises(ValueError, match="two or more positive batch sizes"):

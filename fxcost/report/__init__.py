@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from fxcost.cost_models import CostModel
+    from fxcost.report.batch import BatchFit
 
 __all__ = ["SCHEMA_VERSION", "Report", "TraceFormatError"]
 
@@ -46,6 +47,7 @@ class Report:
         model: the cost model that made the predictions.
         step_ms: measured time of the whole eager step on the origin, when it was timed.
         torch_version: PyTorch version the trace was captured with.
+        batch: the batch size of the step (the leading dimension of its first tensor input), if known.
     """
 
     nodes: list[NodeCost] = field(default_factory=list)
@@ -55,6 +57,7 @@ class Report:
     model: str = "auto"
     step_ms: float | None = None
     torch_version: str = ""
+    batch: int | None = None
 
     # -- totals ----------------------------------------------------------------------------------
 
@@ -134,6 +137,21 @@ class Report:
             phases = rollup.setdefault(module, {})
             phases[n.phase] = phases.get(n.phase, 0.0) + (n.pred_ms.get(name) or 0.0)
         return dict(sorted(rollup.items(), key=lambda item: -sum(item[1].values())))
+
+    def at_batch(self, batch: int, *others: Report) -> BatchFit:
+        """Predictions at ``batch`` from this report and ``others``, the same model captured at other
+        batch sizes: a least-squares line through their totals (Habitat §6.1.3), for batches that do
+        not fit on the GPU that measures. See :func:`fxcost.report.batch.at_batch`."""
+        from fxcost.report.batch import at_batch
+
+        reports = [self, *others]
+        unknown = [i for i, r in enumerate(reports) if r.batch is None]
+        if unknown:
+            raise ValueError(
+                "at_batch needs each report's batch size; reports from fxcost.profile record it, "
+                "others can set report.batch, or use fxcost.at_batch({batch: report, ...}, n)"
+            )
+        return at_batch({r.batch: r for r in reports if r.batch is not None}, batch)
 
     def phases(self) -> list[Phase]:
         """The phases present, in fw, bw, opt order."""
@@ -222,6 +240,7 @@ class Report:
             "model": self.model,
             "devices": self.devices,
             "step_ms": self.step_ms,
+            "batch": self.batch,
             "graphs": [g.to_json() for g in self.graphs],
             "nodes": [n.to_json() for n in self.nodes],
         }
@@ -244,6 +263,7 @@ class Report:
                 model=str(data["model"]),
                 step_ms=data.get("step_ms"),
                 torch_version=str(data.get("torch_version", "")),
+                batch=data.get("batch"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TraceFormatError(f"malformed fxcost trace: {e!r}") from e
