@@ -108,7 +108,71 @@ def _parser() -> argparse.ArgumentParser:
 
     devices = sub.add_parser("devices", help="list the GPUs fxcost knows")
     devices.set_defaults(run=_devices)
+
+    fit_runs = sub.add_parser(
+        "fit-runs",
+        help="fit Lattuada et al.'s stepwise regression to a table of measured runs",
+        description="Fits a linear regression of --target on the run features present (I iterations, "
+        "B batch, G GPUs, P GFLOPS, T loader threads, D loading delay, N inner modules), their "
+        "reciprocals and products, selected stepwise (Lattuada et al. §3.3); prints the terms.",
+    )
+    fit_runs.add_argument("runs", help="CSV with one row per run")
+    fit_runs.add_argument("--target", required=True, help="column to predict, e.g. time_s")
+    fit_runs.add_argument(
+        "--features", nargs="+", help="feature columns (default: those of I B G P T D N present)"
+    )
+    fit_runs.add_argument("--p-enter", type=float, default=0.05)
+    fit_runs.add_argument("--p-remove", type=float, default=0.10)
+    fit_runs.set_defaults(run=_fit_runs)
+
+    compare = sub.add_parser(
+        "compare",
+        help="every op-level predictor on the same held-out rows, one table",
+        description="MAPE (%%) per op class of the roofline, Justus et al., Habitat's wave scaling, and "
+        "fxcost's default without and with an origin GPU, on DIR's held-out rows (see fxcost.compare).",
+    )
+    compare.add_argument("--data", required=True, metavar="DIR", help="measurement directory (shared layout)")
+    compare.add_argument("--ops", nargs="+", help="op classes (default: all)")
+    compare.set_defaults(run=_compare)
     return parser
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from fxcost.compare import compare_ops
+    from fxcost.cost_models.heads import HEADS
+
+    unknown = set(args.ops or ()) - set(HEADS)
+    if unknown:
+        raise ValueError(f"unknown op classes {sorted(unknown)}; accepted: {', '.join(HEADS)}")
+    with _progress_bars() as (_, on_progress):
+        ops = args.ops or list(HEADS)
+        done: list[str] = []
+
+        def step(head: str) -> None:
+            on_progress("comparing", len(done), len(ops))
+            done.append(head)
+
+        table = compare_ops(args.data, heads=ops, progress=step)
+        on_progress("comparing", len(ops), len(ops))
+    print("MAPE (%) on held-out rows, mean over devices (NaN: the predictor does not cover the op)")
+    print(table.to_string(float_format=lambda v: f"{v:8.1f}"))
+    print("\nLattuada et al. predicts whole runs: python benchmarks/seed_models.py --data DIR")
+
+
+def _fit_runs(args: argparse.Namespace) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from fxcost.cost_models.lattuada import LattuadaRegression
+
+    runs = pd.read_csv(args.runs)
+    model = LattuadaRegression(p_enter=args.p_enter, p_remove=args.p_remove)
+    model.fit(runs, target=args.target, features=args.features)
+    predicted = model.predict(runs)
+    measured = runs[args.target].to_numpy(dtype=float)
+    print(model.summary())
+    mape = float(np.mean(np.abs(predicted - measured) / measured) * 100)
+    print(f"\n{len(runs)} runs, features {' '.join(model.features)}; in-sample MAPE {mape:.2f}%")
 
 
 def _add_devices(parser: argparse.ArgumentParser, default: Sequence[str]) -> None:

@@ -158,7 +158,7 @@ def get_model(name: str | CostModel) -> CostModel:
 
 
 def _load_builtin_models() -> None:
-    from fxcost.cost_models import heads, roofline, wave_scaling  # noqa: F401  (they register themselves)
+    from fxcost.cost_models import heads, justus, roofline, wave_scaling  # noqa: F401  (they register themselves)
 
 
 AUTO = "auto"

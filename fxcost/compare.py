@@ -1,0 +1,114 @@
+"""Every op-level predictor fxcost has, on the same held-out rows: one table of their trade-offs.
+
+For each op class the rows are the held-out measurements of :func:`fxcost.training.split`
+(``ops_test``, and the conv configurations never trained on). Columns:
+
+- ``roofline``: spec-sheet roofline, no measurement;
+- ``justus``: Justus et al.'s per-layer network (fully connected and convolution layers only);
+- ``habitat``: Habitat's wave scaling (Equation 1 alone) from the same configuration measured on each
+  other GPU, for kernel-alike ops (Habitat sends kernel-varying ops to its MLPs);
+- ``fxcost``: fxcost's default with no origin (the MLP heads);
+- ``fxcost_runtime``: fxcost's default with each other GPU's measurement of the configuration as
+  origin (wave scaling with overheads and L2, heads' ratio for matmuls and convolutions).
+
+Runtime columns average over every (origin, target) pair that measured the configuration. Each cell is
+the MAPE (%) over devices, like the benchmarks. Lattuada et al.'s regression predicts whole runs, not
+ops: its comparison is in ``benchmarks/seed_models.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fxcost import cost_models
+from fxcost.cost_models import NodeBatch
+from fxcost.devices import get_device
+
+__all__ = ["MODELS", "compare_ops"]
+
+MODELS = ("roofline", "justus", "habitat", "fxcost", "fxcost_runtime")
+_ORIGIN_FREE = {"roofline": "roofline", "justus": "justus", "fxcost": "auto"}
+_RUNTIME = {"habitat": "habitat_eq1", "fxcost_runtime": "auto"}
+
+
+def compare_ops(
+    data: str | Path,
+    heads: Sequence[str] = ("linear", "bmm", "conv", "ew", "ln", "softmax"),
+    progress: Callable[[str], Any] | None = None,
+) -> Any:
+    """A DataFrame: one row per op class, one column per predictor (MAPE %), plus ``rows``."""
+    import pandas as pd
+
+    from fxcost.datasets import row_node
+    from fxcost.training import _CONFIG, split
+
+    table = {}
+    for head in heads:
+        if progress:
+            progress(head)
+        _, rows = split([data], head)
+        rows = rows.reset_index(drop=True)
+        nodes = [row_node(r) for r in rows.itertuples(index=False)]
+        measured = rows["Latency"].to_numpy(dtype=np.float64)
+        devices = rows["device"].to_numpy()
+        errors: dict[str, np.ndarray] = {m: np.full(len(rows), np.nan) for m in MODELS}
+        for device_name in sorted(set(devices)):
+            index = np.flatnonzero(devices == device_name)
+            device = get_device(device_name)
+            batch = NodeBatch.of([nodes[i] for i in index])
+            for column, model in _ORIGIN_FREE.items():
+                predicted = _predict(batch, model, device)
+                errors[column][index] = np.abs(predicted - measured[index]) / measured[index] * 100
+        keys = rows[_CONFIG[head]].astype(str).agg("/".join, axis=1).to_numpy()
+        for column, model in _RUNTIME.items():
+            errors[column] = _runtime_errors(nodes, keys, devices, measured, model)
+        per_device = {m: pd.Series(e).groupby(devices).mean().mean() for m, e in errors.items()}
+        table[head] = {**per_device, "rows": len(rows)}
+    return pd.DataFrame(table).T
+
+
+def _predict(batch: NodeBatch, model: str, device: Any) -> np.ndarray:
+    chain = cost_models.model_chain(model, batch.origin)
+    out = np.full(len(batch), np.nan)
+    for m in chain:
+        todo = ~np.isfinite(out)
+        if not todo.any():
+            break
+        predicted = np.asarray(m.predict(batch, device), dtype=np.float64)
+        out[todo] = predicted[todo]
+    return out
+
+
+def _runtime_errors(
+    nodes: list[Any], keys: np.ndarray, devices: np.ndarray, measured: np.ndarray, model: str
+) -> np.ndarray:
+    """Mean error of each row predicted from every other GPU's measurement of its configuration."""
+    import dataclasses
+
+    by_key: dict[tuple[str, str], int] = {
+        (k, d): i for i, (k, d) in enumerate(zip(keys, devices, strict=True))
+    }
+    total, count = np.zeros(len(nodes)), np.zeros(len(nodes))
+    names = sorted(set(devices))
+    for origin in names:
+        for target in names:
+            if origin == target:
+                continue
+            pairs = [(by_key[k, origin], i) for i, (k, d) in enumerate(zip(keys, devices, strict=True))
+                     if d == target and (k, origin) in by_key]  # fmt: skip
+            if not pairs:
+                continue
+            sources = [dataclasses.replace(nodes[j], origin_ms=float(measured[j])) for j, _ in pairs]
+            batch = NodeBatch.of(sources, origin=get_device(origin))
+            predicted = _predict(batch, model, get_device(target))
+            index = np.array([i for _, i in pairs])
+            error = np.abs(predicted - measured[index]) / measured[index] * 100
+            ok = np.isfinite(error)
+            np.add.at(total, index[ok], error[ok])
+            np.add.at(count, index[ok], 1)
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
