@@ -51,7 +51,7 @@ def main() -> int:
     parser.add_argument("--data", default="../shared/data")
     parser.add_argument("--holdout", default="V100-PCIE-32GB", help="training GPU left out (§VII-C)")
     parser.add_argument("--epochs", type=int, default=JustusConfig().epochs, help="Justus epochs")
-    parser.add_argument("--cache", help="captured HF reports (see models_e2e.py)")
+    parser.add_argument("--cache", help="captured HF reports and the held-out models (kept between runs)")
     args = parser.parse_args()
     start = time.perf_counter()
     holdout = get_device(args.holdout).name
@@ -59,12 +59,15 @@ def main() -> int:
     justus = JustusPredictor.load(Path(__file__).parent.parent / "fxcost/cost_models/weights/justus.npz")
     print(f"Justus et al. vs fxcost's heads on held-out layer rows (Justus retrained without {holdout} "
           f"for its column: {args.epochs} epochs)")  # fmt: skip
+    cache = Path(args.cache or tempfile.mkdtemp(prefix="fxcost-seed-"))
+    cache.mkdir(parents=True, exist_ok=True)
     config = dataclasses.replace(JustusConfig(), epochs=args.epochs)
-    justus_out = JustusPredictor.train_on(args.data, exclude=[holdout], config=config)
-    with tempfile.TemporaryDirectory() as work:
-        train([args.data], work, heads=LAYERS, exclude=set(HELD_OUT_DEVICES) | {holdout},
-              config=dataclasses.replace(TrainConfig(), epochs=20))  # fmt: skip
-        heads_out = load_heads(work)
+    saved = cache / f"justus-{args.epochs}-without-{holdout}.npz"
+    justus_out = JustusPredictor.train_on(args.data, exclude=[holdout], config=config, out=saved)
+    work = cache / f"heads-without-{holdout}"
+    train([args.data], work, heads=LAYERS, exclude=set(HELD_OUT_DEVICES) | {holdout},
+          config=dataclasses.replace(TrainConfig(), epochs=20))  # fmt: skip
+    heads_out = load_heads(work)
     heads = load_heads()
     rows = []
     for layer in LAYERS:
@@ -91,8 +94,6 @@ def main() -> int:
     runs = runs[runs["mode"] == "inf"].copy()
     runs["P"] = [get_device(d).fp32_tflops * 1e3 for d in runs["device"]]  # type: ignore[operator]
     runs["B"] = runs["batch"].astype(float)
-    cache = Path(args.cache or tempfile.mkdtemp(prefix="fxcost-seed-"))
-    cache.mkdir(parents=True, exist_ok=True)
     lattuada_rows = []
     for model, family in runs.groupby("model", sort=True):
         if model.startswith("switch"):

@@ -192,4 +192,7 @@ def _columns(runs: Any) -> dict[str, np.ndarray]:
 
 
 def _numeric(column: Any) -> bool:
-    return bool(np.issubdtype(column.dtype, np.number))
+    try:
+        return bool(np.issubdtype(column.dtype, np.number))
+    except TypeError:  # pandas extension dtypes (strings, categories): not a feature
+        return False
