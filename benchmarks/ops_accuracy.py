@@ -30,11 +30,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fxcost.compare import habitat_mlp_ms
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import HEADS, MLP, load_heads
+from fxcost.cost_models.heads import HEADS, load_heads
 from fxcost.cost_models.roofline import Roofline
 from fxcost.devices import get_device
-from fxcost.training import HELD_OUT_DEVICES, Examples, TrainConfig, examples, fit, split, train
+from fxcost.training import HELD_OUT_DEVICES, TrainConfig, examples, fit, split, train
 
 NAMES = {"linear": "fc", "bmm": "bmm", "conv": "conv", "ew": "ew", "softmax": "softmax", "ln": "ln"}
 
@@ -62,7 +63,7 @@ def main() -> int:
         nodes_ms = {
             "heads": test_ex.reference_ms * np.exp(heads[head](test_ex.x)),
             "roofline": _roofline(test_rows, head),
-            "habitat_mlp": _habitat_mlp(examples(train_rows, head), test_ex, head),
+            "habitat_mlp": habitat_mlp_ms(examples(train_rows, head), test_ex, head),
         }
         frame = pd.DataFrame({"head": head, "device": test_ex.device, "measured_ms": test_ex.latency_ms,
                               **{k: v for k, v in nodes_ms.items()}})  # fmt: skip
@@ -118,23 +119,6 @@ def _roofline(rows: pd.DataFrame, head: str) -> np.ndarray:
         nodes = [row_node(r) for r in group.itertuples(index=False)]
         parts.append(Roofline().predict(NodeBatch.of(nodes), get_device(device_name)))
     return np.concatenate(parts)
-
-
-def _habitat_features(ex: Examples, head: str) -> np.ndarray:
-    """Op dims plus Habitat's four GPU features (memory, bandwidth, SMs, peak FLOPS), unscaled."""
-    dims = {"linear": 4, "bmm": 4, "conv": 6, "ew": 2, "ln": 2, "softmax": 2}[head]
-    gpu = []
-    for name in ex.device:
-        d = get_device(name)
-        gpu.append([d.memory_gb, d.mem_bandwidth_gbps, d.num_sms, d.fp32_tflops])
-    return np.c_[np.exp(ex.x[:, :dims]) if head != "ew" else ex.x[:, :dims], np.asarray(gpu, dtype=float)]
-
-
-def _habitat_mlp(train_ex: Examples, test_ex: Examples, head: str) -> np.ndarray:
-    raw = Examples(_habitat_features(train_ex, head), train_ex.latency_ms, train_ex.reference_ms,
-                   train_ex.latency_ms, train_ex.device)  # fmt: skip
-    model: MLP = fit(raw, TrainConfig(epochs=20), loss="mape")
-    return np.maximum(model(_habitat_features(test_ex, head)), 1e-6)
 
 
 def _leave_one_device_out(data: str, work: str | None, epochs: int) -> dict[str, dict[str, float]]:

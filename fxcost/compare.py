@@ -5,8 +5,10 @@ For each op class the rows are the held-out measurements of :func:`fxcost.traini
 
 - ``roofline``: spec-sheet roofline, no measurement;
 - ``justus``: Justus et al.'s per-layer network (fully connected and convolution layers only);
-- ``habitat``: Habitat's wave scaling (Equation 1 alone) from the same configuration measured on each
-  other GPU, for kernel-alike ops (Habitat sends kernel-varying ops to its MLPs);
+- ``habitat``: Habitat's hybrid — for kernel-alike ops its wave scaling (Equation 1 alone) from the
+  same configuration measured on each other GPU; for kernel-varying ones (linear, bmm, conv) a
+  Habitat-style MLP (raw time from the op's dims and Habitat's four GPU features, MAPE loss, §3.4)
+  trained in the same run on the training rows;
 - ``fxcost``: fxcost's default with no origin (the MLP heads);
 - ``fxcost_runtime``: fxcost's default with each other GPU's measurement of the configuration as
   origin (wave scaling with overheads and L2, heads' ratio for matmuls and convolutions).
@@ -27,8 +29,11 @@ import numpy as np
 from fxcost import cost_models
 from fxcost.cost_models import NodeBatch
 from fxcost.devices import get_device
+from fxcost.training import Examples
 
-__all__ = ["MODELS", "compare_ops"]
+__all__ = ["MODELS", "compare_ops", "habitat_mlp_ms"]
+
+KERNEL_VARYING = ("linear", "bmm", "conv")
 
 MODELS = ("roofline", "justus", "habitat", "fxcost", "fxcost_runtime")
 _ORIGIN_FREE = {"roofline": "roofline", "justus": "justus", "fxcost": "auto"}
@@ -44,7 +49,7 @@ def compare_ops(
     import pandas as pd
 
     from fxcost.datasets import row_node
-    from fxcost.training import _CONFIG, split
+    from fxcost.training import _CONFIG, examples, split
 
     table = {}
     for head in heads:
@@ -66,9 +71,36 @@ def compare_ops(
         keys = rows[_CONFIG[head]].astype(str).agg("/".join, axis=1).to_numpy()
         for column, model in _RUNTIME.items():
             errors[column] = _runtime_errors(nodes, keys, devices, measured, model)
+        if head in KERNEL_VARYING:  # Habitat predicts these with its MLPs, not wave scaling
+            train_rows, _ = split([data], head)
+            order = np.concatenate([np.flatnonzero(devices == d) for d in sorted(set(devices))])
+            predicted = np.empty(len(rows))
+            predicted[order] = habitat_mlp_ms(examples(train_rows, head), examples(rows, head), head)
+            errors["habitat"] = np.abs(predicted - measured) / measured * 100
         per_device = {m: pd.Series(e).groupby(devices).mean().mean() for m, e in errors.items()}
         table[head] = {**per_device, "rows": len(rows)}
     return pd.DataFrame(table).T
+
+
+def habitat_mlp_ms(train: Examples, test: Examples, head: str, epochs: int = 20) -> np.ndarray:
+    """A Habitat-style MLP (§3.4: raw time from the op's dims and the GPU's memory, bandwidth, SMs
+    and peak FLOPS, MAPE loss) fit on ``train`` and predicting ``test``'s rows, in ms."""
+    from fxcost.training import TrainConfig, fit
+
+    raw = Examples(_habitat_features(train, head), train.latency_ms, train.reference_ms, train.latency_ms,
+                   train.device)  # fmt: skip
+    model = fit(raw, TrainConfig(epochs=epochs), loss="mape")
+    return np.maximum(model(_habitat_features(test, head)), 1e-6)
+
+
+def _habitat_features(ex: Examples, head: str) -> np.ndarray:
+    """Op dims (the first problem features, un-logged) plus Habitat's four GPU features, unscaled."""
+    dims = {"linear": 4, "bmm": 4, "conv": 6, "ew": 2, "ln": 2, "softmax": 2}[head]
+    gpu = []
+    for name in ex.device:
+        d = get_device(name)
+        gpu.append([d.memory_gb, d.mem_bandwidth_gbps, d.num_sms, d.fp32_tflops])
+    return np.c_[np.exp(ex.x[:, :dims]) if head != "ew" else ex.x[:, :dims], np.asarray(gpu, dtype=float)]
 
 
 def _predict(batch: NodeBatch, model: str, device: Any) -> np.ndarray:
