@@ -136,3 +136,13 @@ def test_justus_training_keeps_finished_networks_across_runs(tmp_path, data_dir,
     again = JustusPredictor.train_on(data_dir, config=JustusConfig(epochs=1, hidden=(8,)), out=out)
     assert len(calls) == 2  # both networks were on disk: nothing retrained
     np.testing.assert_array_equal(again.networks["conv"].weights[0], first.networks["conv"].weights[0])
+
+
+def test_compare_command_prints_one_table(data_dir, capsys) -> None:
+    from fxcost.cli import main
+
+    assert main(["compare", "--data", str(data_dir), "--ops", "softmax"]) == 0
+    out = capsys.readouterr().out
+    assert "roofline" in out and "fxcost_runtime" in out and "softmax" in out
+    assert main(["compare", "--data", str(data_dir), "--ops", "lstm"]) == 2
+    assert "unknown op classes ['lstm']" in capsys.readouterr().err
