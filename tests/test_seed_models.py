@@ -146,3 +146,13 @@ def test_compare_command_prints_one_table(data_dir, capsys) -> None:
     assert "roofline" in out and "fxcost_runtime" in out and "softmax" in out
     assert main(["compare", "--data", str(data_dir), "--ops", "lstm"]) == 2
     assert "unknown op classes ['lstm']" in capsys.readouterr().err
+
+
+def test_shipped_justus_predicts_both_layer_types() -> None:
+    justus = cost_models.get_model("justus")
+    nodes = [gemm_node("linear", 1, 1024, 1024, 1024), conv_node(8, 64, 64, 3, 56, 1, 1)]
+    v100, t4 = (get_device(d) for d in ("V100-PCIE-32GB", "T4"))
+    on_v100 = justus.predict(cost_models.NodeBatch.of(nodes), v100)
+    on_t4 = justus.predict(cost_models.NodeBatch.of(nodes), t4)
+    assert np.all(np.isfinite(on_v100)) and np.all(on_v100 > 0)
+    assert np.all(on_t4 > on_v100)  # a T4 has a third of a V100's FLOPS and bandwidth
