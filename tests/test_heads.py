@@ -225,3 +225,14 @@ def test_heads_of_other_features_are_refused_with_a_retrain_hint(tmp_path) -> No
     np.savez(tmp_path / "heads.npz", **{**arrays, "feature_version": np.array(FEATURE_VERSION - 1)})
     with pytest.raises(ValueError, match=r"feature version .* retrain them with `fxcost train`"):
         load_heads(tmp_path)
+
+
+def test_copies_and_casts_are_elementwise_passes() -> None:
+    from fxcost.records import NodeCost
+
+    cast = NodeCost(name="c", op="aten._to_copy.default", phase="fw", in_shapes=[(1024, 1024)],
+                    in_dtypes=["float32"], out_shapes=[(1024, 1024)], out_dtypes=["bfloat16"],
+                    flops=0, bytes_read=4 * 2**20, bytes_written=2 * 2**20)  # fmt: skip
+    assert head_of(cast) == "ew"
+    ms = Heads().predict(NodeBatch.of([cast]), get_device("A100-PCIE-40GB"))
+    assert np.isfinite(ms[0]) and ms[0] > 0

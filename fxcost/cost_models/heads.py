@@ -59,7 +59,10 @@ _HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "ate
          "aten.convolution_backward.default": "conv", "aten.native_layer_norm.default": "ln",
          "aten.native_layer_norm_backward.default": "ln", "aten._softmax.default": "softmax",
          "aten._log_softmax.default": "softmax", "aten._softmax_backward_data.default": "softmax",
-         "aten._log_softmax_backward_data.default": "softmax"}  # fmt: skip
+         "aten._log_softmax_backward_data.default": "softmax",
+         # Copies and dtype casts: one elementwise pass (PyTorch does not tag them pointwise).
+         "aten._to_copy.default": "ew", "aten.copy.default": "ew", "aten.copy_.default": "ew",
+         "aten.lift_fresh_copy.default": "ew"}  # fmt: skip
 
 # The reference roofline whose ratio to the measured time is the learned target; its 10 us floor keeps
 # the ratio of tiny ops finite.
