@@ -1,0 +1,69 @@
+"""Property-based checks of the cost models over random ops and every GPU in the database."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fxcost import cost_models
+from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.roofline import Roofline
+from fxcost.datasets import conv_node, gemm_node, kernel_alike_node
+from fxcost.devices import device_names, get_device
+
+GPUS = [d for d in device_names() if get_device(d).mem_bandwidth_gbps and get_device(d).fp32_tflops]
+dims = st.integers(min_value=1, max_value=8192)
+gpus = st.sampled_from(GPUS)
+ops = st.one_of(
+    st.builds(lambda b, m, n, k: gemm_node("bmm", b, m, n, k), st.integers(1, 64), dims, dims, dims),
+    st.builds(lambda m, n, k: gemm_node("linear", 1, m, n, k), dims, dims, dims),
+    st.builds(
+        kernel_alike_node, st.sampled_from(["add", "mulu", "gelu", "tanh", "ln", "softmax"]), dims, dims
+    ),
+    st.builds(
+        lambda b, c, o, s: conv_node(b, c, o, 3, s, 1, 1),
+        st.integers(1, 32),
+        st.integers(1, 512),
+        st.integers(1, 512),
+        st.integers(3, 128),
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(node=ops, gpu=gpus)
+def test_default_predictions_are_finite_and_positive(node, gpu) -> None:  # type: ignore[no-untyped-def]
+    cost_models.predict([node], [gpu])
+    ms = node.pred_ms[get_device(gpu).name]
+    assert ms is not None and math.isfinite(ms) and ms > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(node=ops, gpu=gpus)
+def test_wave_scaling_to_the_origin_itself_is_the_identity(node, gpu) -> None:  # type: ignore[no-untyped-def]
+    node.origin_ms = 0.37
+    cost_models.predict([node], [gpu], origin=gpu)
+    assert node.pred_ms[get_device(gpu).name] == 0.37  # either model: the measurement is the answer
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=dims, n=dims, k=dims, a=gpus, b=gpus)
+def test_a_gpu_better_on_every_spec_never_predicts_a_compute_bound_gemm_slower(m, n, k, a, b) -> None:  # type: ignore[no-untyped-def]
+    fast, slow = get_device(a), get_device(b)
+    if not (fast.fp32_tflops >= slow.fp32_tflops and fast.mem_bandwidth_gbps >= slow.mem_bandwidth_gbps):
+        fast, slow = slow, fast
+    if not (fast.fp32_tflops >= slow.fp32_tflops and fast.mem_bandwidth_gbps >= slow.mem_bandwidth_gbps):
+        return  # neither dominates
+    batch = NodeBatch.of([gemm_node("linear", 1, m, n, k)])
+    assert Roofline().predict(batch, fast)[0] <= Roofline().predict(batch, slow)[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=dims, n=dims, k=dims, gpu=gpus)
+def test_roofline_never_predicts_less_time_for_more_flops(m, n, k, gpu) -> None:  # type: ignore[no-untyped-def]
+    pair = NodeBatch.of([gemm_node("linear", 1, m, n, k), gemm_node("linear", 1, 2 * m, n, k)])
+    times = Roofline().predict(pair, get_device(gpu))
+    assert np.all(np.isfinite(times)) and times[1] >= times[0]
