@@ -239,3 +239,21 @@ def test_two_backends_share_no_state() -> None:
     _step(torch.compile(nn.Linear(4, 2), backend=a), (torch.randn(3, 4),))
     assert a.report().nodes and not b.report().nodes
     assert a.report().devices == ["T4"] and b.report().devices == ["L4"]
+
+
+def test_dynamic_shapes_are_recorded_at_their_traced_sizes() -> None:
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    backend = fxcost.estimate(devices=["T4"], measure=False)
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    for rows in (8, 12):
+        x = torch.randn(rows, 16)
+        out = compiled(x)
+        torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+        out.sum().backward()
+    report = fxcost.last_report()  # SymInt FLOP counts once made this deep copy fail
+    assert not backend.failures
+    assert report.total_ms("T4") > 0 and report.coverage("T4") == 1.0
+    mms = [n for n in report.nodes if n.op == "aten.addmm.default"]
+    assert mms and all(isinstance(n.flops, int) for n in mms)
+    assert any(n.note and n.note.startswith("dynamic shape") for n in report.nodes)

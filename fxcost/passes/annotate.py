@@ -73,16 +73,20 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
         has_kernel=has_kernel(node.target) and not _inactive_dropout(node),
         inputs=[a.name for a in node.all_input_nodes if a.op == "call_function"],
     )
+    if any(isinstance(s, torch.SymInt) for t in (*ins, *outs) for s in t.shape):
+        record.note = "dynamic shape: sizes and costs at the sizes the graph was traced with"
     if not record.has_kernel:
         record.flops, record.bytes_read, record.bytes_written = 0, 0, 0
         return record
     try:
-        record.flops = count_flops(node.target, args, kwargs, out)
+        flops = count_flops(node.target, args, kwargs, out)
+        # Under dynamic shapes the count is a SymInt expression: its value at the traced sizes.
+        record.flops = None if flops is None else _int(flops)
     except Exception as e:  # a formula that cannot handle these arguments: unknown, not zero
         log.debug("no FLOP count for %s: %s", node.format_node(), e)
         record.flops = None
     if record.flops is None:
-        record.note = f"no FLOP formula for {record.op}"
+        record.note = f"no FLOP formula for {record.op}"  # the more urgent thing to know
     record.tf32 = _tf32(node.target, outs)
     record.bytes_read = sum(_int(tensor_bytes(t)) for t in ins)
     # In-place ops such as the optimizer's _foreach_add_ return nothing: they write their arguments.
