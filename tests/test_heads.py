@@ -166,6 +166,39 @@ def test_train_rejects_bad_input(tmp_path, data_dir) -> None:
     (bad / "Tesla_T4.csv").write_text("OPName,Device\nln,Tesla T4\n")
     with pytest.raises(ValueError, match="missing columns"):
         train([tmp_path / "bad"], tmp_path / "out2", heads=["ln"])
+    (bad / "Tesla_T4.csv").write_text("OPName,Latency,Device,B,H\nln,0.5,Tesla T4,8,8\nln,-1,Tesla T4,8,16\n")
+    with pytest.raises(ValueError, match=r"non-positive latencies in rows \[1\]"):
+        train([tmp_path / "bad"], tmp_path / "out3", heads=["ln"])
+
+
+def test_train_killed_mid_run_resumes_to_the_same_heads(tmp_path, data_dir) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    command = [sys.executable, "-m", "fxcost.cli", "train", "--data", str(data_dir), "--ops", "ln",
+               "--epochs", "120", "--out"]  # fmt: skip
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*command, str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = killed / "checkpoints" / "ln.pt"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 3:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    epoch = torch.load(checkpoint, weights_only=False)["epoch"]
+    assert 3 <= epoch < 120, "the run was not interrupted mid-training"
+    assert subprocess.run([*command, str(killed)], capture_output=True).returncode == 0
+    straight = tmp_path / "straight"
+    assert subprocess.run([*command, str(straight)], capture_output=True).returncode == 0
+    resumed, reference = load_heads(killed)["ln"], load_heads(straight)["ln"]
+    for a, b in zip(resumed.weights, reference.weights, strict=True):
+        np.testing.assert_array_equal(a, b)  # nothing lost, nothing trained twice
 
 
 def test_convolution_backward_is_its_forward_once_per_gradient() -> None:
