@@ -62,7 +62,13 @@ _HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "ate
          "aten._log_softmax_backward_data.default": "softmax",
          # Copies and dtype casts: one elementwise pass (PyTorch does not tag them pointwise).
          "aten._to_copy.default": "ew", "aten.copy.default": "ew", "aten.copy_.default": "ew",
-         "aten.lift_fresh_copy.default": "ew"}  # fmt: skip
+         "aten.lift_fresh_copy.default": "ew",
+         # Elementwise kernels of PyTorch's TensorIterator family, one pass over the output: dropout's
+         # fused mask-and-scale and the fills. (cat and the zero-then-copy slice/select gradients run
+         # other kernels and stay with the roofline until there is data for them.)
+         "aten.native_dropout.default": "ew", "aten.arange.default": "ew", "aten.arange.start": "ew",
+         "aten.ones.default": "ew", "aten.zeros.default": "ew", "aten.full.default": "ew",
+         "aten.fill.Scalar": "ew", "aten.new_zeros.default": "ew"}  # fmt: skip
 
 # The reference roofline whose ratio to the measured time is the learned target; its 10 us floor keeps
 # the ratio of tiny ops finite.
