@@ -49,11 +49,16 @@ def _parser() -> argparse.ArgumentParser:
     profile = sub.add_parser(
         "profile",
         help="capture one step of a model, measure it here, predict it, save the trace",
-        description=f"MODEL is a built-in example ({', '.join(_zoo_names())}) or 'module:callable' "
-        "returning (model, inputs); the callable receives batch=N if it takes a 'batch' argument.",
+        description=f"MODEL is a built-in example ({', '.join(_zoo_names())}), 'module:callable' "
+        "returning (model, inputs) (the callable receives batch=N if it takes a 'batch' argument), or a "
+        "Hugging Face config.json: that model is captured on meta tensors (any size; nothing is measured) "
+        "with --seqlen tokens of input.",
     )
     profile.add_argument("model", metavar="MODEL")
     profile.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
+    profile.add_argument(
+        "--seqlen", type=int, default=512, help="tokens per sequence, HF configs (default 512)"
+    )
     profile.add_argument(
         "--train", action=argparse.BooleanOptionalAction, default=True,
         help="a training step: forward, loss, backward (default); --no-train for inference",
@@ -202,6 +207,9 @@ def _demo(args: argparse.Namespace) -> None:
 def _profile(args: argparse.Namespace) -> None:
     import torch
 
+    if args.model.endswith(".json"):
+        _profile_hf(args)
+        return
     model, inputs = _load_model(args.model, args.batch)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, inputs = _to_device(model, inputs, device)
@@ -209,6 +217,23 @@ def _profile(args: argparse.Namespace) -> None:
     title = f"{args.model} (batch {args.batch}), {mode} on {device}"
     report = _capture(title, model, inputs, args.devices, train=args.train, measure=args.measure,
                       cost_model=args.cost_model)  # fmt: skip
+    report.print(top=args.top)
+    if args.out:
+        print(f"trace written to {report.save(args.out)}")
+
+
+def _profile_hf(args: argparse.Namespace) -> None:
+    import fxcost
+    from fxcost.hf import hf_step
+
+    step = hf_step(args.model, args.batch, args.seqlen, train=args.train)
+    mode = "training step" if args.train else "inference"
+    title = f"{args.model} (batch {args.batch}, {args.seqlen} tokens), {mode} on meta tensors"
+    with _progress_bars() as (bar, _):
+        bar.add_task(f"capturing {title}", total=None)
+        report = fxcost.profile(step.model, step.inputs, devices=args.devices, train=args.train,
+                                measure=False, loss_fn=step.loss_fn, cost_model=args.cost_model)  # fmt: skip
+    print(title)
     report.print(top=args.top)
     if args.out:
         print(f"trace written to {report.save(args.out)}")

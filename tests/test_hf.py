@@ -57,3 +57,21 @@ def test_hf_step_rejects_bad_configs() -> None:
         hf_step({"architectures": ["NoSuchModel"], "model_type": "gpt2"}, batch=1, seqlen=8)
     with pytest.raises(ValueError, match="batch and seqlen must be positive"):
         hf_step({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, batch=0, seqlen=8)
+
+
+def test_profile_command_takes_a_hugging_face_config(tmp_path, capsys) -> None:
+    import json
+
+    from fxcost.cli import main
+
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 256,
+              "n_head": 4, "vocab_size": 1000, "n_positions": 256}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    out = tmp_path / "trace.json.gz"
+    argv = ["profile", str(path), "--batch", "2", "--seqlen", "128", "--devices", "T4", "--top", "3"]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "meta tensors" in printed and "eager step" in printed
+    report = fxcost.Report.load(out)
+    assert report.phases() == ["fw", "bw"] and report.total_ms("T4") > 0
