@@ -95,20 +95,22 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
     return record
 
 
-_DROPOUTS = frozenset({"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
-                       "feature_alpha_dropout", "Dropout", "Dropout1d", "Dropout2d", "Dropout3d",
-                       "AlphaDropout", "FeatureAlphaDropout"})  # fmt: skip
+_F = torch.nn.functional
+_DROPOUTS = (_F.dropout, _F.dropout1d, _F.dropout2d, _F.dropout3d, _F.alpha_dropout, _F.feature_alpha_dropout,
+             torch.dropout, torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
+             torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout)  # fmt: skip
 
 
 def _inactive_dropout(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is the clone an inactive dropout became (a no-op in eager)."""
+    """Whether ``node`` is the clone an inactive dropout became (a no-op in eager): a clone whose
+    source function (the module class or function Dynamo traced) is a dropout."""
     if node.target is not torch.ops.aten.clone.default:
         return False
     stack = node.meta.get("source_fn_stack") or []
-    return bool(stack) and getattr(stack[-1][1], "__name__", None) in _DROPOUTS
+    return bool(stack) and any(stack[-1][1] is d for d in _DROPOUTS)
 
 
-_CONVOLUTIONS = frozenset({"convolution", "convolution_backward", "cudnn_convolution", "_convolution"})
+_CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten.convolution_backward, torch.ops.aten._convolution)
 
 
 def _tf32(target: Any, outs: list[torch.Tensor]) -> bool:
@@ -117,7 +119,7 @@ def _tf32(target: Any, outs: list[torch.Tensor]) -> bool:
         return False
     if not outs or outs[0].dtype != torch.float32:
         return False
-    if target.__name__.split(".")[0] in _CONVOLUTIONS:
+    if any(target.overloadpacket is c for c in _CONVOLUTIONS):
         return bool(torch.backends.cudnn.allow_tf32)
     return bool(torch.backends.cuda.matmul.allow_tf32)
 
