@@ -81,3 +81,22 @@ def test_tf32_matmuls_use_tensor_core_peaks_where_the_gpu_has_them() -> None:
     assert tf32.total_ms("A100-PCIE-40GB") < fp32.total_ms("A100-PCIE-40GB") / 4  # 156 vs 19.5 TFLOPS
     assert tf32.total_ms("V100-PCIE-32GB") == pytest.approx(fp32.total_ms("V100-PCIE-32GB"))  # no TF32
     assert fxcost.Report.from_json(tf32.to_json()).nodes[0].tf32 == tf32.nodes[0].tf32
+
+
+def test_convolutions_follow_cudnn_tf32_setting() -> None:
+    import torch
+    from torch import nn
+
+    import fxcost
+
+    saved = torch.backends.cudnn.allow_tf32
+    try:
+        for allowed in (True, False):
+            torch.backends.cudnn.allow_tf32 = allowed
+            report = fxcost.profile(
+                nn.Conv2d(3, 8, 3), (torch.randn(2, 3, 16, 16),), devices=["T4"], measure=False
+            )
+            convs = [n for n in report.nodes if n.op.startswith("aten.convolution")]
+            assert len(convs) == 2 and all(n.tf32 is allowed for n in convs)  # forward and backward
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
