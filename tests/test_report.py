@@ -217,3 +217,17 @@ def test_critical_path_overlaps_independent_branches() -> None:
     assert report.critical_path_ms("T4", "fw") == pytest.approx(max(addmms) + ms["add"] + ms["sum_1"])
     assert report.critical_path_ms("T4", "fw") < report.total_ms("T4", "fw")
     assert report.critical_path_ms("T4") <= report.total_ms("T4")
+
+
+def test_chrome_trace_of_the_predicted_eager_step(report: Report, tmp_path) -> None:
+    path = report.to_chrome_trace(tmp_path / "step.json", "T4")
+    events = json.loads(path.read_text())["traceEvents"]
+    gpu = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+    host = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
+    assert len(gpu) == len(host) == sum(n.has_kernel for n in report.nodes)
+    assert all(b["ts"] >= a["ts"] + a["dur"] - 1e-6 for a, b in zip(gpu, gpu[1:]))  # one stream, in order
+    assert all(g["ts"] >= h["ts"] + h["dur"] - 1e-6 for g, h in zip(gpu, host))  # issued before it runs
+    end = gpu[-1]["ts"] + gpu[-1]["dur"]
+    assert end / 1e3 == pytest.approx(report.eager_ms("T4"))
+    with pytest.raises(ValueError, match="not predicted"):
+        report.to_chrome_trace(tmp_path / "x.json", "H200")

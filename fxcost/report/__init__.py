@@ -79,6 +79,14 @@ class Report:
 
         return eager_ms(self, device, phase, HOST_MS if host_ms is None else host_ms)
 
+    def to_chrome_trace(self, path: str | os.PathLike[str], device: str | Device) -> Path:
+        """Write the predicted eager step on ``device`` as a Chrome trace JSON (Perfetto,
+        chrome://tracing): the host issuing each op and the GPU stream running it."""
+        from fxcost.report.eager import chrome_trace
+
+        payload = json.dumps(chrome_trace(self, self._predicted_name(device))).encode()
+        return atomic_write(path, payload)
+
     def critical_path_ms(self, device: str | Device, phase: Phase | None = None) -> float:
         """The longest chain of dependent nodes on ``device``, graph after graph: the step's time if
         every independent op ran concurrently (on as many streams as it takes), a lower bound where

@@ -14,11 +14,14 @@ Its result is the iteration time an eager run measures with events around the wh
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from fxcost.devices import Device, get_device
-from fxcost.records import Phase
+from fxcost.records import NodeCost, Phase
 from fxcost.report import Report
 
-__all__ = ["HOST_MS", "ISOLATED_MODELS", "eager_ms"]
+__all__ = ["HOST_MS", "ISOLATED_MODELS", "Span", "chrome_trace", "eager_ms", "timeline"]
 
 # Host time per launched op in eager PyTorch on a server CPU: the median CUDA-event time of the
 # kernel-free nodes (size, view, getitem) in the shared per-node traces, 9-12 us.
@@ -31,15 +34,26 @@ ISOLATED_MODELS = frozenset({"mlp", "mlp_ratio", "wave_scaling"})
 MIN_KERNEL_MS = 0.002
 
 
-def eager_ms(
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One kernel node on the predicted eager timeline (ms from the start of the step)."""
+
+    node: NodeCost
+    issued_ms: float  # when the host finished issuing it
+    start_ms: float  # when the GPU starts it
+    end_ms: float
+
+
+def timeline(
     report: Report, device: str | Device, phase: Phase | None = None, host_ms: float = HOST_MS
-) -> float:
-    """Predicted eager iteration ms on ``device`` (or of one phase) from ``report``'s node predictions."""
+) -> list[Span]:
+    """The kernel nodes of ``report`` (or of one phase) on ``device``'s eager timeline, in order."""
     if host_ms < 0:
         raise ValueError(f"host_ms must be >= 0, got {host_ms}")
     target = get_device(device)
     name = target.name
     host = gpu = 0.0
+    spans = []
     nodes = report.nodes if phase is None else [n for n in report.nodes if n.phase == phase]
     for node in nodes:
         predicted = node.pred_ms.get(name)
@@ -48,5 +62,36 @@ def eager_ms(
         isolated = node.pred_source.get(name) in ISOLATED_MODELS
         kernel = max(predicted - target.overhead_ms, MIN_KERNEL_MS) if isolated else predicted
         host += host_ms
-        gpu = max(gpu, host) + kernel
-    return gpu
+        start = max(gpu, host)
+        gpu = start + kernel
+        spans.append(Span(node, host, start, gpu))
+    return spans
+
+
+def eager_ms(
+    report: Report, device: str | Device, phase: Phase | None = None, host_ms: float = HOST_MS
+) -> float:
+    """Predicted eager iteration ms on ``device`` (or of one phase) from ``report``'s node predictions."""
+    spans = timeline(report, device, phase, host_ms)
+    return spans[-1].end_ms if spans else 0.0
+
+
+def chrome_trace(report: Report, device: str | Device, host_ms: float = HOST_MS) -> dict[str, Any]:
+    """The predicted eager step on ``device`` as a Chrome trace (open in Perfetto or chrome://tracing):
+    one track for the host issuing ops, one for the GPU stream running them, microseconds."""
+    name = get_device(device).name
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": f"fxcost prediction: {name}"}},
+        {"ph": "M", "pid": 0, "tid": 0, "name": "thread_name", "args": {"name": "host (issue)"}},
+        {"ph": "M", "pid": 0, "tid": 1, "name": "thread_name", "args": {"name": "GPU stream"}},
+    ]
+    for span in timeline(report, name, host_ms=host_ms):
+        n = span.node
+        label = n.op.removeprefix("aten.").removesuffix(".default")
+        args = {"node": n.name, "module": n.module, "phase": n.phase, "model": n.pred_source.get(name),
+                "flops": n.flops, "bytes": n.bytes, "shapes": str(n.in_shapes)}  # fmt: skip
+        events.append({"ph": "X", "pid": 0, "tid": 0, "name": label, "cat": n.phase,
+                       "ts": (span.issued_ms - host_ms) * 1e3, "dur": host_ms * 1e3})  # fmt: skip
+        events.append({"ph": "X", "pid": 0, "tid": 1, "name": label, "cat": n.phase, "args": args,
+                       "ts": span.start_ms * 1e3, "dur": (span.end_ms - span.start_ms) * 1e3})  # fmt: skip
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
