@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 
 import pytest
@@ -225,8 +226,12 @@ def test_chrome_trace_of_the_predicted_eager_step(report: Report, tmp_path) -> N
     gpu = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
     host = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
     assert len(gpu) == len(host) == sum(n.has_kernel for n in report.nodes)
-    assert all(b["ts"] >= a["ts"] + a["dur"] - 1e-6 for a, b in zip(gpu, gpu[1:]))  # one stream, in order
-    assert all(g["ts"] >= h["ts"] + h["dur"] - 1e-6 for g, h in zip(gpu, host))  # issued before it runs
+    assert all(
+        b["ts"] >= a["ts"] + a["dur"] - 1e-6 for a, b in itertools.pairwise(gpu)
+    )  # one stream, in order
+    assert all(
+        g["ts"] >= h["ts"] + h["dur"] - 1e-6 for g, h in zip(gpu, host, strict=True)
+    )  # issued, then run
     end = gpu[-1]["ts"] + gpu[-1]["dur"]
     assert end / 1e3 == pytest.approx(report.eager_ms("T4"))
     with pytest.raises(ValueError, match="not predicted"):
