@@ -55,7 +55,7 @@ def compare_ops(
     for head in heads:
         if progress:
             progress(head)
-        _, rows = split([data], head)
+        train_rows, rows = split([data], head)
         rows = rows.reset_index(drop=True)
         nodes = [row_node(r) for r in rows.itertuples(index=False)]
         measured = rows["Latency"].to_numpy(dtype=np.float64)
@@ -72,7 +72,6 @@ def compare_ops(
         for column, model in _RUNTIME.items():
             errors[column] = _runtime_errors(nodes, keys, devices, measured, model)
         if head in KERNEL_VARYING:  # Habitat predicts these with its MLPs, not wave scaling
-            train_rows, _ = split([data], head)
             order = np.concatenate([np.flatnonzero(devices == d) for d in sorted(set(devices))])
             predicted = np.empty(len(rows))
             predicted[order] = habitat_mlp_ms(examples(train_rows, head), examples(rows, head), head)
@@ -104,15 +103,7 @@ def _habitat_features(ex: Examples, head: str) -> np.ndarray:
 
 
 def _predict(batch: NodeBatch, model: str, device: Any) -> np.ndarray:
-    chain = cost_models.model_chain(model, batch.origin)
-    out = np.full(len(batch), np.nan)
-    for m in chain:
-        todo = ~np.isfinite(out)
-        if not todo.any():
-            break
-        predicted = np.asarray(m.predict(batch, device), dtype=np.float64)
-        out[todo] = predicted[todo]
-    return out
+    return cost_models.predict_batch(batch, cost_models.model_chain(model, batch.origin), device)[0]
 
 
 def _runtime_errors(

@@ -43,6 +43,7 @@ __all__ = [
     "model_chain",
     "model_names",
     "predict",
+    "predict_batch",
     "register",
 ]
 
@@ -207,40 +208,39 @@ def predict(
         origin_device = get_device(origin) if origin is not None else None
     except UnknownDeviceError:
         origin_device = None
-    chain = model_chain(model, origin_device)
-    if not chain:
-        raise ValueError("predict needs at least one cost model")
-    groups: dict[int, tuple[list[CostModel], list[int]]] = {}
-    for op, spec in (overrides or {}).items():
-        override = model_chain(spec, origin_device)
-        index = [i for i, n in enumerate(nodes) if n.op == op]
-        if index and override:
-            groups[len(groups) + 1] = (override, index)
-    overridden = {i for _, index in groups.values() for i in index}
-    groups[0] = (chain, [i for i in range(len(nodes)) if i not in overridden])
+    chains = {op: model_chain(spec, origin_device) for op, spec in (overrides or {}).items()}
+    default = model_chain(model, origin_device)
+    if not default or not all(chains.values()):
+        raise ValueError("predict needs at least one cost model per chain")
+    groups: dict[str, list[NodeCost]] = {}  # op (or "" for the default chain) -> its nodes
+    for node in nodes:
+        groups.setdefault(node.op if node.op in chains else "", []).append(node)
     targets = [get_device(spec) for spec in devices]
-    for group_chain, index in groups.values():
-        group = [nodes[i] for i in index]
-        if group:
-            _predict_chain(NodeBatch.of(group, origin_device), group_chain, targets)
+    for op, group in groups.items():
+        batch = NodeBatch.of(group, origin_device)
+        for device in targets:
+            ms, source = predict_batch(batch, chains.get(op, default), device)
+            for node, value, name in zip(group, ms.tolist(), source.tolist(), strict=True):
+                node.pred_ms[device.name] = value if np.isfinite(value) else None
+                node.pred_source[device.name] = name
 
 
-def _predict_chain(batch: NodeBatch, chain: Sequence[CostModel], devices: Sequence[Device]) -> None:
-    nodes = batch.nodes
-    for device in devices:
-        ms = np.full(len(nodes), np.nan)
-        source = np.full(len(nodes), "unsupported", dtype=object)
-        for cost_model in chain:
-            todo = ~np.isfinite(ms)
-            if not todo.any():
-                break
-            predicted = np.asarray(cost_model.predict(batch, device), dtype=np.float64)
-            if predicted.shape != (len(nodes),):
-                raise ValueError(
-                    f"cost model {cost_model.name!r} returned shape {predicted.shape} for {len(nodes)} nodes"
-                )
-            fill = todo & np.isfinite(predicted)
-            ms[fill], source[fill] = predicted[fill], cost_model.name
-        for node, value, name in zip(nodes, ms.tolist(), source.tolist(), strict=True):
-            node.pred_ms[device.name] = value if np.isfinite(value) else None
-            node.pred_source[device.name] = name
+def predict_batch(
+    batch: NodeBatch, chain: Sequence[CostModel], device: Device
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-node ms of ``batch`` on ``device`` from a fallback chain (NaN where no model predicts), and
+    the name of the model that predicted each node (``"unsupported"`` where none did)."""
+    ms = np.full(len(batch), np.nan)
+    source = np.full(len(batch), "unsupported", dtype=object)
+    for cost_model in chain:
+        todo = ~np.isfinite(ms)
+        if not todo.any():
+            break
+        predicted = np.asarray(cost_model.predict(batch, device), dtype=np.float64)
+        if predicted.shape != (len(batch),):
+            raise ValueError(
+                f"cost model {cost_model.name!r} returned shape {predicted.shape} for {len(batch)} nodes"
+            )
+        fill = todo & np.isfinite(predicted)
+        ms[fill], source[fill] = predicted[fill], cost_model.name
+    return ms, source
