@@ -269,3 +269,12 @@ def test_copies_and_casts_are_elementwise_passes() -> None:
     assert head_of(cast) == "ew"
     ms = Heads().predict(NodeBatch.of([cast]), get_device("A100-PCIE-40GB"))
     assert np.isfinite(ms[0]) and ms[0] > 0
+
+
+def test_heads_with_different_op_classes_share_a_batch_without_interfering() -> None:
+    nodes = [gemm_node("linear", 1, 256, 256, 256), kernel_alike_node("gelu", 64, 1024)]
+    batch, t4 = NodeBatch.of(nodes), get_device("T4")
+    only_linear = Heads({"linear": load_heads()["linear"]}).predict(batch, t4)
+    everything = Heads().predict(batch, t4)  # the derived node groups must not be the first model's
+    assert np.isfinite(only_linear[0]) and np.isnan(only_linear[1])
+    assert np.all(np.isfinite(everything)) and everything[0] == only_linear[0]

@@ -155,10 +155,10 @@ def node_features(head: str, node: NodeCost) -> list[float]:
     raise ValueError(f"unknown head {head!r}; heads: {', '.join(HEADS)}")
 
 
-# Position of the log 128x128 tile count in the GEMM features.
-_GEMM_TILES = 4 + 4
-
 _TILES = ((128, 128), (128, 64), (64, 64), (32, 128))
+
+# Position of the log 128x128 tile count in the GEMM features: after the 4 dims and the tile uses.
+_GEMM_TILES = 4 + len(_TILES)
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -281,6 +281,13 @@ def _read(arrays: Any, source: str) -> dict[str, MLP]:
     return {name: MLP.from_arrays(arrays, name) for name in names}
 
 
+@functools.cache
+def _shipped_heads() -> dict[str, MLP]:
+    """The shipped heads as one shared mapping: every default ``Heads`` holds the same object, so their
+    predictions on a batch are computed once (read-only; ``load_heads()`` hands out copies)."""
+    return dict(_shipped())
+
+
 def shipped_manifest() -> dict[str, Any]:
     """The training manifest of the shipped heads (data files and hashes, devices, metrics)."""
     path = resources.files("fxcost.cost_models").joinpath("weights", "manifest.json")
@@ -293,51 +300,60 @@ class Heads:
     name = "mlp"
 
     def __init__(self, heads: dict[str, MLP] | None = None) -> None:
-        self.heads = load_heads() if heads is None else heads
+        self.heads = _shipped_heads() if heads is None else heads
 
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+        # The same heads on the same batch and device give the same answer: computed once, whether
+        # ``mlp`` or ``mlp_ratio`` (which shares the shipped instance) asks.
+        return batch.derived(f"heads.ms.{id(self.heads)}.{device.name}", lambda: self._predict(batch, device))
+
+    def _predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         out = np.where(batch.has_kernel, np.nan, 0.0)
         try:
             device_features(device)
         except ValueError:  # a device without the spec values the heads need
             return out
-        groups, rnns = batch.derived("heads", lambda: self._groups(batch))
+        groups, rnns = batch.derived("heads", lambda: _groups(batch))
         for head, group in groups.items():
-            reference = roofline_ms(group.batch, device)
-            ratio = np.exp(self.heads[head](with_device(head, group.problem, device)))
-            out[group.index] = reference * ratio * group.repeats
-        for i, (work, counts) in rnns.items():
-            out[i] = float(np.dot(self.predict(work, device), counts))
+            if head in self.heads:
+                reference = roofline_ms(group.batch, device)
+                ratio = np.exp(self.heads[head](with_device(head, group.problem, device)))
+                out[group.index] = reference * ratio * group.repeats
+        if {"linear", "ew"} <= set(self.heads):
+            for i, (work, counts) in rnns.items():
+                out[i] = float(np.dot(self.predict(work, device), counts))
         return out
 
-    def _groups(self, batch: NodeBatch) -> tuple[dict[str, _Group], dict[int, tuple[NodeBatch, list[int]]]]:
-        """Nodes by head with their device-independent features, and RNN nodes lowered to work."""
-        members: dict[str, list[tuple[int, NodeCost, float, list[float]]]] = {}
-        rnns: dict[int, tuple[NodeBatch, list[int]]] = {}
-        for i, node in enumerate(batch.nodes):
-            head = head_of(node) if node.has_kernel else None
-            if head == "rnn" and {"linear", "ew"} <= set(self.heads):
-                work = _rnn_work(node)
-                if work:
-                    rnns[i] = (NodeBatch.of([n for n, _ in work]), [count for _, count in work])
-            elif head in self.heads:
-                try:
-                    # The heads learned forward convolutions: a backward runs one per gradient.
-                    repeats = _conv_gradients(node) if _is_backward(node) else 1
-                    node = _forward_conv(node) if _is_backward(node) else node
-                    members.setdefault(head, []).append((i, node, repeats, node_features(head, node)))
-                except (IndexError, KeyError, TypeError, ValueError):
-                    pass  # shapes the head does not expect: left unpredicted, not a crash
-        groups = {
-            head: _Group(
-                index=[i for i, *_ in rows],
-                batch=NodeBatch.of([n for _, n, *_ in rows]),
-                repeats=np.array([r for *_, r, _ in rows], dtype=float),
-                problem=[p for *_, p in rows],
-            )
-            for head, rows in members.items()
-        }
-        return groups, rnns
+
+def _groups(batch: NodeBatch) -> tuple[dict[str, _Group], dict[int, tuple[NodeBatch, list[int]]]]:
+    """Nodes by head with their device-independent features, and RNN nodes lowered to work (for every
+    head, so the result does not depend on which heads a model holds)."""
+    members: dict[str, list[tuple[int, NodeCost, float, list[float]]]] = {}
+    rnns: dict[int, tuple[NodeBatch, list[int]]] = {}
+    for i, node in enumerate(batch.nodes):
+        head = head_of(node) if node.has_kernel else None
+        if head == "rnn":
+            work = _rnn_work(node)
+            if work:
+                rnns[i] = (NodeBatch.of([n for n, _ in work]), [count for _, count in work])
+        elif head is not None:
+            try:
+                # The heads learned forward convolutions: a backward runs one per gradient.
+                repeats = _conv_gradients(node) if _is_backward(node) else 1
+                node = _forward_conv(node) if _is_backward(node) else node
+                members.setdefault(head, []).append((i, node, repeats, node_features(head, node)))
+            except (IndexError, KeyError, TypeError, ValueError):
+                pass  # shapes the head does not expect: left unpredicted, not a crash
+    groups = {
+        head: _Group(
+            index=[i for i, *_ in rows],
+            batch=NodeBatch.of([n for _, n, *_ in rows]),
+            repeats=np.array([r for *_, r, _ in rows], dtype=float),
+            problem=[p for *_, p in rows],
+        )
+        for head, rows in members.items()
+    }
+    return groups, rnns
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ paper's schedule shape (x0.5 every 40 epochs).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,10 +293,16 @@ def _layer_groups(nodes: Sequence[NodeCost]) -> dict[str, tuple[list[int], list[
 
 @register("justus")
 def _justus() -> JustusPredictor:
+    return JustusPredictor(_shipped_networks())
+
+
+@functools.cache
+def _shipped_networks() -> dict[str, _Network]:
+    """The shipped networks, read from the package once per process."""
     from importlib import resources
 
     weights = resources.files("fxcost.cost_models").joinpath("weights", "justus.npz")
     if not weights.is_file():
-        return JustusPredictor()
+        return {}
     with resources.as_file(weights) as path:
-        return JustusPredictor.load(path)
+        return JustusPredictor.load(path).networks
