@@ -21,7 +21,7 @@ are read: the traces of training runs are all from one GPU, so no pair of GPUs s
 from __future__ import annotations
 
 import ast
-import copy
+import dataclasses
 import json
 import math
 import re
@@ -84,7 +84,8 @@ def read_trace(csv: str | Path, config: str | Path | dict[str, Any] | None = Non
         for node in lowered:
             node.name, node.module = f"{row['Name']}.{node.name}", str(row["target"])
         repeats = int(run.get("num_layer") or 1) if first <= i <= last else 1
-        nodes += [copy.copy(n) for _ in range(repeats) for n in lowered]
+        # Each repeat its own record: predictions are written per node.
+        nodes += [dataclasses.replace(n, pred_ms={}, pred_source={}) for _ in range(repeats) for n in lowered]
     for i, node in enumerate(nodes):  # the trace keeps no edges: one chain, in the order measured
         node.name = f"{node.name}#{i}"
         node.inputs = [nodes[i - 1].name] if i else []

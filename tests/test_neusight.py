@@ -32,3 +32,16 @@ def test_trace_lowers_kernel_nodes_repeats_layers_and_scales_to_other_gpus(data_
     assert predicted.total_ms("V100-PCIE-32GB") == pytest.approx(report.origin_ms())
     assert predicted.total_ms("T4") > 2 * predicted.total_ms("V100-PCIE-32GB")
     assert {n.pred_source["T4"] for n in predicted.nodes} == {"wave_scaling", "mlp_ratio"}
+
+
+def test_repeated_layer_nodes_are_separate_records(data_dir) -> None:
+    from fxcost import cost_models
+    from fxcost.neusight import read_trace
+
+    path = data_dir / "neusight" / "models" / "Tesla_T4" / "bert_large-inf-512-8.csv"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    report = read_trace(path)
+    cost_models.predict(report.nodes, ["T4", "P4"], origin=report.origin)  # node by node, no report copy
+    assert len({id(n.pred_ms) for n in report.nodes}) == len(report.nodes)
+    assert sum(n.pred_ms["T4"] for n in report.nodes) == pytest.approx(report.origin_ms())

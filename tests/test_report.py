@@ -236,3 +236,8 @@ def test_chrome_trace_of_the_predicted_eager_step(report: Report, tmp_path) -> N
     assert end / 1e3 == pytest.approx(report.eager_ms("T4"))
     with pytest.raises(ValueError, match="not predicted"):
         report.to_chrome_trace(tmp_path / "x.json", "H200")
+
+
+def test_eager_ms_of_a_device_never_predicted_is_an_error(report: Report) -> None:
+    with pytest.raises(ValueError, match="H200 was not predicted"):
+        report.eager_ms("H200")

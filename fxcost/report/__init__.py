@@ -77,7 +77,8 @@ class Report:
         than they run (see :mod:`fxcost.report.eager`). ``total_ms`` is the sum of isolated times."""
         from fxcost.report.eager import HOST_MS, eager_ms
 
-        return eager_ms(self, device, phase, HOST_MS if host_ms is None else host_ms)
+        name = self._predicted_name(device)  # a device never predicted is an error, not 0 ms
+        return eager_ms(self, name, phase, HOST_MS if host_ms is None else host_ms)
 
     def to_chrome_trace(self, path: str | os.PathLike[str], device: str | Device) -> Path:
         """Write the predicted eager step on ``device`` as a Chrome trace JSON (Perfetto,
@@ -92,15 +93,13 @@ class Report:
         every independent op ran concurrently (on as many streams as it takes), a lower bound where
         ``total_ms`` is the one-stream sum. Nodes without recorded inputs depend on nothing."""
         name = self._predicted_name(device)
-        total = 0.0
-        for graph in sorted({n.graph for n in self._phase(phase)}):
-            finish: dict[str, float] = {}
-            for n in self.nodes:
-                if n.graph == graph:
-                    start = max((finish.get(i, 0.0) for i in n.inputs), default=0.0)
-                    finish[n.name] = start + (n.pred_ms.get(name) or 0.0)
-            total += max(finish.values(), default=0.0)
-        return total
+        finish: dict[tuple[int, str], float] = {}  # (graph, node name) -> when the node ends
+        longest: dict[int, float] = {}  # graph -> its longest chain
+        for n in self._phase(phase):
+            start = max((finish.get((n.graph, i), 0.0) for i in n.inputs), default=0.0)
+            end = finish[n.graph, n.name] = start + (n.pred_ms.get(name) or 0.0)
+            longest[n.graph] = max(longest.get(n.graph, 0.0), end)
+        return sum(longest.values())
 
     def origin_ms(self, phase: Phase | None = None) -> float | None:
         """Sum of the measured node times on the origin device, or None if nothing was measured."""
