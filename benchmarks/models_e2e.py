@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -28,12 +27,11 @@ from pathlib import Path
 import pandas as pd
 
 import fxcost
+from fxcost.datasets import data_root, read_model_runs
 from fxcost.devices import get_device
 from fxcost.hf import hf_step
 from fxcost.report import Report
 
-RUN = re.compile(r"^(?P<model>.+)-(?P<mode>train|inf)-(?P<seqlen>\d+)-(?P<batch>\d+)$")
-SKIPPED = ("-fusion", "-dp4", "-tp4", "-pp4")
 # Models whose step depends on the data: the expert a token goes to (Switch's top-1 routing) decides
 # the shapes, and meta tensors carry no data.
 DATA_DEPENDENT = {"switch_transformers": "mixture-of-experts routing depends on the token values"}
@@ -47,8 +45,8 @@ def main() -> int:
     parser.add_argument("--cache", help="directory of captured reports (default: a temporary one)")
     args = parser.parse_args()
     start = time.perf_counter()
-    root = Path(args.data) / "neusight" if (Path(args.data) / "neusight").is_dir() else Path(args.data)
-    runs = _runs(root)
+    root = data_root(args.data)
+    runs = read_model_runs(root)
     if runs.empty:
         print(f"no model runs under {root / 'models'}", file=sys.stderr)
         return 2
@@ -113,21 +111,6 @@ def main() -> int:
         f"roofline_mape_all={table['roofline_err'].abs().mean():.2f} rows={len(table)}"
     )
     return 0
-
-
-def _runs(root: Path) -> pd.DataFrame:
-    """One row per measured single-GPU run: device folder, model, mode, seqlen, batch and latencies."""
-    rows = []
-    for path in sorted((root / "models").glob("*/*.json")):
-        match = RUN.match(path.stem)
-        if match is None or any(tag in path.stem for tag in SKIPPED):
-            continue
-        measured = json.loads(path.read_text())
-        rows.append({"device": path.parent.name, "model": match["model"], "mode": match["mode"],
-                     "seqlen": int(match["seqlen"]), "batch": int(match["batch"]),
-                     "e2e": measured["e2e_latency"], "fw": measured.get("fw_latency"),
-                     "bw": measured.get("bwall_latency")})  # fmt: skip
-    return pd.DataFrame(rows)
 
 
 def _capture(root: Path, cache: Path, model: str, train: bool, seqlen: int, batch: int) -> Report:

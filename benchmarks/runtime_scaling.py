@@ -19,19 +19,16 @@ Last line: ``mape_runtime=.. mape_runtime_calibrated=.. pairs=N``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import pandas as pd
 
+from fxcost.datasets import read_model_runs
 from fxcost.devices import get_device
 from fxcost.neusight import read_trace
 from fxcost.report import Report
-
-SKIPPED = ("-fusion", "-dp4", "-tp4", "-pp4")
 
 
 def main() -> int:
@@ -40,18 +37,16 @@ def main() -> int:
     parser.add_argument("--out", help="write one row per (origin, target) pair to this CSV")
     args = parser.parse_args()
     start = time.perf_counter()
-    root = Path(args.data) / "neusight" if (Path(args.data) / "neusight").is_dir() else Path(args.data)
-    runs: dict[str, list[Path]] = {}
-    for path in sorted((root / "models").glob("*/*.csv")):
-        if not any(tag in path.stem for tag in SKIPPED) and path.with_suffix(".json").exists():
-            runs.setdefault(path.stem, []).append(path)
+    runs = read_model_runs(args.data)
+    runs = runs[runs["trace"].notna()]
 
     rows = []
-    for run, paths in runs.items():
-        if len(paths) < 2:
+    for key, group in runs.groupby(["model", "mode", "seqlen", "batch"], sort=True):
+        if len(group) < 2:
             continue
+        run = "-".join(map(str, key))
         traces: dict[str, tuple[Report, float]] = {}
-        for path in paths:
+        for path, origin_e2e in zip(group["trace"], group["e2e"], strict=True):
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -59,7 +54,7 @@ def main() -> int:
             except Exception as e:  # a trace the adapter cannot lower: reported, not fatal
                 print(f"skip {path.parent.name}/{path.name}: {type(e).__name__}: {e}")
                 continue
-            traces[get_device(path.parent.name).name] = (report, _e2e(path))
+            traces[get_device(path.parent.name).name] = (report, float(origin_e2e))
         for origin, (report, origin_e2e) in traces.items():
             predicted = report.predict(list(traces))
             trace_ms = predicted.eager_ms(origin)  # the origin's measured nodes, run as a pipeline
@@ -72,7 +67,7 @@ def main() -> int:
                              "origin_trace_vs_e2e": trace_ms / origin_e2e})  # fmt: skip
     table = pd.DataFrame(rows)
     if table.empty:
-        print(f"no run measured on two GPUs under {root / 'models'}", file=sys.stderr)
+        print(f"no run measured on two GPUs under {args.data}", file=sys.stderr)
         return 2
     for method in ("trace", "calibrated"):
         table[f"{method}_err"] = (table[f"{method}_ms"] - table["measured_ms"]) / table["measured_ms"] * 100
@@ -87,10 +82,6 @@ def main() -> int:
     trace, calibrated = table["trace_err"].abs().mean(), table["calibrated_err"].abs().mean()
     print(f"mape_runtime={trace:.2f} mape_runtime_calibrated={calibrated:.2f} pairs={len(table)}")
     return 0
-
-
-def _e2e(trace: Path) -> float:
-    return float(json.loads(trace.with_suffix(".json").read_text())["e2e_latency"])
 
 
 if __name__ == "__main__":

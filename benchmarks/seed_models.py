@@ -33,13 +33,13 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from models_e2e import _capture, _runs
+from models_e2e import _capture
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import load_heads
 from fxcost.cost_models.justus import JustusConfig, JustusPredictor, examples
 from fxcost.cost_models.lattuada import LattuadaRegression
-from fxcost.datasets import row_node
+from fxcost.datasets import data_root, read_model_runs, row_node
 from fxcost.devices import get_device
 from fxcost.training import HELD_OUT_DEVICES, TrainConfig, split, train
 
@@ -89,8 +89,8 @@ def main() -> int:
     fxcost_mape = float(layers["fxcost_mape"].mean())
 
     print("\nLattuada et al. on end-to-end inference runs (per model family; §3.4 extrapolation)")
-    root = Path(args.data) / "neusight" if (Path(args.data) / "neusight").is_dir() else Path(args.data)
-    runs = _runs(root)
+    root = data_root(args.data)
+    runs = read_model_runs(root)
     runs = runs[runs["mode"] == "inf"].copy()
     runs["P"] = [get_device(d).fp32_tflops * 1e3 for d in runs["device"]]  # type: ignore[operator]
     runs["B"] = runs["batch"].astype(float)

@@ -2,14 +2,17 @@
 
 A directory holds ``ops/<op>/<Device>.csv`` (training configurations) and ``ops_test/<file>.csv``
 (held-out configurations), one row per measured configuration with its latency in ms and the launch
-configuration of its dominant kernel. The readers return pandas frames with canonical device names
+configuration of its dominant kernel; ``models/<Device>/<run>.json`` holds end-to-end runs
+(:func:`read_model_runs`). The readers return pandas frames with canonical device names
 (``device``), the element count (``numel``) and the DRAM traffic of the kernel-alike ops (``bytes``).
 pandas is needed here: ``pip install 'fxcost[df]'``.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,9 +28,11 @@ __all__ = [
     "ELEMENTWISE",
     "KERNEL_ALIKE",
     "conv_node",
+    "data_root",
     "gemm_node",
     "kernel_alike_node",
     "op_class",
+    "read_model_runs",
     "read_ops",
     "read_ops_test",
     "row_node",
@@ -66,12 +71,45 @@ def read_ops_test(data: str | Path, files: Iterable[str]) -> pd.DataFrame:
     return frame.drop_duplicates(["OPName", "device", *dims]).reset_index(drop=True)
 
 
-def _root(data: str | Path) -> Path:
+def _root(data: str | Path, kinds: tuple[str, ...] = ("ops", "ops_test")) -> Path:
     data = Path(data)
     for root in (data / "neusight", data):
-        if (root / "ops").is_dir() or (root / "ops_test").is_dir():
+        if any((root / kind).is_dir() for kind in kinds):
             return root
-    raise FileNotFoundError(f"{data}: no ops/ or ops_test/ directory (expected the shared/data layout)")
+    wanted = " or ".join(f"{kind}/" for kind in kinds)
+    raise FileNotFoundError(f"{data}: no {wanted} directory (expected the shared/data layout)")
+
+
+def data_root(data: str | Path) -> Path:
+    """The directory of ``data`` that holds ``models/`` and ``model_configs/`` (``data/neusight`` in
+    the shared layout, or ``data`` itself)."""
+    return _root(data, ("models", "model_configs"))
+
+
+_RUN = re.compile(r"^(?P<model>.+)-(?P<mode>train|inf)-(?P<seqlen>\d+)-(?P<batch>\d+)$")
+# Multi-GPU runs and fused-kernel variants: not single-GPU eager iterations.
+_NOT_SINGLE_GPU = ("-fusion", "-dp4", "-tp4", "-pp4")
+
+
+def read_model_runs(data: str | Path) -> pd.DataFrame:
+    """One row per single-GPU end-to-end run in ``models/<Device>/<model>-<mode>-<seqlen>-<batch>.json``:
+    ``device`` (the folder name), ``model``, ``mode`` (train or inf), ``seqlen``, ``batch``, the measured
+    ``e2e``, ``fw`` and ``bw`` ms, and ``trace``, the per-node CSV beside it (None if there is none)."""
+    import pandas as pd
+
+    rows = []
+    for path in sorted((data_root(data) / "models").glob("*/*.json")):
+        match = _RUN.match(path.stem)
+        if match is None or any(tag in path.stem for tag in _NOT_SINGLE_GPU):
+            continue
+        measured = json.loads(path.read_text())
+        trace = path.with_suffix(".csv")
+        rows.append({"device": path.parent.name, "model": match["model"], "mode": match["mode"],
+                     "seqlen": int(match["seqlen"]), "batch": int(match["batch"]),
+                     "e2e": measured["e2e_latency"], "fw": measured.get("fw_latency"),
+                     "bw": measured.get("bwall_latency"),
+                     "trace": trace if trace.exists() else None})  # fmt: skip
+    return pd.DataFrame(rows)
 
 
 def _read(files: list[Path], where: Path) -> pd.DataFrame:

@@ -45,3 +45,17 @@ def test_repeated_layer_nodes_are_separate_records(data_dir) -> None:
     cost_models.predict(report.nodes, ["T4", "P4"], origin=report.origin)  # node by node, no report copy
     assert len({id(n.pred_ms) for n in report.nodes}) == len(report.nodes)
     assert sum(n.pred_ms["T4"] for n in report.nodes) == pytest.approx(report.origin_ms())
+
+
+def test_model_runs_are_the_single_gpu_runs_with_their_traces(data_dir) -> None:
+    from fxcost.datasets import read_model_runs
+
+    runs = read_model_runs(data_dir)
+    if runs.empty:
+        pytest.skip("no model runs in the data")
+    assert not runs["model"].str.contains("fusion|dp4|tp4|pp4").any()
+    assert set(runs["mode"]) <= {"train", "inf"} and (runs["e2e"] > 0).all()
+    with_trace = runs[runs["trace"].notna()]
+    assert all(p.suffix == ".csv" and p.exists() for p in with_trace["trace"])
+    with pytest.raises(FileNotFoundError, match="no models/ or model_configs/ directory"):
+        read_model_runs(data_dir / "nowhere")
