@@ -223,17 +223,13 @@ def _profile(args: argparse.Namespace) -> None:
 
 
 def _profile_hf(args: argparse.Namespace) -> None:
-    import fxcost
     from fxcost.hf import hf_step
 
     step = hf_step(args.model, args.batch, args.seqlen, train=args.train)
     mode = "training step" if args.train else "inference"
     title = f"{args.model} (batch {args.batch}, {args.seqlen} tokens), {mode} on meta tensors"
-    with _progress_bars() as (bar, _):
-        bar.add_task(f"capturing {title}", total=None)
-        report = fxcost.profile(step.model, step.inputs, devices=args.devices, train=args.train,
-                                measure=False, loss_fn=step.loss_fn, cost_model=args.cost_model)  # fmt: skip
-    print(title)
+    report = _capture(title, step.model, step.inputs, args.devices, train=args.train, measure=False,
+                      cost_model=args.cost_model, loss_fn=step.loss_fn)  # fmt: skip
     report.print(top=args.top)
     if args.out:
         print(f"trace written to {report.save(args.out)}")
@@ -307,18 +303,20 @@ def _cell(value: float | None, uncertain: bool) -> str:
 
 def _capture(
     title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool,
-    cost_model: str = "auto",
+    cost_model: str = "auto", loss_fn: Callable[[Any], Any] | None = None,
 ) -> Any:  # fmt: skip
     import fxcost
+    from fxcost.capture import default_loss
 
     with _progress_bars() as (bar, on_progress):
         capturing = bar.add_task(f"capturing {title}", total=None)
         report = fxcost.profile(
             model, inputs, devices=devices, train=train, measure=measure, cost_model=cost_model,
+            loss_fn=loss_fn or default_loss,
             progress=lambda phase, done, total: on_progress(f"  measuring {phase} graph nodes", done, total),
         )  # fmt: skip
         bar.update(capturing, total=1, completed=1)
-    bar.console.print(f"[bold]{title}[/bold]")
+    print(title)  # on stdout, with the table it heads (the progress display is on stderr)
     return report
 
 

@@ -172,8 +172,8 @@ class WaveScaling:
             if self.extended and k.reread_ratio:
                 inputs = dataclasses.replace(
                     inputs,
-                    traffic_o=1 + k.reread_ratio * _l2_miss(origin, wave_o * k.block_bytes),
-                    traffic_d=1 + k.reread_ratio * _l2_miss(dest, wave_d * k.block_bytes),
+                    traffic_o=_traffic(k, origin, wave_o),
+                    traffic_d=_traffic(k, dest, wave_d),
                 )
             scaled += scale(inputs)
         if not self.extended:
@@ -253,8 +253,14 @@ def dram_traffic_factor(kernels: list[_Kernel], device: Device) -> float:
     for k in kernels:
         if k.reread_ratio:
             with contextlib.suppress(ValueError):  # a launch the device cannot run: no re-read estimate
-                extra += k.weight * k.reread_ratio * _l2_miss(device, _wave(device, k.launch) * k.block_bytes)
+                extra += k.weight * (_traffic(k, device, _wave(device, k.launch)) - 1.0)
     return 1.0 + extra / total
+
+
+def _traffic(kernel: _Kernel, device: Device, wave: int) -> float:
+    """DRAM traffic of ``kernel`` over its single-pass bytes when ``wave`` blocks run at once: its row
+    re-reads come from DRAM as far as one wave's rows miss ``device``'s L2."""
+    return 1.0 + kernel.reread_ratio * _l2_miss(device, wave * kernel.block_bytes)
 
 
 def _l2_miss(device: Device, working_set_bytes: float) -> float:

@@ -86,7 +86,7 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
         log.debug("no FLOP count for %s: %s", node.format_node(), e)
         record.flops = None
     if record.flops is None:
-        record.note = f"no FLOP formula for {record.op}"  # the more urgent thing to know
+        record.note = f"no FLOP formula for {record.op}"  # replaces a dynamic-shape note: more urgent
     record.tf32 = _tf32(node.target, outs)
     record.bytes_read = sum(_int(tensor_bytes(t)) for t in ins)
     # In-place ops such as the optimizer's _foreach_add_ return nothing: they write their arguments.
@@ -110,7 +110,8 @@ def _inactive_dropout(node: torch.fx.Node) -> bool:
     return bool(stack) and any(stack[-1][1] is d for d in _DROPOUTS)
 
 
-_CONVOLUTIONS = (torch.ops.aten.convolution, torch.ops.aten.convolution_backward, torch.ops.aten._convolution)
+_CONVOLUTIONS = frozenset({torch.ops.aten.convolution, torch.ops.aten.convolution_backward,
+                           torch.ops.aten._convolution})  # fmt: skip
 
 
 def _tf32(target: Any, outs: list[torch.Tensor]) -> bool:
@@ -119,7 +120,7 @@ def _tf32(target: Any, outs: list[torch.Tensor]) -> bool:
         return False
     if not outs or outs[0].dtype != torch.float32:
         return False
-    if any(target.overloadpacket is c for c in _CONVOLUTIONS):
+    if target.overloadpacket in _CONVOLUTIONS:
         return bool(torch.backends.cudnn.allow_tf32)
     return bool(torch.backends.cuda.matmul.allow_tf32)
 
