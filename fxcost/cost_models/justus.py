@@ -85,7 +85,7 @@ def layer_of(node: NodeCost) -> str | None:
     from fxcost.cost_models.heads import head_of
 
     head = head_of(node)
-    return {"linear": "linear", "bmm": None, "conv": "conv"}.get(head or "")
+    return head if head in LAYERS else None
 
 
 @dataclass(frozen=True)
