@@ -74,9 +74,16 @@ class FxcostBackend:
         budget_ms: float = 10.0,
         profile_kernels: bool = True,
         progress: Callable[[Phase, int, int], None] | None = None,
+        run_graphs: bool = True,
     ) -> None:
+        """See :func:`estimate`. ``run_graphs=False`` is for captures whose results are thrown away
+        (``fxcost.cost``, ``fxcost.profile(measure=False)``): the compiled graphs then compute nothing
+        and return uninitialized tensors of the right shapes, so capturing a big model costs the time
+        of tracing it, not of running it. Never use it on a step whose results matter."""
         from fxcost import cost_models
 
+        if not run_graphs and measure:
+            raise ValueError("run_graphs=False captures without running anything: it needs measure=False")
         if isinstance(devices, (str, Device)):
             devices = [devices]
         self.devices = [get_device(d).name for d in devices]
@@ -88,6 +95,7 @@ class FxcostBackend:
         self.budget_ms = budget_ms
         self.profile_kernels = profile_kernels
         self.progress = progress
+        self.run_graphs = run_graphs
         self.origin = "cpu"
         self.failures: list[str] = []
         self.compiled_code: set[types.CodeType] = set()
@@ -132,10 +140,7 @@ class FxcostBackend:
         Its records are copies, so later predictions by this backend do not change it; a caller that
         owns the backend alone (``fxcost.profile``) may take the records themselves.
         """
-        with self._lock:
-            captured = [g for frame in self._frames.values() for g in frame]
-        rank = {p: i for i, p in enumerate(PHASES)}
-        captured.sort(key=lambda g: rank[g.record.phase])
+        captured = self._captured()
         report = Report(
             devices=list(self.devices),
             origin=self.origin,
@@ -152,6 +157,17 @@ class FxcostBackend:
                     cost.graph = index
                     report.nodes.append(cost)
         return report
+
+    def graph_modules(self) -> list[torch.fx.GraphModule]:
+        """The captured ATen graphs, in the order of ``report().graphs``."""
+        return [g.gm for g in self._captured()]
+
+    def _captured(self) -> list[_CapturedGraph]:
+        """The latest graphs of every frame: forward graphs, then backward, then optimizer."""
+        with self._lock:
+            captured = [g for frame in self._frames.values() for g in frame]
+        rank = {p: i for i, p in enumerate(PHASES)}
+        return sorted(captured, key=lambda g: rank[g.record.phase])
 
     # -- compile and run -------------------------------------------------------------------------
 
@@ -184,6 +200,8 @@ class FxcostBackend:
 
     def _runner(self, graph: _CapturedGraph) -> Callable[..., Any]:
         gm = graph.gm
+        if not self.run_graphs:
+            return _placeholder_outputs(gm)
 
         def run(*args: Any) -> Any:
             if graph.measure_pending:
@@ -331,6 +349,38 @@ def _origin_name(example_inputs: Sequence[Any]) -> str:
         if isinstance(t, torch.Tensor) and t.device.type == "cuda":
             return torch.cuda.get_device_name(t.device)
     return "cpu"
+
+
+def _placeholder_outputs(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """A stand-in for ``gm`` that computes nothing: inputs it returns come back as they are, every
+    other output as an uninitialized tensor of the traced size, stride, dtype and device (sizes at
+    the traced values under dynamic shapes)."""
+    from fxcost.lowering import size_hint
+
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    (outputs,) = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args
+
+    def placeholder(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            size = [size_hint(s) for s in value.shape]
+            stride = [size_hint(s) for s in value.stride()]
+            return torch.empty_strided(size, stride, dtype=value.dtype, device=value.device)
+        if isinstance(value, torch.SymInt):
+            return size_hint(value)
+        return value
+
+    def run(*args: Any) -> Any:
+        given = dict(zip(inputs, args, strict=True))
+
+        def value(a: Any) -> Any:
+            if not isinstance(a, torch.fx.Node):
+                return a
+            return given[a] if a in given else placeholder(a.meta["val"])
+
+        result = torch.fx.node.map_aggregate(outputs, value)
+        return list(result) if isinstance(result, list) else result  # not FX's immutable_list
+
+    return run
 
 
 def _is_optimizer_graph(gm: torch.fx.GraphModule) -> bool:

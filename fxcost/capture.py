@@ -10,21 +10,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from fxcost.backend import DEFAULT_DEVICES, FxcostBackend
-from fxcost.devices import Device, get_device
+from fxcost.devices import Device
 from fxcost.passes.measure import NODE_REPS
 from fxcost.records import Phase
 from fxcost.report import Report
 from fxcost.timing import bench_ms
 
-__all__ = ["Cost", "cost", "default_loss", "profile"]
+if TYPE_CHECKING:
+    from fxcost.estimator import Precision
+
+__all__ = ["Cost", "cost", "default_loss", "map_batched", "profile", "trace_step", "trace_without_running"]
 
 log = logging.getLogger(__name__)
 
@@ -97,19 +101,16 @@ def profile(
         progress: called as ``progress(phase, nodes_done, nodes_total)`` while a graph is measured.
     """
     args, kwargs = _as_call(example_inputs)
-    backend = FxcostBackend(devices, measure=measure, model=cost_model, overrides=overrides,
-                            budget_ms=budget_ms, progress=progress)  # fmt: skip
 
-    def step(*a: Any, **kw: Any) -> Any:
-        out = model(*a, **kw)
-        return loss_fn(out) if train else out
+    def backend_of(run_graphs: bool) -> FxcostBackend:
+        return FxcostBackend(devices, measure=measure, model=cost_model, overrides=overrides,
+                             budget_ms=budget_ms, progress=progress, run_graphs=run_graphs)  # fmt: skip
 
-    try:
-        # allow_rnn: without it Dynamo skips every frame holding an nn.LSTM/GRU/RNN, capturing nothing.
-        with _preserved(model, args, kwargs), torch._dynamo.config.patch(allow_rnn=True):
-            _run_step(torch.compile(step, backend=backend, dynamic=False), args, kwargs, train)
-    finally:
-        _forget_compiled_code(backend)
+    if measure:
+        backend = backend_of(run_graphs=True)
+        trace_step(model, args, kwargs, backend, train=train, loss_fn=loss_fn)
+    else:
+        backend, _ = trace_without_running(model, args, kwargs, backend_of, train=train, loss_fn=loss_fn)
     report = backend.report(copy_nodes=False)  # the backend is ours alone and ends here
     report.batch = _batch_of(args, kwargs)
     if not report.nodes:
@@ -117,6 +118,8 @@ def profile(
         raise RuntimeError(f"fxcost captured nothing from the step: {failures}")
     if measure:
         params = _grad_leaves(model, args, kwargs)
+
+        step = _step_of(model, loss_fn, train)
 
         def eager_step() -> None:
             for p in params:  # as in the first step: gradients are assigned, not accumulated
@@ -135,26 +138,148 @@ def cost(
     device: str | Device = DEFAULT_DEVICES[0],
     train: bool = True,
     *,
+    batch_size: int | None = None,
+    precision: Precision | None = None,
     loss_fn: LossFn = default_loss,
     cost_model: str = "auto",
 ) -> Cost:
-    """Predicted time of one step of ``model`` on ``device``, without measuring anything.
+    """Predicted time of one step of ``model`` on ``device``, without measuring or running anything.
+
+    A process-wide :class:`~fxcost.estimator.Estimator` traces each model structure once; later calls
+    for other devices, batch sizes (``batch_size``) or precisions (``"fp32"``, ``"tf32"``, ``"fp16"``,
+    ``"bf16"``) take milliseconds. Safe to call from threads.
 
     Example:
         >>> c = fxcost.cost(model, (x,), device="A100-SXM4-80GB")  # doctest: +SKIP
         >>> c.ms, c.fw_ms, c.bw_ms  # doctest: +SKIP
     """
-    name = get_device(device).name
-    report = profile(
-        model, example_inputs, devices=[name], train=train, measure=False,
-        loss_fn=loss_fn, cost_model=cost_model,
-    )  # fmt: skip
-    return Cost(
-        ms=report.total_ms(name),
-        fw_ms=report.total_ms(name, "fw"),
-        bw_ms=report.total_ms(name, "bw"),
-        device=name,
+    from fxcost.estimator import default_estimator
+
+    estimator = default_estimator(cost_model)
+    return estimator.cost(model, example_inputs, train, batch_size, device, precision, loss_fn=loss_fn)
+
+
+def trace_step(
+    model: torch.nn.Module | Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backend: FxcostBackend,
+    *,
+    train: bool,
+    loss_fn: LossFn = default_loss,
+    dynamic_batch: int | None = None,
+) -> list[Any]:
+    """Compile one step of ``model`` with ``backend`` and run it (and its backward when ``train``),
+    leaving the model, its gradients and the RNG state as they were.
+
+    With ``dynamic_batch``, the leading dimension of every input tensor of that size is traced as
+    a symbol (and nothing else is), so the graphs' sizes are expressions in the batch.
+
+    Returns:
+        The ``ShapeEnv`` of each Dynamo frame compiled (one per frame; none for a frame with fake
+        tensors of its own).
+    """
+    shape_envs: list[Any] = []
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        fake_mode = torch._guards.detect_fake_mode(example_inputs)
+        if fake_mode is not None and fake_mode.shape_env is not None:
+            shape_envs.append(fake_mode.shape_env)
+        return backend(gm, example_inputs)
+
+    # Dynamo counts compiles per code object and stops at its accumulated recompile limit (256),
+    # which a search loop tracing thousands of models would reach: each trace gets its own copy.
+    step = _step_of(model, loss_fn, train)
+    step = types.FunctionType(
+        step.__code__.replace(), step.__globals__, step.__name__, None, step.__closure__
     )
+
+    # allow_rnn: without it Dynamo skips every frame holding an nn.LSTM/GRU/RNN, capturing nothing.
+    config: dict[str, Any] = {"allow_rnn": True}
+    if dynamic_batch is not None:
+        args, kwargs = _batch_marked(args, kwargs, dynamic_batch)
+        config |= {"automatic_dynamic_shapes": False, "assume_static_by_default": True}
+    compiled = torch.compile(
+        step, backend=compile_graph, dynamic=None if dynamic_batch is not None else False
+    )
+    try:
+        with _preserved(model, args, kwargs), torch._dynamo.config.patch(**config):
+            _run_step(compiled, args, kwargs, train)
+    finally:
+        _forget_compiled_code(backend)
+    return shape_envs
+
+
+def trace_without_running(
+    model: torch.nn.Module | Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backend_of: Callable[[bool], FxcostBackend],
+    *,
+    train: bool,
+    loss_fn: LossFn = default_loss,
+    dynamic_batch: int | None = None,
+) -> tuple[FxcostBackend, list[Any]]:
+    """:func:`trace_step` with a backend that runs nothing (``backend_of(run_graphs)`` builds it).
+
+    A step whose Python code reads tensor values between graphs (a graph break on ``.item()``) sees
+    garbage then, and may fail: it is traced again running its graphs, with static shapes. If that
+    captures nothing either, the first error is the one raised.
+
+    Returns:
+        The backend that captured the step, and the shape environments of its frames.
+    """
+    backend = backend_of(False)
+    try:
+        return backend, trace_step(model, args, kwargs, backend, train=train, loss_fn=loss_fn,
+                                   dynamic_batch=dynamic_batch)  # fmt: skip
+    except Exception as first:
+        log.info("capture without running failed (%s); capturing again, running the step", first)
+        backend = backend_of(True)
+        try:
+            shape_envs = trace_step(model, args, kwargs, backend, train=train, loss_fn=loss_fn)
+        except Exception:
+            raise first from None
+        if not backend.graph_modules():
+            raise first from None
+        return backend, shape_envs
+
+
+def _step_of(model: Any, loss_fn: LossFn, train: bool) -> Callable[..., Any]:
+    """The step fxcost captures: the model's forward, and its loss when training."""
+
+    def step(*a: Any, **kw: Any) -> Any:
+        out = model(*a, **kw)
+        return loss_fn(out) if train else out
+
+    return step
+
+
+def map_batched(
+    args: tuple[Any, ...], kwargs: dict[str, Any], batch: int, fn: Callable[[torch.Tensor], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The inputs with ``fn`` applied to every tensor whose leading dimension is ``batch``."""
+
+    def apply(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != batch:
+            return t
+        return fn(t)
+
+    return tree_map(apply, args), tree_map(apply, kwargs)
+
+
+def _batch_marked(
+    args: tuple[Any, ...], kwargs: dict[str, Any], batch: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The inputs, with each tensor whose leading dimension is ``batch`` replaced by an alias whose
+    leading dimension Dynamo traces as a symbol (the caller's tensors stay unmarked)."""
+
+    def mark(t: torch.Tensor) -> torch.Tensor:
+        alias = t.detach().requires_grad_(t.requires_grad)
+        torch._dynamo.maybe_mark_dynamic(alias, 0)
+        return alias
+
+    return map_batched(args, kwargs, batch, mark)
 
 
 def _as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

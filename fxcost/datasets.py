@@ -178,9 +178,11 @@ def conv_node(
     out = (size + 2 * padding - kernel) // stride + 1
     args = {"stride": [stride, stride], "padding": [padding, padding], "dilation": [1, 1],
             "transposed": False, "output_padding": [0, 0], "groups": 1}  # fmt: skip
-    extra = (None, args["stride"], args["padding"], args["dilation"], False, [0, 0], 1)
+    # A multiply-add per output element per filter tap, as torch.utils.flop_counter counts it;
+    # written out because the heads build one of these per backward convolution they predict.
+    flops = 2 * batch * c_out * out * out * c_in * kernel * kernel
     return _node("aten.convolution.default", [(batch, c_in, size, size), (c_out, c_in, kernel, kernel)],
-                 [(batch, c_out, out, out)], args, extra)  # fmt: skip
+                 [(batch, c_out, out, out)], args, flops=flops)  # fmt: skip
 
 
 def row_node(row: Any) -> NodeCost:
@@ -202,17 +204,20 @@ def _node(
     out_shapes: list[Shape],
     args: dict[str, Any],
     extra: tuple[Any, ...] = (),
+    flops: int | None = None,
 ) -> NodeCost:
     """A fp32 node of ``aten_name`` on tensors of ``in_shapes``; ``extra`` are the op's other call
-    arguments, after the tensors, for counting its FLOPs."""
-    import torch
+    arguments, after the tensors, for counting its FLOPs (unless ``flops`` gives them)."""
+    if flops is None:
+        import torch
 
-    from fxcost.lowering import count_flops, resolve_op
+        from fxcost.lowering import count_flops, resolve_op
 
-    ins = [torch.empty(s, device="meta") for s in in_shapes]
-    outs = [torch.empty(s, device="meta") for s in out_shapes]
-    out = outs[0] if len(outs) == 1 else tuple(outs)
-    flops = count_flops(resolve_op(aten_name), (*ins, *extra), {}, out)
+        ins = [torch.empty(s, device="meta") for s in in_shapes]
+        outs = [torch.empty(s, device="meta") for s in out_shapes]
+        out = outs[0] if len(outs) == 1 else tuple(outs)
+        counted = count_flops(resolve_op(aten_name), (*ins, *extra), {}, out)
+        flops = None if counted is None else int(counted)
     return NodeCost(
         name=aten_name.split(".")[1],
         op=aten_name,

@@ -87,3 +87,13 @@ def test_inactive_dropout_launches_nothing_as_in_eager() -> None:
     report = fxcost.profile(model, (torch.randn(4, 32),), devices=["T4"], measure=False)
     dropout = [n for n in report.nodes if n.module == "1" and n.phase == "fw"]
     assert any(n.has_kernel and n.pred_ms["T4"] > 0 for n in dropout)
+
+
+def test_models_that_fail_to_trace_do_not_use_up_dynamos_recompile_cap() -> None:
+    """Dynamo counts every compile of a code object, failed ones too, and stops at a cap: a search
+    loop meeting many broken candidates must still trace the next good one."""
+    with torch._dynamo.config.patch(accumulated_recompile_limit=3):
+        for width in range(9, 14):  # the input does not fit the layer: the trace fails
+            with pytest.raises(Exception, match=r"same reduction dim|cannot be multiplied"):
+                fxcost.cost(nn.Linear(8, 8), torch.randn(4, width), device="T4")
+        assert fxcost.cost(nn.Linear(8, 8), torch.randn(4, 8), device="T4").ms > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -60,3 +61,18 @@ def test_matmul_class() -> None:
     assert is_matmul_class("aten.addmm.default")
     assert is_matmul_class("aten.convolution_backward.default")
     assert not is_matmul_class("aten.add.Tensor")
+
+
+@pytest.mark.parametrize(
+    "dims", [(8, 3, 64, 7, 224, 2, 3), (2, 64, 64, 3, 56, 1, 1), (1, 256, 512, 1, 28, 2, 0)]
+)
+def test_data_set_convolutions_count_flops_as_torch_does(dims: tuple[int, ...]) -> None:
+    from fxcost.datasets import conv_node
+
+    *_, stride, padding = dims
+    node = conv_node(*dims)
+    x, w = (torch.empty(s, device="meta") for s in node.in_shapes)
+    conv = torch.ops.aten.convolution.default
+    out = torch.empty(node.out_shapes[0], device="meta")
+    args = (x, w, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1)
+    assert node.flops == count_flops(conv, args, {}, out)

@@ -341,7 +341,7 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, _Group], dict[int, tuple[NodeBa
                 # The heads learned forward convolutions: a backward runs one per gradient.
                 repeats = _conv_gradients(node) if _is_backward(node) else 1
                 node = _forward_conv(node) if _is_backward(node) else node
-                members.setdefault(head, []).append((i, node, repeats, node_features(head, node)))
+                members.setdefault(head, []).append((i, node, repeats, node_features(head, _as_fp32(node))))
             except (IndexError, KeyError, TypeError, ValueError):
                 pass  # shapes the head does not expect: left unpredicted, not a crash
     groups = {
@@ -364,6 +364,31 @@ class _Group:
     batch: NodeBatch
     repeats: np.ndarray
     problem: list[list[float]]
+
+
+_HALF = ("float16", "bfloat16")
+
+
+def _as_fp32(node: NodeCost) -> NodeCost:
+    """The fp32 twin of a half-precision node, whose features the heads (trained on fp32) know.
+
+    The heads predict how far an op runs from its roofline bound; a half-precision node takes that
+    efficiency from its fp32 twin and its bound from itself (``Heads._predict`` scales the node's own
+    roofline). Fed half-precision bytes directly, they would see an op twice as compute-dense as any
+    they learned, and predict bf16 work slower than fp32.
+    """
+    if not any(d in _HALF for d in (*node.in_dtypes, *node.out_dtypes)):
+        return node
+
+    def widened(dtypes: list[str]) -> list[str]:
+        return ["float32" if d in _HALF else d for d in dtypes]
+
+    return node.replace(
+        in_dtypes=widened(node.in_dtypes),
+        out_dtypes=widened(node.out_dtypes),
+        bytes_read=None if node.bytes_read is None else 2 * node.bytes_read,
+        bytes_written=None if node.bytes_written is None else 2 * node.bytes_written,
+    )
 
 
 def _rnn_work(node: NodeCost) -> list[tuple[NodeCost, int]]:

@@ -5,7 +5,7 @@ FLOPs, bytes read and written, and whether the op launches a kernel at all.
 
 from fxcost.lowering.flops import count_flops, is_matmul_class, register_flops
 from fxcost.lowering.kernels import KernelSpec, lower, resolve_op
-from fxcost.lowering.traffic import has_kernel, tensor_bytes
+from fxcost.lowering.traffic import has_kernel, size_hint, tensor_bytes
 
 __all__ = [
     "KernelSpec",
@@ -15,5 +15,6 @@ __all__ = [
     "lower",
     "register_flops",
     "resolve_op",
+    "size_hint",
     "tensor_bytes",
 ]

@@ -56,13 +56,19 @@ def _first_tensor(args: Any) -> torch.Tensor:
     return next(t for t in tree_leaves(args) if isinstance(t, torch.Tensor))
 
 
-def count_flops(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | None:
-    """FLOPs of one call of ``op`` on (fake) tensors ``args``/``kwargs`` giving ``out``; None if unknown."""
+def count_flops(
+    op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+) -> int | torch.SymInt | None:
+    """FLOPs of one call of ``op`` on (fake) tensors ``args``/``kwargs`` giving ``out``; None if unknown.
+
+    Under dynamic shapes the count is a ``SymInt`` expression in the graph's symbolic sizes (left
+    symbolic: converting it to an int would add a guard that specializes the graph).
+    """
     packet = getattr(op, "overloadpacket", None)
     if packet in flop_registry:
-        return int(flop_registry[packet](*args, **kwargs, out_val=out))
+        return flop_registry[packet](*args, **kwargs, out_val=out)
     if packet in _FORMULAS:
-        return int(_FORMULAS[packet](args, kwargs, out))
+        return _FORMULAS[packet](args, kwargs, out)
     if isinstance(op, torch._ops.OpOverload):
         if op.is_view:
             return 0

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["has_kernel", "tensor_bytes"]
+__all__ = ["has_kernel", "size_hint", "tensor_bytes"]
 
 aten = torch.ops.aten
 
@@ -44,14 +44,30 @@ def has_kernel(target: Any) -> bool:
     return False
 
 
-def tensor_bytes(t: torch.Tensor) -> int:
+def tensor_bytes(t: torch.Tensor) -> int | torch.SymInt:
     """Bytes a kernel touches to read or write ``t`` once.
 
     Broadcast (stride-0) dimensions are read once, not once per use, so an expanded bias of shape
-    ``[B, N]`` built from ``[N]`` counts ``N`` elements.
+    ``[B, N]`` built from ``[N]`` counts ``N`` elements. Under dynamic shapes the result is a ``SymInt``
+    expression; strides are compared by their hints, so no guard is added to the graph.
     """
-    elements = 1
+    elements: int | torch.SymInt = 1
     for size, stride in zip(t.shape, t.stride(), strict=True):
-        if stride != 0:
-            elements *= int(size)
+        if size_hint(stride) != 0:
+            elements = elements * size
     return elements * t.element_size()
+
+
+def size_hint(x: int | torch.SymInt) -> int:
+    """A concrete int from an int or a ``SymInt`` (its value at the sizes the graph was traced with),
+    read without adding a guard.
+
+    Raises:
+        ValueError: a data-dependent size, which has no value until the graph runs.
+    """
+    if isinstance(x, torch.SymInt):
+        hint = x.node.hint
+        if hint is None:
+            raise ValueError(f"symbolic size {x} has no concrete hint")
+        return int(hint)
+    return int(x)

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
 from torch.utils._pytree import tree_leaves
 
-from fxcost.lowering import count_flops, has_kernel, is_matmul_class, tensor_bytes
+from fxcost.lowering import count_flops, has_kernel, is_matmul_class, size_hint, tensor_bytes
 from fxcost.records import META_KEY, NodeCost, Phase, Shape
 
-__all__ = ["op_name", "run"]
+__all__ = ["Operands", "launches_kernel", "op_name", "operands", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -54,44 +55,69 @@ def op_name(target: Any) -> str:
     return f"{module}.{getattr(target, '__name__', repr(target))}"
 
 
-def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
+@dataclass(frozen=True)
+class Operands:
+    """The (fake) values a call node reads and writes: its arguments, its result, the tensors among
+    them (lists of tensors flattened, in schema order), and the tensors it writes (its outputs, or
+    for in-place ops that return nothing, such as the optimizer's ``_foreach_add_``, the arguments
+    its schema marks as written)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    out: Any
+    ins: list[torch.Tensor]
+    outs: list[torch.Tensor]
+    written: list[torch.Tensor]
+
+
+def operands(node: torch.fx.Node) -> Operands:
+    """The values of ``node``'s arguments and result, from the fake tensors in ``node.meta["val"]``."""
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _value)
     out = node.meta.get("val")
     ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    written = outs or _mutated_args(node.target, args, kwargs)
+    return Operands(args, kwargs, out, ins, outs, written)
+
+
+def launches_kernel(node: torch.fx.Node) -> bool:
+    """Whether ``node`` runs a kernel in eager PyTorch (see the module docstring for the exception)."""
+    return has_kernel(node.target) and not _inactive_dropout(node)
+
+
+def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
+    v = operands(node)
     record = NodeCost(
         name=node.name,
         op=op_name(node.target),
         phase=phase,
         graph=graph_index,
         module=_module_path(node),
-        in_shapes=[_shape(t) for t in ins],
-        in_dtypes=[_dtype(t) for t in ins],
-        out_shapes=[_shape(t) for t in outs],
-        out_dtypes=[_dtype(t) for t in outs],
+        in_shapes=[_shape(t) for t in v.ins],
+        in_dtypes=[_dtype(t) for t in v.ins],
+        out_shapes=[_shape(t) for t in v.outs],
+        out_dtypes=[_dtype(t) for t in v.outs],
         args=_scalar_args(node),
-        has_kernel=has_kernel(node.target) and not _inactive_dropout(node),
+        has_kernel=launches_kernel(node),
         inputs=[a.name for a in node.all_input_nodes if a.op == "call_function"],
     )
-    if any(isinstance(s, torch.SymInt) for t in (*ins, *outs) for s in t.shape):
+    if any(isinstance(s, torch.SymInt) for t in (*v.ins, *v.outs) for s in t.shape):
         record.note = "dynamic shape: sizes and costs at the sizes the graph was traced with"
     if not record.has_kernel:
         record.flops, record.bytes_read, record.bytes_written = 0, 0, 0
         return record
     try:
-        flops = count_flops(node.target, args, kwargs, out)
+        flops = count_flops(node.target, v.args, v.kwargs, v.out)
         # Under dynamic shapes the count is a SymInt expression: its value at the traced sizes.
-        record.flops = None if flops is None else _int(flops)
+        record.flops = None if flops is None else size_hint(flops)
     except Exception as e:  # a formula that cannot handle these arguments: unknown, not zero
         log.debug("no FLOP count for %s: %s", node.format_node(), e)
         record.flops = None
     if record.flops is None:
         record.note = f"no FLOP formula for {record.op}"  # replaces a dynamic-shape note: more urgent
-    record.tf32 = _tf32(node.target, outs)
-    record.bytes_read = sum(_int(tensor_bytes(t)) for t in ins)
-    # In-place ops such as the optimizer's _foreach_add_ return nothing: they write their arguments.
-    written = outs or _mutated_args(node.target, args, kwargs)
-    record.bytes_written = sum(_int(tensor_bytes(t)) for t in written)
+    record.tf32 = _tf32(node.target, v.outs)
+    record.bytes_read = sum(size_hint(tensor_bytes(t)) for t in v.ins)
+    record.bytes_written = sum(size_hint(tensor_bytes(t)) for t in v.written)
     return record
 
 
@@ -158,18 +184,8 @@ def _value(n: torch.fx.Node) -> Any:
     return n.meta.get("val")
 
 
-def _int(x: Any) -> int:
-    """A concrete int from an int or SymInt (its size hint under dynamic shapes)."""
-    if isinstance(x, torch.SymInt):
-        hint = x.node.hint
-        if hint is None:
-            raise ValueError(f"symbolic size {x} has no concrete hint")
-        return int(hint)
-    return int(x)
-
-
 def _shape(t: torch.Tensor) -> Shape:
-    return tuple(_int(s) for s in t.shape)
+    return tuple(size_hint(s) for s in t.shape)
 
 
 def _dtype(t: torch.Tensor) -> str:
