@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from collections.abc import Callable
 from itertools import pairwise
@@ -21,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["build", "names"]
+__all__ = ["build", "load", "names"]
 
 Builder = Callable[..., tuple[nn.Module, tuple[Any, ...]]]
 _ZOO: dict[str, Builder] = {}
@@ -51,6 +53,31 @@ def build(name: str, batch: int = 8, **config: Any) -> tuple[nn.Module, tuple[An
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return _ZOO[name](batch, **config)
+
+
+def load(spec: str | Callable[..., Any], batch: int = 8, **config: Any) -> tuple[Any, Any]:
+    """``(model, inputs)`` from a zoo name, a ``"module:callable"`` path, or a callable, each called
+    with the batch (if it takes one) and ``config``.
+
+    Raises:
+        ValueError: the name is no zoo entry and the path cannot be imported.
+        TypeError: the callable does not return ``(model, inputs)``.
+    """
+    if isinstance(spec, str) and ":" not in spec:
+        return build(spec, batch, **config)
+    if isinstance(spec, str):
+        module_name, _, attr = spec.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot load {spec!r}: {e}; expected a zoo name or 'module:callable'") from e
+    else:
+        factory = spec
+    takes_batch = "batch" in inspect.signature(factory).parameters
+    built = factory(batch=batch, **config) if takes_batch else factory(**config)
+    if not (isinstance(built, tuple) and len(built) == 2):
+        raise TypeError(f"{spec!r} must return (model, inputs), got {type(built).__name__}")
+    return built
 
 
 # -- MLP -----------------------------------------------------------------------------------------
