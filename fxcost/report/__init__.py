@@ -8,7 +8,9 @@ predicted for other GPUs on a CPU-only laptop.
 from __future__ import annotations
 
 import copy
+import csv
 import gzip
+import io
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -223,16 +225,32 @@ class Report:
             import pandas as pd
         except ImportError as e:
             raise ImportError("Report.to_dataframe needs pandas: pip install 'fxcost[df]'") from e
-        rows = []
+        return pd.DataFrame([_row(n, self.devices) for n in self.nodes])
+
+    def to_csv(self, path: str | os.PathLike[str], devices: Iterable[str | Device] | None = None) -> Path:
+        """Write the rows of :meth:`to_dataframe` as CSV (no pandas needed), with ``pred_ms[<device>]``
+        columns for ``devices`` (default: all predicted). Lists and dicts (shapes, ``args``) are JSON;
+        unknown values are empty cells."""
+        names = self._predicted_names(devices)
+        # A blank record gives the header, so an empty report still names its columns.
+        columns = list(_row(NodeCost(name="", op="", phase="fw"), names))
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=columns)
+        writer.writeheader()
         for n in self.nodes:
-            row = n.to_json()
-            row.pop("kernels")
-            row["bytes"] = n.bytes
-            for device in self.devices:
-                row[f"pred_ms[{device}]"] = n.pred_ms.get(device)
-            del row["pred_ms"], row["pred_source"]
-            rows.append(row)
-        return pd.DataFrame(rows)
+            row = _row(n, names)
+            writer.writerow(
+                {k: json.dumps(v) if isinstance(v, list | tuple | dict) else v for k, v in row.items()}
+            )
+        return atomic_write(path, out.getvalue().encode())
+
+    def to_onnx(self, path: str | os.PathLike[str], devices: Iterable[str | Device] | None = None) -> Path:
+        """Write the captured graphs as an ONNX model to view in Netron: one node per record, edges
+        from its inputs, costs and ``pred_ms[<device>]`` for ``devices`` (default: all predicted) as
+        node attributes. See :mod:`fxcost.report.onnx_export`."""
+        from fxcost.report.onnx_export import onnx_model
+
+        return atomic_write(path, onnx_model(self, self._predicted_names(devices)).SerializeToString())
 
     # -- trace files -----------------------------------------------------------------------------
 
@@ -307,6 +325,9 @@ class Report:
             raise ValueError(f"unknown phase {phase!r}; accepted: {', '.join(PHASES)} or None")
         return [n for n in self.nodes if n.phase == phase]
 
+    def _predicted_names(self, devices: Iterable[str | Device] | None) -> list[str]:
+        return list(self.devices) if devices is None else [self._predicted_name(d) for d in devices]
+
     def _predicted_name(self, device: str | Device) -> str:
         name = get_device(device).name
         if name not in self.devices:
@@ -315,3 +336,14 @@ class Report:
                 f"use report.predict([...]) to add it"
             )
         return name
+
+
+def _row(n: NodeCost, devices: Sequence[str]) -> dict[str, Any]:
+    """A node as a table row: its record's fields without kernels, plus ``bytes`` and one
+    ``pred_ms[<device>]`` per device."""
+    row = n.to_json()
+    del row["kernels"], row["pred_ms"], row["pred_source"]
+    row["bytes"] = n.bytes
+    for device in devices:
+        row[f"pred_ms[{device}]"] = n.pred_ms.get(device)
+    return row
