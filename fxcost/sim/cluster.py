@@ -1,0 +1,385 @@
+"""Cluster topology and the cost of collective communication on it (Proteus §VI-B, §VI-C).
+
+A :class:`Cluster` is ``nodes`` machines of ``gpus_per_node`` identical GPUs. GPUs inside a node talk over
+the ``intra`` link (NVLink/NVSwitch, or PCIe); nodes talk through ``nics_per_node`` NICs of the ``inter``
+link each. Ranks are numbered node by node: rank ``r`` lives on node ``r // gpus_per_node``.
+
+:func:`collective_ms` prices one NCCL collective with the alpha-beta model: ``steps * alpha + volume / B``,
+where ``B`` is the bandwidth of the group's bottleneck link and the volume and step count are those of the
+algorithm NCCL would run. :func:`link_sharing` says how many concurrent groups share each group's
+bottleneck link, so that a simulator can pass ``sharing=`` and give each a fair share.
+
+Assumptions:
+
+* Bandwidths are per GPU per direction, in GB/s with GB = 1e9 bytes (NCCL-tests' unit). For a ring
+  all_reduce NCCL-tests' *bus bandwidth* equals the ``B`` of this model.
+* A node with NVLink is switched (NVSwitch): every GPU has its own full-bandwidth port, so groups on
+  disjoint GPUs do not share. This does not hold for NVLink *bridges* between pairs of PCIe cards
+  (A100-PCIE, RTX3090) or for DGX-1's hybrid cube mesh: pass ``intra_gbps`` (and ``intra_shared``) there.
+  A PCIe node without NVLink is modeled as one link shared by the whole node (``Link.shared``): peer
+  traffic goes through the host bridge, so every concurrent group on the node shares it.
+* Groups spanning nodes are hierarchical: the ranks on a node are chained over the intra link and the
+  node is entered and left through its NICs. A ring (or tree) crosses a node boundary on one edge per
+  channel, and NCCL spreads channels over the NICs, so a node's crossing capacity is
+  ``min(ranks of the group on the node, nics_per_node) * inter.bandwidth_gbps`` (one GPU drives at most one
+  NIC). The group's ``B`` is the smaller of that and the intra link. For all_to_all every rank on the node
+  sends off-node itself, so the node's crossing capacity is divided among them.
+* ``sharing`` divides the bandwidth of the group's bottleneck link: its NICs when it spans nodes,
+  otherwise the intra link.
+* Latency: ``steps`` are counted per link crossed, as NCCL's tuning model does (``src/graph/tuning.cc``):
+  a ring pass of ``n - 1`` steps crosses ``min(nodes, n - 1)`` node boundaries at ``inter.latency_us``
+  and the rest at ``intra.latency_us``. No fixed launch cost is added.
+* all_reduce takes the faster of ring and tree, like NCCL. NCCL's tree is a chain inside a node and a
+  double binary tree across nodes, so it only helps when the group spans nodes: latency
+  ``2 * ((ranks per node - 1) * intra + ceil(log2(nodes)) * inter)``, bandwidth term ``2 * S / B`` (each
+  node sends and receives about ``S`` per binary tree on half the data; NCCL's tuning model likewise
+  converts tree bus bandwidth to algorithm bandwidth with a factor 1/2). So the tree wins on latency for
+  small and medium messages at scale, the ring on bandwidth for large ones.
+
+Defaults and where they come from:
+
+* ``NVLINK_EFFICIENCY = 0.77``: NCCL-tests all_reduce_perf on a DGX A100 (8x A100-SXM4, NVSwitch,
+  NVLink 600 GB/s total = 300 GB/s per direction) reaches a bus bandwidth of about 230 GB/s for large
+  messages; 230 / 300 = 0.77. Intra bandwidth = ``nvlink_bandwidth_gbps / 2 * 0.77``.
+* ``NVLINK_LATENCY_US = 1.0``: NCCL's tuning model puts per-hop NVLink latency at about 0.5 us (LL
+  protocol) to 2 us (LL128); small all_reduce on 8 NVLink GPUs takes 10-15 us in NCCL-tests, about
+  ``2 * 7`` hops of 1 us.
+* ``PCIE_GEN3_GBPS = 12.0``, doubling per generation (gen4 24, gen5 48): achievable per-direction
+  throughput of an x16 link (gen3 peak 15.75 GB/s, about 12-13 GB/s in practice with TLP overheads).
+* ``PCIE_LATENCY_US = 2.0``: NCCL's tuning model puts per-hop PCIe latency at about 1-2.5 us.
+* ``IB_HDR_GBPS = 25.0``, ``IB_LATENCY_US = 5.0``, one NIC per node: a 200 Gb/s InfiniBand HDR NIC
+  (25 GB/s line rate; NCCL-tests reach 22-24 GB/s per NIC) and NCCL's network per-hop latency of a
+  few microseconds.
+
+No default is fitted to any measurement in ``shared/data``.
+
+Example:
+    >>> from fxcost.sim.cluster import Cluster, collective_ms
+    >>> c = Cluster.parse("2x8xA100-SXM4-40GB")
+    >>> c.world_size, c.intra.bandwidth_gbps
+    (16, 231.0)
+    >>> round(collective_ms("all_reduce", 2**30, range(8), c), 2)
+    8.15
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from fxcost.devices import Device, UnknownDeviceError, get_device
+
+__all__ = [
+    "COLLECTIVES",
+    "Cluster",
+    "Link",
+    "collective_ms",
+    "default_inter_link",
+    "default_intra_link",
+    "link_sharing",
+]
+
+NVLINK_EFFICIENCY = 0.77
+NVLINK_LATENCY_US = 1.0
+PCIE_GEN3_GBPS = 12.0
+PCIE_LATENCY_US = 2.0
+IB_HDR_GBPS = 25.0
+IB_LATENCY_US = 5.0
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
+
+_SPEC_FORM = (
+    "expected NODESxGPUSxDEVICE, GPUSxDEVICE or DEVICE, e.g. '2x8xA100-SXM4-80GB', '8xH100-SXM', 'T4'"
+)
+_SPEC_RE = re.compile(r"^(?:(\d+)[x×])?(?:(\d+)[x×])?(.*)$", re.IGNORECASE)
+_OVERRIDES = (
+    "intra_gbps",
+    "intra_latency_us",
+    "intra_shared",
+    "inter_gbps",
+    "inter_latency_us",
+    "nics_per_node",
+)
+_CLUSTER_KEYS = ("nodes", "gpus_per_node", "device", "intra", "inter", "nics_per_node")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of physical link: bandwidth per GPU per direction (GB/s) and per-hop latency (us).
+
+    ``shared`` marks a link that all GPUs of a node share (PCIe peer traffic through the host bridge)
+    rather than a port of their own (NVSwitch); it only matters for the intra-node link.
+    """
+
+    bandwidth_gbps: float
+    latency_us: float
+    name: str = ""
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth_gbps > 0:
+            raise ValueError(f"link {self.name!r}: bandwidth_gbps must be > 0, got {self.bandwidth_gbps}")
+        if not self.latency_us >= 0:
+            raise ValueError(f"link {self.name!r}: latency_us must be >= 0, got {self.latency_us}")
+
+
+_LINK_KEYS = tuple(f.name for f in fields(Link))
+
+
+def default_intra_link(device: Device) -> Link:
+    """The GPU-GPU link inside a node: NVLink (assumed switched) if the GPU has it, else PCIe."""
+    if device.nvlink_bandwidth_gbps:
+        return Link(device.nvlink_bandwidth_gbps / 2 * NVLINK_EFFICIENCY, NVLINK_LATENCY_US, "NVLink")
+    if device.pcie_gen:
+        gbps = PCIE_GEN3_GBPS * 2.0 ** (device.pcie_gen - 3)
+        return Link(gbps, PCIE_LATENCY_US, f"PCIe gen{device.pcie_gen}", shared=True)
+    raise ValueError(f"{device.name}: neither NVLink bandwidth nor PCIe generation is known; pass intra_gbps")
+
+
+def default_inter_link() -> Link:
+    """One 200 Gb/s InfiniBand HDR NIC."""
+    return Link(IB_HDR_GBPS, IB_LATENCY_US, "InfiniBand HDR")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` machines of ``gpus_per_node`` GPUs each, with their intra- and inter-node links.
+
+    Example:
+        >>> c = Cluster.parse("2x4xV100-SXM2-16GB", inter_gbps=12.5)
+        >>> str(c), c.node_of(5), c.inter.bandwidth_gbps
+        ('2x4xV100-SXM2-16GB', 1, 12.5)
+    """
+
+    nodes: int
+    gpus_per_node: int
+    device: Device
+    intra: Link
+    inter: Link
+    nics_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "nics_per_node"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"cluster: {name} must be a positive integer, got {value!r}")
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node}x{self.device.name}"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        """The node that ``rank`` lives on (ranks are numbered node by node)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside the cluster {self} (ranks 0..{self.world_size - 1})")
+        return rank // self.gpus_per_node
+
+    @classmethod
+    def parse(cls, spec: str, **overrides: Any) -> Cluster:
+        """Build a cluster from ``"2x8xA100-SXM4-80GB"``, ``"8xH100-SXM"`` or ``"H100-SXM"``.
+
+        Links default from the device (see the module docstring); ``overrides`` may set ``intra_gbps``,
+        ``intra_latency_us``, ``intra_shared``, ``inter_gbps``, ``inter_latency_us`` and ``nics_per_node``.
+        """
+        unknown = sorted(set(overrides) - set(_OVERRIDES))
+        if unknown:
+            raise ValueError(
+                f"cluster spec {spec!r}: unknown override(s) {unknown}; accepted: {list(_OVERRIDES)}"
+            )
+        match = _SPEC_RE.match(spec.strip())
+        first, second, name = match.groups() if match else (None, None, "")
+        if not name:
+            raise ValueError(f"cluster spec {spec!r}: missing the device name; {_SPEC_FORM}")
+        counts = [int(c) for c in (first, second) if c is not None]
+        nodes, gpus = (counts[0], counts[1]) if len(counts) == 2 else (1, counts[0] if counts else 1)
+        if nodes < 1 or gpus < 1:
+            raise ValueError(f"cluster spec {spec!r}: node and GPU counts must be >= 1; {_SPEC_FORM}")
+        try:
+            device = get_device(name)
+        except UnknownDeviceError as e:
+            raise ValueError(f"cluster spec {spec!r}: bad device part {name!r} ({e}); {_SPEC_FORM}") from e
+
+        try:
+            intra = default_intra_link(device)
+        except ValueError:
+            if "intra_gbps" not in overrides:
+                raise ValueError(
+                    f"cluster spec {spec!r}: {device.name} has no known intra-node link; pass intra_gbps"
+                ) from None
+            intra = Link(overrides["intra_gbps"], PCIE_LATENCY_US, "intra", shared=True)
+        intra = _override_link(intra, overrides, "intra")
+        inter = _override_link(default_inter_link(), overrides, "inter")
+        return cls(nodes, gpus, device, intra, inter, overrides.get("nics_per_node", 1))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Cluster:
+        """Build a cluster from its YAML form (see :meth:`to_dict`); missing link fields take defaults."""
+        unknown = sorted(set(d) - set(_CLUSTER_KEYS))
+        if unknown:
+            raise ValueError(f"cluster: unknown key(s) {unknown}; accepted keys: {list(_CLUSTER_KEYS)}")
+        if "device" not in d:
+            raise ValueError(f"cluster: 'device' is required; accepted keys: {list(_CLUSTER_KEYS)}")
+        device = get_device(d["device"])
+        intra = _link_from(d.get("intra"), "intra", lambda: default_intra_link(device))
+        inter = _link_from(d.get("inter"), "inter", default_inter_link)
+        return cls(
+            d.get("nodes", 1), d.get("gpus_per_node", 1), device, intra, inter, d.get("nics_per_node", 1)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML form: ``{nodes, gpus_per_node, device, intra: {...}, inter: {...}, nics_per_node}``."""
+        return {
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "device": self.device.name,
+            "intra": asdict(self.intra),
+            "inter": asdict(self.inter),
+            "nics_per_node": self.nics_per_node,
+        }
+
+
+def _override_link(link: Link, overrides: Mapping[str, Any], prefix: str) -> Link:
+    keys = {
+        "bandwidth_gbps": f"{prefix}_gbps",
+        "latency_us": f"{prefix}_latency_us",
+        "shared": f"{prefix}_shared",
+    }
+    return replace(link, **{field: overrides[key] for field, key in keys.items() if key in overrides})
+
+
+def _link_from(d: Mapping[str, Any] | None, what: str, default: Callable[[], Link]) -> Link:
+    if d is None:
+        return default()
+    unknown = sorted(set(d) - set(_LINK_KEYS))
+    if unknown:
+        raise ValueError(f"cluster {what}: unknown key(s) {unknown}; accepted keys: {list(_LINK_KEYS)}")
+    try:
+        base = default()
+    except ValueError:  # no default for this device: the mapping must be complete
+        return Link(**d)
+    return replace(base, **d)
+
+
+def _ranks_per_node(ranks: Iterable[int], cluster: Cluster) -> Counter[int]:
+    return Counter(cluster.node_of(r) for r in set(ranks))
+
+
+def collective_ms(
+    kind: str, nbytes: float, ranks: Sequence[int], cluster: Cluster, *, sharing: float = 1.0
+) -> float:
+    """Time of one collective over ``ranks``, in ms (alpha-beta model; see the module docstring).
+
+    Args:
+        kind: one of :data:`COLLECTIVES`.
+        nbytes: the full buffer for all_reduce and broadcast, the gathered output of all_gather and the
+            input of reduce_scatter (NCCL-tests' convention), the bytes sent for send_recv, and the bytes
+            each rank holds for all_to_all.
+        ranks: the group; duplicates are ignored, and a group of one rank costs 0.
+        cluster: where the ranks live.
+        sharing: how many groups share the group's bottleneck link at the same time (fair share).
+
+    Example:
+        >>> c = Cluster.parse("4xA100-SXM4-40GB", intra_gbps=100, intra_latency_us=1)
+        >>> collective_ms("all_gather", 4e8, [0, 1, 2, 3], c)  # 3/4 * 4e8 B / 100 GB/s + 3 * 1 us
+        3.003
+    """
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; expected one of {list(COLLECTIVES)}")
+    if not nbytes >= 0:
+        raise ValueError(f"{kind}: nbytes must be >= 0, got {nbytes}")
+    if not sharing >= 1:
+        raise ValueError(f"{kind}: sharing must be >= 1 (groups on the link), got {sharing}")
+    per_node = _ranks_per_node(ranks, cluster)
+    n, k = sum(per_node.values()), len(per_node)
+    if kind == "send_recv" and n > 2:
+        raise ValueError(f"send_recv takes two ranks (source, destination), got {sorted(set(ranks))}")
+    if n < 2:
+        return 0.0
+    intra, inter, nics = cluster.intra, cluster.inter, cluster.nics_per_node
+    per_ms = 1e6  # GB/s -> bytes per ms
+
+    def pass_us(steps: int) -> float:  # latency of `steps` ring steps, node boundaries at inter latency
+        crossing = min(k, steps) if k > 1 else 0
+        return crossing * inter.latency_us + (steps - crossing) * intra.latency_us
+
+    if kind == "all_to_all":  # each rank sends 1/n of its bytes to every peer, off-node ones via the NICs
+        intra_gbps = intra.bandwidth_gbps / (sharing if k == 1 else 1.0)
+        return max(
+            max(
+                (m - 1) / n * nbytes / (intra_gbps * per_ms),
+                m * (n - m) / n * nbytes / (min(m, nics) * inter.bandwidth_gbps / sharing * per_ms),
+            )
+            + ((m - 1) * intra.latency_us + (n - m) * inter.latency_us) / 1e3
+            for m in per_node.values()
+        )
+
+    if k == 1:
+        bandwidth_gbps = intra.bandwidth_gbps / sharing
+    else:  # one ring edge per channel crosses each node boundary; channels spread over the NICs
+        bandwidth_gbps = min(min(m, nics) for m in per_node.values()) * inter.bandwidth_gbps / sharing
+        if max(per_node.values()) > 1:
+            bandwidth_gbps = min(bandwidth_gbps, intra.bandwidth_gbps)
+    bytes_per_ms = bandwidth_gbps * per_ms
+
+    if kind == "send_recv":
+        return nbytes / bytes_per_ms + (inter if k > 1 else intra).latency_us / 1e3
+    if kind == "broadcast":  # pipelined chain
+        return nbytes / bytes_per_ms + pass_us(n - 1) / 1e3
+    if kind in ("reduce_scatter", "all_gather"):
+        return (n - 1) / n * nbytes / bytes_per_ms + pass_us(n - 1) / 1e3
+    ring = 2 * (n - 1) / n * nbytes / bytes_per_ms + 2 * pass_us(n - 1) / 1e3
+    if k == 1:  # NCCL's tree is a chain inside a node: no latency advantage
+        return ring
+    tree_us = 2 * (
+        (max(per_node.values()) - 1) * intra.latency_us + math.ceil(math.log2(k)) * inter.latency_us
+    )
+    return min(ring, 2 * nbytes / bytes_per_ms + tree_us / 1e3)
+
+
+def link_sharing(groups: Sequence[Sequence[int]], cluster: Cluster) -> list[float]:
+    """For groups communicating at the same time, how many share each group's bottleneck link (>= 1).
+
+    Follows Proteus §VI-C, NIC first: a group spanning nodes drives ``min(its ranks there, nics_per_node)``
+    NICs on each node it touches; where the groups ask for more NICs than a node has, they share them
+    fairly, and a group's factor is the worst over its nodes (with one NIC per group per node this is the
+    number of such groups on the node divided by ``nics_per_node``). A group inside one node shares its
+    GPUs' NVSwitch ports with the other groups moving data between GPUs of that node through the same
+    GPUs, or, on a shared (PCIe) intra link, with every group moving data between GPUs of that node.
+
+    Example:
+        >>> c = Cluster.parse("8xA10")  # PCIe: one host bridge per node
+        >>> link_sharing([[0, 4], [1, 5], [2, 6], [3, 7]], c)
+        [4.0, 4.0, 4.0, 4.0]
+    """
+    nics = cluster.nics_per_node
+    per_node = [_ranks_per_node(g, cluster) for g in groups]
+    nic_demand: Counter[int] = Counter()
+    intra_users: Counter[int] = Counter()  # by node on a shared intra link, else by GPU (its NVSwitch port)
+    for g, counts in zip(groups, per_node, strict=True):
+        if len(counts) > 1:
+            for node, m in counts.items():
+                nic_demand[node] += min(m, nics)
+        moving = {node for node, m in counts.items() if m > 1}
+        if cluster.intra.shared:
+            intra_users.update(moving)
+        else:
+            intra_users.update(r for r in set(g) if cluster.node_of(r) in moving)
+    factors = []
+    for g, counts in zip(groups, per_node, strict=True):
+        if sum(counts.values()) < 2:
+            factor = 1.0
+        elif len(counts) > 1:
+            factor = max(nic_demand[node] / nics for node in counts)
+        elif cluster.intra.shared:
+            factor = float(intra_users[next(iter(counts))])
+        else:
+            factor = float(max(intra_users[r] for r in g))
+        factors.append(max(1.0, factor))
+    return factors

@@ -1,0 +1,108 @@
+"""The event simulator (Proteus §VI-B): per rank a compute stream and two communication streams.
+
+Tasks run in their stream's order, each once the tasks it depends on have finished: compute,
+*feature* communication (activations: tensor-parallel all-reduces, pipeline sends; the compute
+stream waits for them) and *gradient* communication (data-parallel reductions, asynchronous). The
+simulator takes tasks in order of their earliest start, so when a compute task starts every
+gradient transfer already running is known; a compute task that overlaps one is slowed by the
+overlap factor ``gamma`` for the overlapping part (Proteus §VI-C: kernels and NCCL share SMs and
+memory bandwidth).
+
+Ranks that do the same work (the data-parallel and tensor-parallel peers of a pipeline stage) are
+simulated once: one track per stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["STREAMS", "Task", "simulate_tasks", "to_chrome_trace"]
+
+STREAMS = ("compute", "feature", "gradient")
+
+
+@dataclass
+class Task:
+    """One unit of work on one stage's stream; ``start_ms``/``end_ms`` are set by the simulation."""
+
+    name: str
+    stage: int
+    stream: str
+    duration_ms: float
+    deps: list[int] = field(default_factory=list)
+    args: dict[str, Any] = field(default_factory=dict)
+    start_ms: float = -1.0
+    end_ms: float = -1.0
+
+
+def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
+    """Schedule ``tasks`` (dependencies by index into ``tasks``); returns the makespan in ms.
+
+    Raises:
+        ValueError: a stream's order contradicts the dependencies (a deadlock), or a bad dependency.
+    """
+    queues: dict[tuple[int, str], list[int]] = {}
+    for i, task in enumerate(tasks):
+        if task.stream not in STREAMS:
+            raise ValueError(f"task {task.name!r} has stream {task.stream!r}; streams: {', '.join(STREAMS)}")
+        if any(not 0 <= d < len(tasks) or d == i for d in task.deps):
+            raise ValueError(f"task {task.name!r} has a dependency outside the task list: {task.deps}")
+        queues.setdefault((task.stage, task.stream), []).append(i)
+    heads = dict.fromkeys(queues, 0)
+    free = dict.fromkeys(queues, 0.0)
+    gradient_spans: dict[int, list[tuple[float, float]]] = {}
+    done = 0
+    while done < len(tasks):
+        best: tuple[float, int, tuple[int, str]] | None = None
+        for key, queue in queues.items():
+            if heads[key] == len(queue):
+                continue
+            i = queue[heads[key]]
+            if any(tasks[d].end_ms < 0 for d in tasks[i].deps):
+                continue
+            start = max([free[key], *(tasks[d].end_ms for d in tasks[i].deps)])
+            # Communication first at equal times, so that compute sees the transfers it overlaps.
+            rank = (start, 0 if key[1] != "compute" else 1)
+            if best is None or rank < (best[0], 0 if best[2][1] != "compute" else 1):
+                best = (start, i, key)
+        if best is None:
+            stuck = [tasks[q[heads[k]]].name for k, q in queues.items() if heads[k] < len(q)]
+            raise ValueError(f"the schedule deadlocks: no stream can run its next task ({stuck[:4]})")
+        start, i, key = best
+        task = tasks[i]
+        duration = task.duration_ms
+        if task.stream == "compute" and gamma > 0:
+            duration += gamma * _overlap(gradient_spans.get(task.stage, []), start, start + duration)
+        task.start_ms, task.end_ms = start, start + duration
+        if task.stream == "gradient":
+            gradient_spans.setdefault(task.stage, []).append((task.start_ms, task.end_ms))
+        free[key] = task.end_ms
+        heads[key] += 1
+        done += 1
+    return max((t.end_ms for t in tasks), default=0.0)
+
+
+def _overlap(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
+
+
+def to_chrome_trace(tasks: Sequence[Task], title: str = "fxcost simulation") -> dict[str, Any]:
+    """The simulated timeline as a Chrome/Perfetto trace: a process per stage, a thread per stream."""
+    events: list[dict[str, Any]] = []
+    for stage in sorted({t.stage for t in tasks}):
+        events.append(
+            {"ph": "M", "pid": stage, "name": "process_name", "args": {"name": f"{title}: stage {stage}"}}
+        )
+        for tid, stream in enumerate(STREAMS):
+            events.append(
+                {"ph": "M", "pid": stage, "tid": tid, "name": "thread_name", "args": {"name": stream}}
+            )
+    for t in tasks:
+        if t.duration_ms <= 0:
+            continue
+        tid = STREAMS.index(t.stream)
+        events.append({"ph": "X", "pid": t.stage, "tid": tid, "name": t.name, "args": t.args,
+                       "ts": t.start_ms * 1e3, "dur": (t.end_ms - t.start_ms) * 1e3})  # fmt: skip
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,90 @@
+"""Peak memory of one rank: parameters, gradients, optimizer state, activations; the OOM verdict.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, §5): with ``Ψ`` parameters on a rank,
+fp32 training with Adam holds ``4Ψ`` bytes of parameters, ``4Ψ`` of gradients and ``8Ψ`` of
+optimizer state (first and second moments). Mixed precision (fp16/bf16) holds ``2Ψ + 2Ψ`` of
+half-precision parameters and gradients and ``12Ψ`` of fp32 master weights and moments. ZeRO stage 1
+shards the optimizer state over the ``dp`` ranks, stage 2 the gradients too, stage 3 the parameters
+too. Activations: the bytes each micro-batch saves for its backward times the micro-batches in
+flight (all of them for GPipe, ``pp - stage`` for 1F1B); recomputed layers keep only their inputs,
+plus one layer's activations while it is recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Memory", "in_flight", "model_state_bytes", "rank_memory"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak bytes of one rank, by kind, against the GPU's capacity."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+    @property
+    def oom(self) -> bool:
+        """Whether the rank runs out of memory (the total exceeds the GPU's memory)."""
+        return self.total > self.capacity
+
+    def __str__(self) -> str:
+        parts = ", ".join(
+            f"{k} {getattr(self, k) / GIB:.2f}" for k in ("params", "grads", "optimizer", "activations")
+        )
+        verdict = "OUT OF MEMORY" if self.oom else "fits"
+        return f"{self.total / GIB:.2f} GiB of {self.capacity / GIB:.0f} ({parts}): {verdict}"
+
+
+def model_state_bytes(params: int, dp: int, zero: int, half: bool = False) -> tuple[float, float, float]:
+    """(parameter, gradient, optimizer) bytes on one rank holding ``params`` parameters, Adam."""
+    weights, grads, optimizer = (2.0, 2.0, 12.0) if half else (4.0, 4.0, 8.0)
+    return (
+        params * weights / (dp if zero >= 3 else 1),
+        params * grads / (dp if zero >= 2 else 1),
+        params * optimizer / (dp if zero >= 1 else 1),
+    )
+
+
+def in_flight(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak."""
+    if schedule == "gpipe":
+        return micro_batches
+    return min(stages - stage, micro_batches)
+
+
+def rank_memory(
+    params: int,
+    activation_bytes: float,
+    checkpoint_bytes: float,
+    *,
+    dp: int,
+    zero: int,
+    schedule: str,
+    stage: int,
+    stages: int,
+    micro_batches: int,
+    recompute: bool,
+    layers: int,
+    capacity_gb: float,
+    half: bool = False,
+) -> Memory:
+    """The peak memory of one rank of ``stage`` (per-micro-batch activation bytes of the stage)."""
+    p, g, o = model_state_bytes(params, dp, zero, half)
+    held = in_flight(schedule, stage, stages, micro_batches)
+    if recompute:
+        one_layer = activation_bytes / max(layers, 1)
+        activations = held * checkpoint_bytes + one_layer
+    else:
+        activations = held * activation_bytes
+    return Memory(p, g, o, activations, capacity_gb * GIB)

@@ -1,0 +1,425 @@
+"""The execution-graph compiler (Proteus §V): a captured step and a strategy become per-stage tasks.
+
+Input: a step traced once (:class:`~fxcost.estimator.Captured`, sizes symbolic in the batch), the
+model's parameters by module, a :class:`~fxcost.sim.strategy.Strategy` and a cluster. Output: for
+each pipeline stage, the compute segments of one micro-batch's forward and backward with the
+collectives the strategy implies, priced on the cluster's GPU:
+
+- **Layers and stages.** The repeated layers of the model (modules named ``<prefix>.<int>``) are split
+  into ``pp`` contiguous stages; what comes before the first layer in the forward (embeddings) runs on
+  the first stage, what comes after (final norm, head, loss) on the last. Backward nodes follow the
+  module they differentiate.
+- **Tensor parallelism** (Megatron-LM): inside a layer, nodes of its attention and MLP children are
+  split over ``tp`` ranks. A matmul is sharded along its wider non-token dimension (the 3H of QKV,
+  the 4H of the MLP; the contraction of the output projections), a batched matmul along its
+  batch-times-heads dimension, other ops along their head or feature dimension. Tensors as wide as
+  the model (the row-parallel outputs, the residual stream) stay whole. The sharded nodes are priced
+  at their sharded shapes, not as a fraction of the whole. Each exit from a sharded region is an
+  all-reduce of the activations (forward) or their gradients (backward), two per layer each way.
+- **Data parallelism and ZeRO.** Each layer's gradients are all-reduced over ``dp`` once its last
+  micro-batch's backward is done (reduce-scattered from ZeRO 2); with ZeRO 3 (FSDP) each layer's
+  parameters are all-gathered before its forward and its backward.
+- **Pipeline**: activations are sent to the next stage after each micro-batch's forward, their
+  gradients back after its backward.
+- **Recomputation**: a recomputed layer runs its forward again before its backward.
+
+Per-node times are kernel times: the heads' isolated-op predictions less the device's per-op
+overhead, which an eager step hides (:mod:`fxcost.report.eager`); a segment never takes less than
+the host needs to issue its ops.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fxcost import cost_models
+from fxcost.devices import Device
+from fxcost.estimator import Captured, Precision
+from fxcost.records import NodeCost, Shape
+from fxcost.report.eager import HOST_MS, ISOLATED_MODELS, MIN_KERNEL_MS
+from fxcost.sim.strategy import Strategy
+
+__all__ = [
+    "Comm",
+    "Plan",
+    "Segment",
+    "StagePlan",
+    "compile_plan",
+    "layers_of",
+    "shard_node",
+    "shard_vocabulary",
+]
+
+_LAYER = re.compile(r"^(.*?\.?\d+)(?:\.|$)")  # the first path prefix that ends in an index
+_NORM = re.compile(r"(^|\.)(ln(_\w+)?|\w*norm\w*)$", re.IGNORECASE)  # ln_1, layernorm, norm
+_MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default")
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A collective: ``kind``, the full buffer in bytes, the group (``"tp"``, ``"dp"``, ``"pp"``)."""
+
+    kind: str
+    nbytes: float
+    group: str
+    stream: str  # "feature" (blocks compute) or "gradient" (asynchronous)
+
+
+@dataclass
+class Segment:
+    """A run of consecutive nodes of one layer (or of the non-layer part) in one direction: its
+    compute ms, and the collectives it issues (before it, inside it, after it)."""
+
+    layer: str  # the layer module, or "" outside the layers
+    phase: str  # "fw" or "bw"
+    compute_ms: float
+    ops: int
+    before: list[Comm] = field(default_factory=list)
+    inside: list[Comm] = field(default_factory=list)
+    after: list[Comm] = field(default_factory=list)
+
+
+@dataclass
+class StagePlan:
+    """One pipeline stage, for one micro-batch: forward and backward segments in execution order."""
+
+    index: int
+    layers: list[str]
+    forward: list[Segment]
+    backward: list[Segment]
+    params: int  # parameters held by one rank of this stage (after tensor parallelism)
+    activation_bytes: float  # saved for backward per micro-batch on one rank
+    checkpoint_bytes: float  # kept per micro-batch when its layers are recomputed
+
+
+@dataclass
+class Plan:
+    strategy: Strategy
+    micro_batch: int
+    stages: list[StagePlan]
+    boundary_bytes: float  # activations sent between stages per micro-batch
+    hidden: int
+    tokens: int  # tokens per micro-batch on one rank
+
+
+def layers_of(modules: Sequence[str]) -> list[str]:
+    """The model's repeated layers, in order: module paths ``<prefix>.<int>`` under the most common
+    prefix (``transformer.h.0``, ``blocks.11``, ``model.layers.3``)."""
+    prefixes: Counter[str] = Counter()
+    found: dict[str, set[int]] = {}
+    for module in modules:
+        m = _LAYER.match(module)
+        if m is None:
+            continue
+        layer = m.group(1)
+        prefix, _, index = layer.rpartition(".")
+        if index.isdigit():
+            found.setdefault(prefix, set()).add(int(index))
+            prefixes[prefix] += 1
+    if not found:
+        return []
+    prefix = max(found, key=lambda p: (len(found[p]), prefixes[p]))
+    return [f"{prefix}.{i}" if prefix else str(i) for i in sorted(found[prefix])]
+
+
+def compile_plan(
+    captured: Captured,
+    params: Mapping[str, int],
+    strategy: Strategy,
+    device: Device,
+    batch: int,
+    precision: Precision | None = None,
+) -> Plan:
+    """Per-stage segments of one micro-batch of ``captured`` under ``strategy`` on ``device``, priced
+    with the capture's cost models.
+
+    ``params``: parameter count by owning module path (``model.named_parameters()``).
+
+    Raises:
+        ValueError: the batch does not split into ``dp * micro_batches``, or ``pp`` exceeds layers.
+    """
+    s = strategy
+    micro = s.micro_batch(batch)
+    chain = captured.chain
+    report = captured.report
+    nodes = [n for n in report.nodes if n.phase in ("fw", "bw")]
+    layers = layers_of([n.module for n in nodes])
+    if s.pp > max(len(layers), 1):
+        raise ValueError(f"pp={s.pp} stages but the model has {len(layers)} layers to split")
+    stage_of_layer = {layer: i * s.pp // len(layers) for i, layer in enumerate(layers)}
+
+    batch_nodes = captured.node_batch(None if micro == captured.batch else micro, precision)
+    ms, source = cost_models.predict_batch(batch_nodes, chain, device)
+    kernel = _kernel_ms(ms, source, device)
+    hidden, tokens = _width_and_tokens(batch_nodes.nodes)
+    vocab = _vocab(batch_nodes.nodes)
+
+    # Per distinct node, its tensor-parallel shard inside a layer and outside (vocabulary-parallel).
+    def in_layer(n: NodeCost) -> NodeCost | None:
+        return shard_node(n, s.tp, hidden, tokens)
+
+    def outside(n: NodeCost) -> NodeCost | None:
+        return shard_vocabulary(n, s.tp, tokens, vocab) if vocab else None
+
+    layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
+    outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
+
+    layer_of = {n.module: _layer(n.module, layers) for n in report.nodes}
+    stages = [StagePlan(i, [x for x in layers if stage_of_layer[x] == i], [], [], 0, 0.0, 0.0)
+              for i in range(s.pp)]  # fmt: skip
+    itemsize = 2 if precision in ("fp16", "bf16") else 4
+    boundary = tokens * hidden * itemsize
+    all_reduce = Comm("all_reduce", boundary, "tp", "feature")
+    for phase in ("fw", "bw"):
+        seen_layer = False
+        current: Segment | None = None
+        region: str | None = None  # the sharded child (attention, MLP) being run, if any
+        ordered = [
+            (n, d)
+            for n, d in zip(report.nodes, captured.index, strict=True)
+            if n.phase == phase and d is not None
+        ]
+        in_layers = [i for i, (n, _) in enumerate(ordered) if layer_of[n.module]]
+        for i, (node, d) in enumerate(ordered):
+            layer = layer_of[node.module]
+            inherited = (
+                not layer and bool(in_layers) and in_layers[0] < i < in_layers[-1] and current is not None
+            )
+            if inherited:
+                assert current is not None
+                layer = current.layer  # a node without a module amid the layers: the residual stream's
+            seen_layer = seen_layer or bool(layer)
+            plan = stages[_stage(layer, seen_layer, phase, stage_of_layer, s.pp)]
+            segments = plan.forward if phase == "fw" else plan.backward
+            if current is None or current.layer != layer or not segments or current is not segments[-1]:
+                if current is not None and region is not None:
+                    current.inside.append(all_reduce)  # the layer ended inside a sharded region
+                current, region = Segment(layer, phase, 0.0, 0), None
+                segments.append(current)
+            shards: dict[int, NodeCost] = {}
+            shard_ms: dict[int, float] = {}
+            if inherited:  # replicated work on the residual stream; it neither enters nor leaves a region
+                child = region
+            elif layer:
+                child = _region(node.module, layer) if node.module.startswith(layer + ".") else None
+                if child and _in_tp_region(node.module, layer) and s.tp_of(node.module) > 1:
+                    shards, shard_ms = layer_shard, layer_ms
+            else:  # outside the layers: the vocabulary-wide head, loss and embedding gradient
+                child = "vocabulary"
+                if s.tp_of(node.module) > 1:
+                    shards, shard_ms = outer_shard, outer_ms
+            sharded = d in shards
+            if region is not None and (child != region or (not sharded and not layer)):
+                current.inside.append(all_reduce)  # leaving a sharded region: sum the partial results
+                region = None
+            if sharded:
+                region = child
+            current.compute_ms += shard_ms[d] if sharded else float(kernel[d])
+            current.ops += 1
+            if phase == "fw":
+                plan.activation_bytes += (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written or 0
+        if current is not None and region is not None:
+            current.inside.append(all_reduce)
+    _add_layer_collectives(stages, params, layers, s, itemsize)
+    for plan in stages:
+        plan.checkpoint_bytes = boundary * max(len(plan.layers), 1)
+    return Plan(s, micro, stages, boundary, hidden, tokens)
+
+
+def _add_layer_collectives(
+    stages: list[StagePlan], params: Mapping[str, int], layers: list[str], s: Strategy, itemsize: int
+) -> None:
+    """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer: its
+    parameters gathered before its first forward and first backward segment (ZeRO 3), its gradients
+    reduced after its last backward segment. The part outside the layers (embeddings, head) is held
+    whole by the first and the last stage, which both reduce it."""
+    per_layer: Counter[str] = Counter()
+    for module, count in params.items():
+        per_layer[_layer(module, layers)] += count
+
+    def held(layer: str) -> int:
+        return per_layer[layer] // s.tp_of(layer) if layer else per_layer[layer]
+
+    for plan in stages:
+        plan.params = sum(held(layer) for layer in {seg.layer for seg in plan.forward + plan.backward})
+        if s.dp == 1:
+            continue
+        for segments in (plan.forward, plan.backward):
+            if s.zero == 3:
+                for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer
+                    seg.before.append(Comm("all_gather", held(seg.layer) * itemsize, "dp", "feature"))
+        kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
+        for seg in {seg.layer: seg for seg in plan.backward}.values():  # the last of each layer
+            seg.after.append(Comm(kind, held(seg.layer) * itemsize, "dp", "gradient"))
+
+
+def _shards(
+    nodes: Sequence[NodeCost],
+    shard: Callable[[NodeCost], NodeCost | None],
+    tp: int,
+    chain: Sequence[cost_models.CostModel],
+    device: Device,
+) -> tuple[dict[int, NodeCost], dict[int, float]]:
+    """The nodes ``shard`` splits, by position, and their kernel ms (none when ``tp`` is 1)."""
+    if tp == 1:
+        return {}, {}
+    shards = {i: s for i, n in enumerate(nodes) if (s := shard(n)) is not None}
+    if not shards:
+        return {}, {}
+    ms, source = cost_models.predict_batch(cost_models.NodeBatch.of(list(shards.values())), chain, device)
+    return shards, dict(zip(shards, _kernel_ms(ms, source, device).tolist(), strict=True))
+
+
+def _vocab(nodes: Sequence[NodeCost]) -> int | None:
+    """The vocabulary: rows of the widest embedding table looked up."""
+    tables = [
+        n.in_shapes[0][0]
+        for n in nodes
+        if n.op == "aten.embedding.default" and n.in_shapes and n.in_shapes[0]
+    ]
+    return max(tables, default=None)
+
+
+def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> np.ndarray:
+    """Kernel time per node: isolated-op predictions less the per-op overhead eager execution hides."""
+    isolated = np.array([src in ISOLATED_MODELS for src in source], dtype=bool)
+    ms = np.nan_to_num(ms)
+    return np.where(isolated, np.maximum(ms - device.overhead_ms, MIN_KERNEL_MS), ms)
+
+
+def _layer(module: str, layers: Sequence[str]) -> str:
+    for layer in layers:
+        if module == layer or module.startswith(layer + "."):
+            return layer
+    return ""
+
+
+def _region(module: str, layer: str) -> str:
+    """The child of ``layer`` a module belongs to (``attn``, ``mlp``)."""
+    rest = module[len(layer) + 1 :]
+    return rest.split(".", 1)[0]
+
+
+def _in_tp_region(module: str, layer: str) -> bool:
+    """Whether a node of ``layer`` runs in a tensor-parallel child (attention, MLP): not the layer's
+    own residual nodes, not its norms."""
+    if module == layer:
+        return False
+    child = _region(module, layer)
+    return not _NORM.search(child) and not _NORM.search(module)
+
+
+def _stage(layer: str, seen_layer: bool, phase: str, stage_of_layer: Mapping[str, int], pp: int) -> int:
+    if layer:
+        return stage_of_layer[layer]
+    # Outside the layers: before them in the forward (embeddings) is the first stage, after them the
+    # last; the backward runs in reverse.
+    before = not seen_layer
+    first = before if phase == "fw" else not before
+    return 0 if first else pp - 1
+
+
+def _width_and_tokens(nodes: Sequence[NodeCost]) -> tuple[int, int]:
+    """The model width (the last dimension layer norms normalize most often) and the tokens of a
+    micro-batch (their rows)."""
+    widths: Counter[tuple[int, int]] = Counter()
+    for n in nodes:
+        if n.op == "aten.native_layer_norm.default" and n.in_shapes:
+            x = n.in_shapes[0]
+            if x:
+                widths[(x[-1], math.prod(x) // max(x[-1], 1))] += 1
+    if not widths:
+        return 1, 1
+    (hidden, tokens), _ = widths.most_common(1)[0]
+    return hidden, tokens
+
+
+def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:
+    """``node`` of a layer's attention or MLP as one of ``tp`` tensor-parallel ranks runs it: split
+    along its heads or features, or None if its result is as wide as the model (it runs whole)."""
+    if node.op in _MATMULS:
+        return _shard_matmul(node, tp, tokens)
+    outs = node.out_shapes or node.in_shapes
+    if not outs or not outs[0] or outs[0][-1] == hidden:
+        return None  # as wide as the model: a replicated tensor
+    return _on_shapes(node, [_split(s, tp, hidden) for s in node.in_shapes],
+                    [_split(s, tp, hidden) for s in node.out_shapes])  # fmt: skip
+
+
+def shard_vocabulary(node: NodeCost, tp: int, tokens: int, vocab: int) -> NodeCost | None:
+    """A node outside the layers as Megatron's vocabulary-parallel head, cross-entropy and
+    embedding run it: split along the vocabulary if its result (or a matmul operand) spans it."""
+    if node.op in _MATMULS:
+        spans = any(vocab in s for s in (*node.in_shapes, *node.out_shapes))
+        return _shard_matmul(node, tp, tokens) if spans else None
+    if not any(vocab in s for s in node.out_shapes):
+        return None
+
+    def split(shape: Shape) -> Shape:
+        return tuple(x // tp if x == vocab else x for x in shape)
+
+    return _on_shapes(node, [split(s) for s in node.in_shapes], [split(s) for s in node.out_shapes])
+
+
+def _on_shapes(node: NodeCost, in_shapes: list[Shape], out_shapes: list[Shape]) -> NodeCost:
+    """``node`` on smaller tensors: FLOPs in proportion to its result, bytes from the shapes."""
+    old, new = node.out_shapes or node.in_shapes, out_shapes or in_shapes
+    ratio = math.prod(new[0]) / max(math.prod(old[0]), 1) if old and new else 1.0
+    return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
+                        flops=None if node.flops is None else round(node.flops * ratio),
+                        bytes_read=_bytes(node, in_shapes, node.in_dtypes),
+                        bytes_written=_bytes(node, out_shapes, node.out_dtypes))  # fmt: skip
+
+
+def _split(shape: Shape, tp: int, hidden: int) -> Shape:
+    """A tensor's shard: heads (dimension 1 of a 4-d tensor) or features (the last) split."""
+    if not shape or shape[-1] == hidden:
+        return shape
+    dim = 1 if len(shape) == 4 and shape[1] % tp == 0 else len(shape) - 1
+    if shape[dim] % tp:
+        return shape
+    return (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
+
+
+def _shard_matmul(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
+    shapes = list(node.in_shapes)
+    if node.op in ("aten.bmm.default", "aten.baddbmm.default"):
+        a, b = shapes[-2], shapes[-1]
+        if len(a) != 3 or a[0] % tp:
+            return None
+        shapes[-2], shapes[-1] = (a[0] // tp, *a[1:]), (b[0] // tp, *b[1:])
+        out = [(s[0] // tp, *s[1:]) for s in node.out_shapes]
+        if node.op == "aten.baddbmm.default" and len(shapes[0]) == 3:
+            shapes[0] = (shapes[0][0] // tp, *shapes[0][1:])
+    else:
+        (m, k), (_, n) = shapes[-2], shapes[-1]
+        candidates = {"m": m, "k": k, "n": n}
+        free = {name: size for name, size in candidates.items() if size != tokens and size % tp == 0}
+        if not free:
+            return None
+        dim = max(free, key=lambda name: (free[name], name == "k"))  # a tie: split the contraction
+        m2, k2, n2 = (x // tp if name == dim else x for name, x in candidates.items())
+        shapes[-2], shapes[-1] = (m2, k2), (k2, n2)
+        if node.op == "aten.addmm.default":
+            shapes[0] = (n2,) if len(shapes[0]) == 1 else (m2, n2)
+        out = [(m2, n2)]
+    return node.replace(in_shapes=shapes, out_shapes=out,
+                        flops=None if node.flops is None else node.flops // tp,
+                        bytes_read=_bytes(node, shapes, node.in_dtypes),
+                        bytes_written=_bytes(node, out, node.out_dtypes))  # fmt: skip
+
+
+def _bytes(node: NodeCost, shapes: Sequence[Shape], dtypes: Sequence[str]) -> int:
+    return sum(math.prod(s) * getattr(torch, d).itemsize for s, d in zip(shapes, dtypes, strict=False))
+
+
+def host_bound(segment: Segment) -> float:
+    """A segment's compute time, at least the host's time to issue its ops."""
+    return max(segment.compute_ms, segment.ops * HOST_MS)

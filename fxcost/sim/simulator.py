@@ -1,0 +1,284 @@
+"""``fxcost.simulate``: one training iteration of a parallel plan on a cluster, simulated.
+
+The step is traced once (:class:`~fxcost.estimator.Estimator`, no GPU needed), compiled into
+per-stage tasks for the strategy (:mod:`fxcost.sim.plan`), its collectives priced on the cluster's
+links (:mod:`fxcost.sim.cluster`) and the tasks run through the event simulator
+(:mod:`fxcost.sim.engine`). The result has the iteration time, throughput, every stage's timeline
+(exportable for Perfetto), its peak memory and the OOM verdict, and the collectives issued.
+
+Example:
+    >>> result = fxcost.simulate(model, "dp=2,tp=4,pp=2,mb=8", "2x8xA100-SXM4-80GB",
+    ...                          example_inputs=(tokens, targets))  # doctest: +SKIP
+    >>> result.iteration_ms, result.samples_per_s, result.oom  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fxcost._io import atomic_write
+from fxcost.capture import LossFn, default_loss
+from fxcost.estimator import Captured, Precision, default_estimator
+from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
+from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
+from fxcost.sim.memory import Memory, rank_memory
+from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
+from fxcost.sim.strategy import Strategy
+
+__all__ = ["GAMMA", "SimResult", "simulate"]
+
+# Proteus §VI-C's overlap factor: how much longer kernels take while gradients are reduced beside
+# them. Proteus profiles it per machine and model; 0.1 is in the middle of the slowdowns it and
+# others report for NCCL sharing SMs and memory bandwidth with compute. Not fitted here.
+GAMMA = 0.1
+
+
+@dataclass
+class SimResult:
+    """A simulated iteration.
+
+    Attributes:
+        iteration_ms: forward and backward of one global batch (the optimizer step is not included).
+        batch: the global batch.
+        strategy, cluster: what was simulated.
+        tasks: every stage's timeline (one representative rank per pipeline stage).
+        memory: peak memory of one rank per stage.
+        collectives: (kind, group, bytes) -> how many times one rank issues it per iteration.
+        compile_s, simulate_s: wall time of the plan compiler and of the event simulation.
+    """
+
+    iteration_ms: float
+    batch: int
+    strategy: Strategy
+    cluster: Cluster
+    tasks: list[Task]
+    memory: list[Memory]
+    collectives: Counter[tuple[str, str, float]] = field(default_factory=Counter)
+    compile_s: float = 0.0
+    simulate_s: float = 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.batch / self.iteration_ms * 1000 if self.iteration_ms > 0 else float("inf")
+
+    @property
+    def oom(self) -> bool:
+        """Whether any rank runs out of memory."""
+        return any(m.oom for m in self.memory)
+
+    def to_chrome_trace(self, path: str | Path) -> Path:
+        """Write the simulated timeline as a Chrome/Perfetto trace JSON."""
+        trace = to_chrome_trace(self.tasks, f"{self.strategy} on {self.cluster.device.name}")
+        return atomic_write(Path(path), json.dumps(trace).encode())
+
+    def summary(self) -> str:
+        c = self.cluster
+        lines = [
+            f"{self.strategy} on {c.nodes}x{c.gpus_per_node}x{c.device.name}: "
+            f"{self.iteration_ms:.1f} ms per iteration, {self.samples_per_s:.1f} samples/s",
+        ]
+        lines += [f"  stage {i} memory: {m}" for i, m in enumerate(self.memory)]
+        return "\n".join(lines)
+
+
+def simulate(
+    model: torch.nn.Module | Callable[..., Any] | Captured | str | Path | dict[str, Any],
+    strategy: Strategy | str,
+    cluster: Cluster | str,
+    *,
+    example_inputs: Any = None,
+    batch: int | None = None,
+    seqlen: int | None = None,
+    params: Mapping[str, int] | None = None,
+    precision: Precision | None = None,
+    gamma: float = GAMMA,
+    loss_fn: LossFn = default_loss,
+) -> SimResult:
+    """Simulate one training iteration of ``model`` under ``strategy`` on ``cluster``.
+
+    Args:
+        model: a module (with ``example_inputs`` at any batch), a Hugging Face ``config.json`` path
+            or its dict (with ``batch`` and ``seqlen``), or a step traced already (a ``Captured``, with
+            ``params``).
+        strategy: a :class:`Strategy` or its string form ``"dp=2,tp=4,pp=2,mb=8,zero=1"``.
+        cluster: a :class:`Cluster` or its string form ``"2x8xA100-SXM4-80GB"``.
+        batch: the global batch (default: the inputs' batch).
+        params: parameter counts by module path (default: from the model).
+        precision: ``"fp16"``/``"bf16"``/``"tf32"`` to price the step in that precision.
+        gamma: the overlap factor (compute slows by this share while gradients are reduced).
+
+    Raises:
+        ValueError: the strategy needs more GPUs than the cluster has, or does not fit the model.
+    """
+    strategy = Strategy.parse(strategy) if isinstance(strategy, str) else strategy
+    cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
+    if strategy.world_size != cluster.world_size:
+        raise ValueError(
+            f"strategy {strategy} needs {strategy.world_size} GPUs, the cluster has {cluster.world_size} "
+            f"({cluster.nodes} nodes x {cluster.gpus_per_node})"
+        )
+    captured, params, batch = _traced(model, example_inputs, batch, seqlen, params, loss_fn, strategy)
+    start = time.perf_counter()
+    plan = compile_plan(captured, params, strategy, cluster.device, batch, precision)
+    tasks, collectives = _tasks(plan, cluster)
+    compiled = time.perf_counter()
+    iteration = simulate_tasks(tasks, gamma)
+    memory = [
+        rank_memory(
+            st.params,
+            st.activation_bytes,
+            st.checkpoint_bytes,
+            dp=strategy.dp,
+            zero=strategy.zero,
+            schedule=strategy.schedule,
+            stage=st.index,
+            stages=strategy.pp,
+            micro_batches=strategy.micro_batches,
+            recompute=bool(st.layers) and all(strategy.recompute_of(layer) for layer in st.layers),
+            layers=len(st.layers),
+            capacity_gb=cluster.device.memory_gb or float("inf"),
+            half=precision in ("fp16", "bf16"),
+        )
+        for st in plan.stages
+    ]
+    return SimResult(iteration, batch, strategy, cluster, tasks, memory, collectives,
+                     compiled - start, time.perf_counter() - compiled)  # fmt: skip
+
+
+def _traced(
+    model: Any, example_inputs: Any, batch: int | None, seqlen: int | None,
+    params: Mapping[str, int] | None, loss_fn: LossFn, strategy: Strategy,
+) -> tuple[Captured, Mapping[str, int], int]:  # fmt: skip
+    """The step traced where it holds at one rank's micro-batch, its parameters, the global batch."""
+    if isinstance(model, Captured):
+        if params is None:
+            raise ValueError("simulating a Captured step needs params= (parameter counts by module path)")
+        return model, params, batch or model.batch or 1
+    if isinstance(model, (str, Path, dict)):
+        from fxcost.hf import hf_step
+
+        if batch is None or seqlen is None:
+            raise ValueError("a Hugging Face config needs batch= and seqlen=")
+        step = hf_step(model, batch, seqlen, train=True)
+        model, example_inputs, loss_fn = step.model, step.inputs, step.loss_fn
+    if example_inputs is None:
+        raise ValueError("simulate needs example_inputs= for a model (a tensor, tuple or dict)")
+    from fxcost.capture import _as_call, _batch_of
+
+    batch = batch or _batch_of(*_as_call(example_inputs)) or 1
+    micro = strategy.micro_batch(batch)
+    captured = default_estimator().capture(model, example_inputs, True, loss_fn=loss_fn, batch_size=micro)
+    return captured, params if params is not None else _params_by_module(model), batch
+
+
+def _params_by_module(model: Any) -> dict[str, int]:
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError("parameters are read from an nn.Module; pass params= for other callables")
+    counts: Counter[str] = Counter()
+    for name, p in model.named_parameters():
+        counts[name.rpartition(".")[0]] += p.numel()
+    return dict(counts)
+
+
+def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str, str, float]]]:
+    """The plan as simulator tasks, in each stage's schedule order, and the collectives issued."""
+    s = plan.strategy
+    groups = _groups(s)
+    # Groups of one kind run the same collectives at the same time; the simulated group shares its
+    # links as the most crowded of them does.
+    sharing = {kind: max(link_sharing(members, cluster), default=1.0) for kind, members in groups.items()}
+    collectives: Counter[tuple[str, str, float]] = Counter()
+    priced: dict[Comm, float] = {}
+    tasks: list[Task] = []
+
+    def add(task: Task) -> int:
+        tasks.append(task)
+        return len(tasks) - 1
+
+    def communicate(c: Comm, stage: int, deps: list[int], name: str | None = None) -> int:
+        """Add collective ``c`` as a task on its stream (priced once per kind, group and size)."""
+        if c not in priced:
+            ranks = groups[c.group][0][:2] if c.kind == "send_recv" else groups[c.group][0]
+            priced[c] = collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=sharing[c.group])
+        collectives[(c.kind, c.group, c.nbytes)] += 1
+        args = {"kind": c.kind, "group": c.group, "bytes": c.nbytes}
+        return add(Task(name or f"{c.kind} {c.group}", stage, c.stream, priced[c], deps, args))
+
+    first: dict[tuple[str, int, int], int] = {}  # (F/B, stage, micro-batch) -> its first task
+    done: dict[tuple[str, int, int], int] = {}  # ... and its last
+    gradients: list[tuple[int, Comm, int]] = []  # (stage, reduction, the backward task it follows)
+    for st in plan.stages:
+        recomputed = {seg.layer: 0.0 for seg in st.forward if seg.layer and s.recompute_of(seg.layer)}
+        for seg in st.forward:
+            if seg.layer in recomputed:
+                recomputed[seg.layer] += host_bound(seg)
+        for direction, m in _schedule(s.schedule, st.index, s.pp, s.micro_batches):
+            prev: int | None = None
+            first[(direction, st.index, m)] = len(tasks)
+            for seg in st.forward if direction == "F" else st.backward:
+                deps = [] if prev is None else [prev]
+                if prev is None and direction == "B" and ("F", st.index, m) in done:
+                    deps.append(done[("F", st.index, m)])
+                for c in seg.before:
+                    deps = [communicate(c, st.index, deps)]
+                duration = host_bound(seg)
+                if direction == "B":  # a recomputed layer runs its forward again first
+                    duration += recomputed.get(seg.layer, 0.0)
+                prev = add(Task(f"{direction}{m} {seg.layer or 'outer'}", st.index, "compute", duration, deps,
+                                {"micro_batch": m, "ops": seg.ops}))  # fmt: skip
+                for c in seg.inside:
+                    prev = communicate(c, st.index, [prev])
+                if direction == "B" and m == s.micro_batches - 1:
+                    gradients += [(st.index, c, prev) for c in seg.after]
+            if prev is None:
+                del first[(direction, st.index, m)]
+                continue
+            if (st.index < s.pp - 1) if direction == "F" else (st.index > 0):
+                send = Comm("send_recv", plan.boundary_bytes, "pp", "feature")
+                name = "send activations" if direction == "F" else "send gradients"
+                prev = communicate(send, st.index, [prev], name)
+            done[(direction, st.index, m)] = prev
+    # A micro-batch's forward on a stage waits for the previous stage's, its backward for the next's.
+    for (direction, stage, m), task in first.items():
+        upstream = (direction, stage - 1 if direction == "F" else stage + 1, m)
+        if upstream in done:
+            tasks[task].deps.append(done[upstream])
+    for stage, c, after in gradients:
+        end_of_backward = done.get(("B", stage, s.micro_batches - 1), after)
+        communicate(c, stage, [after] if s.overlap_grad_reduce else [end_of_backward])
+    return tasks, collectives
+
+
+def _schedule(schedule: str, stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
+    """The order a stage runs its micro-batches' forwards (F) and backwards (B)."""
+    m = micro_batches
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(stages - stage - 1, m)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    order += [("B", i) for i in range(m - warmup, m)]
+    return order
+
+
+def _groups(s: Strategy) -> dict[str, list[list[int]]]:
+    """Every communication group of each kind, Megatron's rank order (tensor-parallel ranks
+    adjacent, then data-parallel, then pipeline stages); the first is the simulated one's."""
+
+    def rank(p: int, d: int, t: int) -> int:
+        return p * s.dp * s.tp + d * s.tp + t
+
+    return {
+        "tp": [[rank(p, d, t) for t in range(s.tp)] for p in range(s.pp) for d in range(s.dp)],
+        "dp": [[rank(p, d, t) for d in range(s.dp)] for p in range(s.pp) for t in range(s.tp)],
+        "pp": [[rank(p, d, t) for p in range(s.pp)] for d in range(s.dp) for t in range(s.tp)],
+    }

@@ -1,0 +1,195 @@
+"""A parallelization strategy: how one training step is spread over GPUs (Proteus §IV).
+
+:class:`Strategy` holds the degrees of data (``dp``), tensor (``tp``, Megatron-style column and row
+parallel linears in attention and MLP blocks) and pipeline (``pp``) parallelism, the micro-batches
+and their schedule (GPipe or 1F1B), the ZeRO stage (1-3; 3 is FSDP) and activation recomputation.
+Like Proteus's strategy tree, a strategy can give modules their own settings that apply to their
+children unless overridden deeper (``modules``): recomputation, and ``tp: 1`` for a module that runs
+whole on every tensor-parallel rank instead of split (the data and pipeline degrees, which decide
+the device groups, hold for the whole model).
+
+It is written as ``"dp=2,tp=4,pp=2,mb=8,zero=1"`` on the command line, or as YAML:
+
+.. code-block:: yaml
+
+    dp: 2
+    tp: 4
+    pp: 2
+    micro_batches: 8
+    schedule: 1f1b
+    zero: 1
+    recompute: false
+    modules:
+      transformer.h.0: {recompute: true}
+      transformer.h.1: {tp: 1}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["SCHEDULES", "Strategy"]
+
+Schedule = Literal["gpipe", "1f1b"]
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
+
+_SHORT = {"mb": "micro_batches", "sched": "schedule", "rc": "recompute", "overlap": "overlap_grad_reduce"}
+_MODULE_SETTINGS = ("recompute", "tp")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How a step is parallelized.
+
+    Attributes:
+        dp: data-parallel replicas (each takes ``batch / dp`` samples).
+        tp: tensor-parallel ranks per layer (Megatron: attention heads and MLP width split).
+        pp: pipeline stages (layers split evenly, embeddings on the first, the head on the last).
+        micro_batches: micro-batches per step for the pipeline (each ``batch / dp / micro_batches``).
+        schedule: ``"1f1b"`` (PipeDream-flush, the Megatron default) or ``"gpipe"``.
+        zero: ZeRO stage: 0 none, 1 optimizer states sharded over ``dp``, 2 also gradients, 3 also
+            parameters (FSDP).
+        recompute: activation recomputation (checkpointing) of every layer.
+        overlap_grad_reduce: reduce each layer's gradients while the backward goes on (PyTorch DDP,
+            FSDP); False reduces them all after the backward, as Megatron-LM does by default.
+        modules: per-module settings by dotted path (``{"transformer.h.0": {"recompute": True}}``),
+            inherited by the module's children unless they have their own.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    schedule: Schedule = "1f1b"
+    zero: int = 0
+    recompute: bool = False
+    overlap_grad_reduce: bool = True
+    modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "micro_batches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"strategy {name} must be a positive int, got {value!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown pipeline schedule {self.schedule!r}; accepted: {', '.join(SCHEDULES)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
+        for path, settings in self.modules.items():
+            unknown = set(settings) - set(_MODULE_SETTINGS)
+            if unknown:
+                accepted = ", ".join(_MODULE_SETTINGS)
+                raise ValueError(f"module {path!r} sets {sorted(unknown)}; per-module settings: {accepted}")
+            if settings.get("tp", self.tp) not in (1, self.tp):
+                raise ValueError(
+                    f"module {path!r} sets tp={settings['tp']}; a module is split over the strategy's "
+                    f"tp={self.tp} ranks or runs whole on each (tp=1)"
+                )
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the strategy needs: ``dp * tp * pp``."""
+        return self.dp * self.tp * self.pp
+
+    def micro_batch(self, batch: int) -> int:
+        """The samples of one micro-batch on one rank for a global ``batch``.
+
+        Raises:
+            ValueError: ``batch`` does not split into ``dp * micro_batches`` equal parts.
+        """
+        parts = self.dp * self.micro_batches
+        if batch < 1 or batch % parts:
+            raise ValueError(
+                f"batch {batch} does not split into dp={self.dp} x {self.micro_batches} micro-batches"
+            )
+        return batch // parts
+
+    def recompute_of(self, module: str) -> bool:
+        """Whether ``module``'s activations are recomputed: the setting of its closest configured
+        ancestor (itself included), else the strategy's."""
+        return bool(self._setting(module, "recompute", self.recompute))
+
+    def tp_of(self, module: str) -> int:
+        """How many ranks split ``module``: the strategy's ``tp``, or 1 where a module (or an
+        ancestor) is configured to run whole on each tensor-parallel rank."""
+        return int(self._setting(module, "tp", self.tp))
+
+    def _setting(self, module: str, name: str, default: Any) -> Any:
+        parts = module.split(".") if module else []
+        for depth in range(len(parts), -1, -1):
+            settings = self.modules.get(".".join(parts[:depth]))
+            if settings is not None and name in settings:
+                return settings[name]
+        return default
+
+    @classmethod
+    def parse(cls, spec: str) -> Strategy:
+        """A strategy from ``"dp=2,tp=4,pp=2,mb=8,zero=1,schedule=gpipe,recompute=1"``."""
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in spec.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(
+                    f"strategy item {item!r} is not key=value; e.g. 'dp=2,tp=4,pp=2,mb=8,zero=1'"
+                )
+            values[key.strip()] = value.strip()
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Strategy:
+        """A strategy from its YAML/dict form (short keys ``mb``, ``sched``, ``rc`` accepted)."""
+        accepted = {f.name for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in d.items():
+            name = _SHORT.get(key, key)
+            if name not in accepted:
+                raise ValueError(
+                    f"unknown strategy key {key!r}; accepted: {', '.join(sorted(accepted | set(_SHORT)))}"
+                )
+            values[name] = _coerce(name, value)
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Strategy:
+        """A strategy from a YAML file."""
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a strategy file holds a mapping, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def with_(self, **changes: Any) -> Strategy:
+        return replace(self, **changes)
+
+    def __str__(self) -> str:
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"mb={self.micro_batches}"]
+        if self.pp > 1:
+            parts.append(f"schedule={self.schedule}")
+        if self.zero:
+            parts.append(f"zero={self.zero}")
+        if self.recompute:
+            parts.append("recompute=1")
+        if not self.overlap_grad_reduce and self.dp > 1:
+            parts.append("overlap=0")
+        return ",".join(parts)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name in ("recompute", "overlap_grad_reduce"):
+        if isinstance(value, str):
+            if value.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+            return value.lower() in ("1", "true", "yes")
+        return bool(value)
+    if name in ("dp", "tp", "pp", "micro_batches", "zero") and isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError as e:
+            raise ValueError(f"strategy {name} must be an integer, got {value!r}") from e
+    if name == "schedule" and isinstance(value, str):
+        return value.lower()
+    return value
