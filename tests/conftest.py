@@ -3,6 +3,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Without an NVIDIA GPU, Triton kernels run under its CPU interpreter. The variable must be set before
+# anything imports Triton (torch.compile does): Triton's own library functions are built in one mode
+# at import, and interpreted kernels cannot call compiled ones.
+if not Path("/dev/nvidiactl").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import pytest
 import torch
 

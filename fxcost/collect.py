@@ -1,0 +1,355 @@
+"""Measure random op configurations on the local device into CSVs of the ``neusight/ops`` schema.
+
+One file per op and device, ``<out>/ops/<op>/<Device>.csv`` (spaces in the device name become ``_``, as
+in the shared data), so ``fxcost.datasets.read_ops(out, ops)`` reads the result directly. Columns, in
+order, are those of the shared files: ``OPName, Latency`` (ms, forward only, median of
+:func:`fxcost.timing.bench_ms`), ``Device``, ``Torch Version`` (``p2.1.0``), ``CUDNN Version`` (``8902``),
+the kernel columns, ``CUDA Version`` (``cu121``), ``Kernels`` (linear, bmm, conv and ln only) and the
+op's dims. The kernel columns (``Kernel Name``, ``Warps per SM``, ``Blocks per SM``, ``Grid x/y/z``,
+``Block x/y/z``, ``Kernels``) need a GPU profiler and are written empty.
+
+Configuration ``i`` of an op is drawn from its own generator, seeded by ``(seed, family, i)``, so it is
+the same whatever was measured before; the elementwise ops, ``ln`` and ``softmax`` share one family and
+so one sequence of ``[B, H]`` shapes, as in the shared data. Ranges, uniform integers, inclusive:
+
+=========== =================================================================================
+linear      B = 1 (as in the shared data), M 1-3500, N 1-32768, K 1-32768 (Habitat §4.3.1:
+            batch 1-3500, in/out features 1-32768); no bias (the schema has no bias column)
+bmm         B 1-128, M, N, K 1-1024 (Habitat)
+conv        B 1-64, Input_Channel 3-2048, Output_Channel 16-2048, Kernel_Szie 1-11, Input_Size
+            1-256 (square), Stride 1-4, Padding 0-3 (Habitat), no bias; configurations whose
+            kernel exceeds the padded image are redrawn
+elementwise B 1-16384, H 1-4096 (the range of the shared data; Habitat has no such ops); the
+ln, softmax "u" ops take the scalar 2.0
+=========== =================================================================================
+
+Measurements are fp32 with TF32 disabled (as the shared data). Out-of-memory configurations are
+skipped and counted, as in Habitat. Each row is flushed as soon as it is measured; on resume the rows
+already written are matched to the configurations of the sequence, so skipped configurations are
+recognised too, and measuring continues after the last one written. A torn last line (no trailing
+newline, from a killed run) is dropped, since a truncated latency would still parse as a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import functools
+import io
+import logging
+import os
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fxcost.datasets import ELEMENTWISE
+
+__all__ = ["OPS", "CollectStats", "add_collect_parser", "collect", "device_label", "header", "sample_config"]
+
+log = logging.getLogger(__name__)
+
+Timer = Callable[[Callable[[], Any], torch.device], float]
+
+_META = ["OPName", "Latency", "Device", "Torch Version", "CUDNN Version", "Kernel Name", "Warps per SM",
+         "Blocks per SM", "Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z",
+         "CUDA Version"]  # fmt: skip
+_GEMM_DIMS = ["B", "M", "N", "K"]
+_CONV_DIMS = ["B", "Input_Channel", "Output_Channel", "Kernel_Szie", "Input_Size", "Stride", "Padding"]
+_VEC_DIMS = ["B", "H"]
+
+# Op -> (sampling family, dims, whether the shared files have a "Kernels" column).
+OPS: dict[str, tuple[str, list[str], bool]] = {
+    "linear": ("linear", _GEMM_DIMS, True),
+    "bmm": ("bmm", _GEMM_DIMS, True),
+    "conv": ("conv", _CONV_DIMS, True),
+    "ln": ("vec", _VEC_DIMS, True),
+    "softmax": ("vec", _VEC_DIMS, False),
+    **{op: ("vec", _VEC_DIMS, False) for op in ELEMENTWISE},
+}
+_SCALAR = 2.0
+
+
+@dataclass
+class CollectStats:
+    """What one :func:`collect` call did, per op: rows found on resume (``existing``), rows measured
+    now (``written``), out-of-memory configurations skipped (``skipped_oom``), the CSV (``paths``) and
+    whether a torn last line was dropped (``repaired``)."""
+
+    existing: dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+    skipped_oom: dict[str, int] = field(default_factory=dict)
+    paths: dict[str, Path] = field(default_factory=dict)
+    repaired: list[str] = field(default_factory=list)
+
+
+def header(op: str) -> list[str]:
+    """The CSV columns of ``op``, in the order of the shared data."""
+    _, dims, kernels = OPS[op]
+    return [*_META, *(["Kernels"] if kernels else []), *dims]
+
+
+def sample_config(op: str, index: int, seed: int = 0) -> dict[str, int]:
+    """Configuration ``index`` of ``op``'s sequence: its dims by column name (see the module docstring)."""
+    family = OPS[op][0]
+    rng = random.Random(f"fxcost-collect:{seed}:{family}:{index}")  # str seeds hash stably (sha512)
+    r = rng.randint
+    if family == "linear":
+        return {"B": 1, "M": r(1, 3500), "N": r(1, 32768), "K": r(1, 32768)}
+    if family == "bmm":
+        return {"B": r(1, 128), "M": r(1, 1024), "N": r(1, 1024), "K": r(1, 1024)}
+    if family == "conv":
+        while True:  # Habitat ignores invalid configurations; redraw from the same generator
+            cfg = {"B": r(1, 64), "Input_Channel": r(3, 2048), "Output_Channel": r(16, 2048),
+                   "Kernel_Szie": r(1, 11), "Input_Size": r(1, 256), "Stride": r(1, 4),
+                   "Padding": r(0, 3)}  # fmt: skip
+            if cfg["Kernel_Szie"] <= cfg["Input_Size"] + 2 * cfg["Padding"]:
+                return cfg
+    return {"B": r(1, 16384), "H": r(1, 4096)}
+
+
+def _build(op: str, cfg: dict[str, int], device: torch.device) -> Callable[[], Any]:
+    """The forward call of ``op`` at ``cfg`` on fresh fp32 tensors, as a ``functools.partial``."""
+    import torch.nn.functional as F
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, device=device, dtype=torch.float32)
+
+    if op == "linear":
+        return functools.partial(F.linear, rand(cfg["B"], cfg["M"], cfg["K"]), rand(cfg["N"], cfg["K"]))
+    if op == "bmm":
+        b, m, n, k = (cfg[d] for d in _GEMM_DIMS)
+        return functools.partial(torch.bmm, rand(b, m, k), rand(b, k, n))
+    if op == "conv":
+        x = rand(cfg["B"], cfg["Input_Channel"], cfg["Input_Size"], cfg["Input_Size"])
+        w = rand(cfg["Output_Channel"], cfg["Input_Channel"], cfg["Kernel_Szie"], cfg["Kernel_Szie"])
+        return functools.partial(F.conv2d, x, w, stride=cfg["Stride"], padding=cfg["Padding"])
+    x = rand(cfg["B"], cfg["H"])
+    if op == "ln":
+        return functools.partial(F.layer_norm, x, (cfg["H"],), rand(cfg["H"]), rand(cfg["H"]))
+    if op == "softmax":
+        return functools.partial(torch.softmax, x, -1)
+    unary: dict[str, Callable[..., Any]] = {"relu": torch.relu, "gelu": F.gelu, "tanh": torch.tanh}
+    if op in unary:
+        return functools.partial(unary[op], x)
+    binary: dict[str, Callable[..., Any]] = {"add": torch.add, "mul": torch.mul, "div": torch.div,
+                                             "pow": torch.pow}  # fmt: skip
+    fn = binary[op.removesuffix("u")]
+    other: torch.Tensor | float = _SCALAR if op.endswith("u") else rand(cfg["B"], cfg["H"])
+    return functools.partial(fn, x, other)
+
+
+def device_label(device: torch.device) -> str:
+    """The ``Device`` column: ``torch.cuda.get_device_name()`` on CUDA, else the device type."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def _versions() -> dict[str, str]:
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cuda = torch.version.cuda
+    return {
+        "Torch Version": "p" + torch.__version__.split("+")[0],
+        "CUDNN Version": "" if cudnn is None else str(cudnn),
+        "CUDA Version": "" if cuda is None else "cu" + cuda.replace(".", ""),
+    }
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and "out of memory" in str(e)
+
+
+@contextlib.contextmanager
+def _no_tf32() -> Iterator[None]:
+    """fp32 as in the shared data: TF32 off for matmul and cuDNN, restored afterwards."""
+    matmul = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+def _prepare(path: Path, op: str, columns: list[str], seed: int, resume: bool) -> tuple[int, int, bool]:
+    """Make ``path`` a valid CSV of whole rows; return (rows in it, next configuration index, torn)."""
+    if not resume or not path.exists() or path.stat().st_size == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerow(columns)
+        return 0, 0, False
+    data = path.read_bytes()
+    torn = not data.endswith(b"\n")
+    if torn:
+        cut = data.rfind(b"\n") + 1
+        with path.open("r+b") as f:
+            f.truncate(cut)
+            f.flush()
+            os.fsync(f.fileno())
+        data = data[:cut]
+        log.warning("%s: dropped a torn last line (interrupted write)", path)
+        if not data:  # the header itself was torn
+            return (*_prepare(path, op, columns, seed, resume=False)[:2], True)
+    rows = list(csv.reader(io.StringIO(data.decode())))
+    if rows[0] != columns:
+        raise ValueError(f"{path}: header {rows[0]} differs from the {op} schema {columns}")
+    dims = OPS[op][1]
+    index = 0
+    for n, row in enumerate(rows[1:], start=1):
+        found = {d: int(row[columns.index(d)]) for d in dims}
+        # Configurations between two rows were skipped (out of memory): step over them.
+        while sample_config(op, index, seed) != found:
+            index += 1
+            if index > 10 * len(rows) + 10_000:
+                raise ValueError(f"{path}: row {n} {found} is not in the sequence of seed {seed}")
+        index += 1
+    return len(rows) - 1, index, torn
+
+
+def collect(
+    ops: Sequence[str],
+    samples: int,
+    out_dir: str | Path,
+    *,
+    device: str | torch.device = "cuda",
+    resume: bool = True,
+    seed: int = 0,
+    timer: Timer | None = None,
+    progress: bool = True,
+) -> CollectStats:
+    """Measure configurations ``0 .. samples-1`` of each op into ``<out_dir>/ops/<op>/<Device>.csv``.
+
+    Args:
+        ops: op names of the shared data (``linear``, ``bmm``, ``conv``, ``ln``, ``softmax``, ``add``,
+            ``addu``, ...); ``elementwise`` stands for all eleven elementwise ops.
+        samples: configurations drawn per op, out-of-memory ones included (they write no row).
+        out_dir: the data directory; rows go to ``ops/<op>/<Device>.csv`` under it.
+        device: where to measure.
+        resume: continue an existing file (else it is overwritten).
+        seed: selects the configuration sequence; the same seed gives the same configurations on
+            every device.
+        timer: ``timer(fn, device) -> ms``, :func:`fxcost.timing.bench_ms` by default.
+        progress: show a rich progress bar on stderr.
+
+    Raises:
+        RuntimeError: ``device`` is CUDA and no CUDA GPU is available.
+        ValueError: unknown op, or an existing file that is not of this schema and seed.
+
+    Example:
+        >>> collect(["bmm", "elementwise"], 500, "data/mine", seed=0)  # doctest: +SKIP
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "no CUDA GPU: torch.cuda.is_available() is False; use --device cpu to measure here"
+        )
+    names = _expand(ops)
+    if samples < 0:
+        raise ValueError(f"samples must be >= 0, got {samples}")
+    if timer is None:
+        from fxcost.timing import bench_ms
+
+        timer = bench_ms
+    label = device_label(dev)
+    fixed = {"Device": label, **_versions()}
+    stats = CollectStats()
+    with _progress(progress) as bar, _no_tf32():
+        for op in names:
+            columns = header(op)
+            path = Path(out_dir) / "ops" / op / f"{label.replace(' ', '_').replace('/', '_')}.csv"
+            existing, start, torn = _prepare(path, op, columns, seed, resume)
+            stats.paths[op], stats.existing[op] = path, existing
+            stats.written[op] = stats.skipped_oom[op] = 0
+            if torn:
+                stats.repaired.append(op)
+            task = bar.add_task(op, total=samples, completed=min(start, samples)) if bar else None
+            with path.open("a", newline="") as f:
+                writer = csv.writer(f, lineterminator="\n")
+                for index in range(start, samples):
+                    cfg = sample_config(op, index, seed)
+                    latency = _measure(op, cfg, dev, timer)
+                    if latency is None:
+                        stats.skipped_oom[op] += 1
+                        log.info("%s config %d %s: out of memory, skipped", op, index, cfg)
+                    else:
+                        row = {**fixed, "OPName": op, "Latency": repr(latency), **cfg}
+                        writer.writerow([row.get(c, "") for c in columns])
+                        f.flush()  # an interrupted run loses no finished row
+                        stats.written[op] += 1
+                    if bar is not None and task is not None:
+                        bar.advance(task)
+    return stats
+
+
+def _measure(op: str, cfg: dict[str, int], dev: torch.device, timer: Timer) -> float | None:
+    fn: Callable[[], Any] | None = None
+    try:
+        fn = _build(op, cfg, dev)
+        return float(timer(fn, dev))
+    except (RuntimeError, MemoryError) as e:
+        if not _is_oom(e):
+            raise RuntimeError(f"measuring {op} {cfg} on {dev} failed: {e}") from e
+        return None
+    finally:
+        del fn  # free the tensors before the next configuration
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _expand(ops: Sequence[str]) -> list[str]:
+    names: list[str] = []
+    for op in ops:
+        for name in ELEMENTWISE if op == "elementwise" else [op]:
+            if name not in OPS:
+                raise ValueError(f"unknown op {name!r}; known: elementwise, {', '.join(OPS)}")
+            if name not in names:
+                names.append(name)
+    return names
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        yield bar
+
+
+def add_collect_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``fxcost collect`` on an ``add_subparsers()`` object; returns its parser."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "collect",
+        help="measure random op configurations here into CSVs of the shared-data schema",
+        description="Measure random configurations of each op on this machine and append them to "
+        "DIR/ops/<op>/<Device>.csv (the layout and columns of shared/data/neusight/ops).",
+    )
+    ops_help = "comma-separated: linear,bmm,conv,elementwise,ln,softmax or single elementwise ops (add, ...)"
+    parser.add_argument("--ops", required=True, help=ops_help)
+    parser.add_argument("--samples", type=int, required=True, help="configurations per op")
+    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="data directory")
+    parser.add_argument("--no-resume", dest="resume", action="store_false", help="overwrite existing files")
+    parser.add_argument("--seed", type=int, default=0, help="configuration sequence (default 0)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="default cuda")
+    parser.set_defaults(run=_run)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+    stats = collect(ops, args.samples, args.out, device=args.device, resume=args.resume, seed=args.seed)
+    for op, path in stats.paths.items():
+        print(f"{op}: {stats.existing[op]} rows kept, {stats.written[op]} measured, "
+              f"{stats.skipped_oom[op]} out of memory -> {path}")  # fmt: skip
+    return 0

@@ -1,0 +1,383 @@
+"""Calibrate this machine's GPU with Triton microbenchmarks and write a device profile.
+
+Measures achieved DRAM bandwidth (STREAM copy and triad over several sizes), fp32 FMA throughput, the
+launch floor (an empty kernel) and L2 bandwidth (a small working set re-read), all through
+:func:`fxcost.timing.bench_ms`. :func:`to_yaml` writes the calibration columns of the device database
+(``achieved_bandwidth_gbps``, ``kernel_overhead_ms``, ``launch_floor_ms``) in the format
+:func:`fxcost.devices.load_devices` reads.
+
+Without a GPU the same code runs on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``); the
+result is then marked ``on_gpu=False`` and its numbers mean nothing.
+
+Example:
+    >>> cal = calibrate()  # doctest: +SKIP
+    >>> to_yaml(cal, "device.yaml")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "DEFAULT_SIZES",
+    "Calibration",
+    "SizeTiming",
+    "add_calibrate_parser",
+    "calibrate",
+    "to_yaml",
+    "torch_copy_bandwidth_gbps",
+]
+
+log = logging.getLogger(__name__)
+_Bench = Callable[[Callable[[], Any]], float]
+
+DEFAULT_SIZES = (1 << 22, 1 << 24, 1 << 26, 1 << 28)  # elements per buffer
+# A size counts as DRAM-bound when the bytes it touches exceed the L2 this many times over.
+_LARGE_OVER_L2 = 4
+_FMA_ELEMENTS = 1 << 22
+_FMA_ITERS = 1024
+_L2_FRACTION = 0.25  # of the L2 size, for the re-read working set
+_L2_REPS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SizeTiming:
+    """One timed kernel at one size: median milliseconds and the bytes it moved."""
+
+    kernel: str  # "copy", "triad" or "torch_copy"
+    elements: int
+    bytes_moved: int
+    time_ms: float
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        return self.bytes_moved / self.time_ms / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Measured facts about one device. ``on_gpu=False``: a simulated run (Triton interpreter on CPU).
+
+    Attributes:
+        achieved_bandwidth_gbps: median copy bandwidth over the sizes large enough to miss L2.
+        triad_bandwidth_gbps: the same for the triad kernel.
+        fma_tflops: fp32 FMA throughput (an FMA counts as two operations).
+        launch_overhead_ms: median time of an empty kernel, as CUDA events see it.
+        kernel_overhead_ms: intercept of the least-squares line of copy time over bytes, or ``None``
+            with fewer than two sizes or a negative intercept.
+        l2_bandwidth_gbps: re-read bandwidth of a working set a quarter of L2; ``None`` when not measured.
+        timings: every (kernel, size) measurement behind the bandwidths.
+    """
+
+    device_name: str
+    on_gpu: bool
+    dtype: str
+    achieved_bandwidth_gbps: float
+    triad_bandwidth_gbps: float
+    fma_tflops: float
+    launch_overhead_ms: float
+    kernel_overhead_ms: float | None
+    l2_bandwidth_gbps: float | None
+    timings: tuple[SizeTiming, ...]
+
+
+def _device(device: str | torch.device) -> torch.device:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "no CUDA GPU: calibration times kernels on a GPU (torch.cuda.is_available() is False)"
+            )
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise ValueError(f"calibration runs on 'cuda' (or 'cpu' under TRITON_INTERPRET=1), got {device!r}")
+    return dev
+
+
+def _kernels(dev: torch.device) -> Any:
+    from fxcost.kernels_triton import kernels
+
+    if dev.type == "cpu" and not kernels.interpreted():
+        raise RuntimeError(
+            "Triton kernels run on CPU tensors only under the interpreter: set TRITON_INTERPRET=1 "
+            "before Triton is first imported"
+        )
+    return kernels
+
+
+def _bench(fn: Callable[[], Any], dev: torch.device, repeats: int, budget_ms: float) -> float:
+    from fxcost.timing import bench_ms
+
+    return bench_ms(fn, dev, budget_ms=budget_ms, min_reps=repeats, max_reps=max(repeats, 1000))
+
+
+def _l2_bytes(dev: torch.device) -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(dev).L2_cache_size) if dev.type == "cuda" else 0
+
+
+def _large(timings: Sequence[SizeTiming], l2_bytes: int) -> list[SizeTiming]:
+    """The timings that touch at least ``_LARGE_OVER_L2`` times the L2; the largest one if none does."""
+    large = [t for t in timings if t.bytes_moved >= _LARGE_OVER_L2 * l2_bytes]
+    if not large:
+        biggest = max(timings, key=lambda t: t.bytes_moved)
+        log.warning(
+            "no size moves %d x L2 (%d bytes); bandwidth from the largest (%d bytes) may include L2 hits",
+            _LARGE_OVER_L2, l2_bytes, biggest.bytes_moved,
+        )  # fmt: skip
+        large = [biggest]
+    return large
+
+
+def _median_bandwidth(timings: Sequence[SizeTiming], l2_bytes: int) -> float:
+    return statistics.median(t.bandwidth_gbps for t in _large(timings, l2_bytes))
+
+
+def _check_sizes(sizes: Sequence[int], repeats: int) -> None:
+    if not sizes or any(int(n) < 1 for n in sizes):
+        raise ValueError(f"sizes must be positive element counts, got {list(sizes)}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+
+
+def _intercept_ms(timings: Sequence[SizeTiming]) -> float | None:
+    """Intercept of time over bytes (least squares): the fixed cost per kernel, if positive."""
+    if len({t.bytes_moved for t in timings}) < 2:
+        return None
+    xs = [float(t.bytes_moved) for t in timings]
+    ys = [t.time_ms for t in timings]
+    _slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept if intercept > 0 else None
+
+
+def calibrate(
+    device: str | torch.device = "cuda",
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    repeats: int = 10,
+    *,
+    budget_ms: float = 100.0,
+    fma_elements: int = _FMA_ELEMENTS,
+    fma_iters: int = _FMA_ITERS,
+    l2: bool = True,
+) -> Calibration:
+    """Time the microbenchmarks on ``device`` and summarize them.
+
+    Args:
+        device: ``"cuda"`` (or ``"cuda:N"``); ``"cpu"`` runs the Triton interpreter (simulated).
+        sizes: fp32 elements per buffer for copy and triad.
+        repeats: at least this many timed runs per measurement (more while within ``budget_ms``).
+        budget_ms: time to spend per measurement (see :func:`fxcost.timing.bench_ms`).
+        fma_elements, fma_iters: size of the FMA benchmark (elements, FMAs per chain).
+        l2: also measure L2 bandwidth (CUDA only: ``l2_bandwidth_gbps`` is ``None`` on the CPU).
+
+    Raises:
+        RuntimeError: ``device`` is CUDA and none is present, or CPU without ``TRITON_INTERPRET=1``.
+    """
+    import torch
+
+    _check_sizes(sizes, repeats)
+    dev = _device(device)
+    k = _kernels(dev)
+
+    def bench(fn: Callable[[], Any]) -> float:
+        return _bench(fn, dev, repeats, budget_ms)
+
+    timings = [t for n in map(int, sizes) for t in _stream(k, dev, n, bench)]
+    x = torch.rand(fma_elements, dtype=torch.float32, device=dev)
+    fma_ms = bench(functools.partial(k.fma, x, torch.empty_like(x), fma_iters))
+    fma_tflops = k.fma_flops(fma_elements, fma_iters) / fma_ms / 1e9
+    launch_ms = bench(functools.partial(k.empty, x))
+    del x
+
+    l2_bytes = _l2_bytes(dev)
+    l2_gbps = None
+    if l2 and l2_bytes > 0:
+        l2_gbps = _l2_bandwidth_gbps(k, dev, l2_bytes, bench)
+
+    copies = [t for t in timings if t.kernel == "copy"]
+    triads = [t for t in timings if t.kernel == "triad"]
+    return Calibration(
+        device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter)",
+        on_gpu=dev.type == "cuda",
+        dtype="float32",
+        achieved_bandwidth_gbps=_median_bandwidth(copies, l2_bytes),
+        triad_bandwidth_gbps=_median_bandwidth(triads, l2_bytes),
+        fma_tflops=fma_tflops,
+        launch_overhead_ms=launch_ms,
+        kernel_overhead_ms=_intercept_ms(copies),
+        l2_bandwidth_gbps=l2_gbps,
+        timings=tuple(timings),
+    )
+
+
+def _stream(k: Any, dev: torch.device, n: int, bench: _Bench) -> list[SizeTiming]:
+    import torch
+
+    b = torch.rand(n, dtype=torch.float32, device=dev)
+    c = torch.rand(n, dtype=torch.float32, device=dev)
+    out = torch.empty_like(b)
+    return [
+        SizeTiming("copy", n, 2 * b.nbytes, bench(functools.partial(k.copy, b, out))),
+        SizeTiming("triad", n, 3 * b.nbytes, bench(functools.partial(k.triad, b, c, 3.0, out))),
+    ]
+
+
+def _l2_bandwidth_gbps(k: Any, dev: torch.device, l2_bytes: int, bench: _Bench) -> float:
+    import torch
+
+    block_bytes = k.BLOCK * torch.finfo(torch.float32).bits // 8
+    x_blocks = max(1, int(l2_bytes * _L2_FRACTION) // block_bytes)
+    x = torch.rand(x_blocks * k.BLOCK, dtype=torch.float32, device=dev)
+    programs = 8 * x_blocks  # enough programs to fill the GPU many times over
+    out = torch.empty(programs * k.BLOCK, dtype=torch.float32, device=dev)
+    ms = bench(lambda: k.l2_read(x, out, _L2_REPS))
+    return float(k.l2_read_bytes(x, out, _L2_REPS) / ms / 1e6)
+
+
+def torch_copy_bandwidth_gbps(
+    device: str | torch.device = "cuda",
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    repeats: int = 10,
+    *,
+    budget_ms: float = 100.0,
+) -> float:
+    """PyTorch's own ``dst.copy_(src)`` bandwidth, timed and summarized exactly as :func:`calibrate`'s copy.
+
+    The reference for checking a calibration: both should agree within a few percent on a GPU.
+    """
+    import torch
+
+    _check_sizes(sizes, repeats)
+    dev = _device(device)
+
+    def one(n: int) -> SizeTiming:
+        src = torch.rand(n, dtype=torch.float32, device=dev)
+        dst = torch.empty_like(src)
+        ms = _bench(functools.partial(dst.copy_, src), dev, repeats, budget_ms)
+        return SizeTiming("torch_copy", n, 2 * src.nbytes, ms)
+
+    timings = [one(n) for n in map(int, sizes)]
+    return _median_bandwidth(timings, _l2_bytes(dev))
+
+
+def _sig(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def to_yaml(
+    calibration: Calibration, path: str | Path, *, name: str | None = None, base: str | None = None
+) -> Path:
+    """Write ``calibration`` as a device file for :func:`fxcost.devices.load_devices` (atomically).
+
+    The entry is named ``name`` (default: the calibration's ``device_name``). A name the database knows
+    overrides that device's calibration columns; a new name needs ``base``, the known device it starts
+    from. FMA throughput, triad and L2 bandwidth have no database column and are written as comments.
+
+    Raises:
+        ValueError: the calibration is simulated (not from a GPU), or a new name comes without ``base``.
+    """
+    import yaml
+
+    from fxcost._io import atomic_write
+    from fxcost.devices import UnknownDeviceError, get_device
+
+    if not calibration.on_gpu:
+        raise ValueError("refusing to write a simulated calibration (on_gpu=False) as a device profile")
+    name = name or calibration.device_name
+    entry: dict[str, Any] = {}
+    try:
+        name = get_device(name).name
+    except UnknownDeviceError:
+        if base is None:
+            raise ValueError(
+                f"{name!r} is not in the device database; give the known device it starts from (base)"
+            ) from None
+        entry["base"] = get_device(base).name
+    entry["achieved_bandwidth_gbps"] = _sig(calibration.achieved_bandwidth_gbps)
+    if calibration.kernel_overhead_ms is not None:
+        entry["kernel_overhead_ms"] = _sig(calibration.kernel_overhead_ms)
+    entry["launch_floor_ms"] = _sig(calibration.launch_overhead_ms)
+    l2 = (
+        "not measured"
+        if calibration.l2_bandwidth_gbps is None
+        else f"{calibration.l2_bandwidth_gbps:.4g} GB/s"
+    )
+    header = (
+        f"# fxcost calibrate on {calibration.device_name} ({calibration.dtype})\n"
+        f"# triad {calibration.triad_bandwidth_gbps:.4g} GB/s, fp32 FMA {calibration.fma_tflops:.4g} TFLOPS, "
+        f"L2 {l2}\n"
+    )
+    body = yaml.safe_dump({name: entry}, sort_keys=False)
+    return atomic_write(path, (header + body).encode())
+
+
+def _format(calibration: Calibration) -> str:
+    lines = [
+        f"{calibration.device_name}" + ("" if calibration.on_gpu else " (simulated: numbers mean nothing)")
+    ]
+    lines.append(f"{'kernel':<8} {'elements':>12} {'MB moved':>10} {'ms':>10} {'GB/s':>10}")
+    for t in calibration.timings:
+        mb = t.bytes_moved / 1e6
+        lines.append(
+            f"{t.kernel:<8} {t.elements:>12} {mb:>10.1f} {t.time_ms:>10.4f} {t.bandwidth_gbps:>10.1f}"
+        )
+    summary = {
+        "achieved_bandwidth_gbps": calibration.achieved_bandwidth_gbps,
+        "triad_bandwidth_gbps": calibration.triad_bandwidth_gbps,
+        "fma_tflops": calibration.fma_tflops,
+        "launch_overhead_ms": calibration.launch_overhead_ms,
+        "kernel_overhead_ms": calibration.kernel_overhead_ms,
+        "l2_bandwidth_gbps": calibration.l2_bandwidth_gbps,
+    }
+    lines += [f"{key:<24} {'-' if v is None else f'{v:.4g}'}" for key, v in summary.items()]
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "no CUDA GPU: `fxcost calibrate` measures a GPU and needs one (none is visible here)"
+        )
+    cal = calibrate(args.device, sizes=args.sizes, repeats=args.repeats)
+    print(_format(cal))
+    if args.out:
+        print(f"device profile written to {to_yaml(cal, args.out, name=args.name, base=args.base)}")
+    return 0
+
+
+def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``fxcost calibrate`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "calibrate",
+        help="measure this GPU's bandwidth, FMA rate and launch floor; write a device profile",
+        description="Times Triton copy/triad (several sizes), FMA, empty and L2 kernels on the GPU and "
+        "prints them; --out writes a YAML device file (load it with FXCOST_DEVICES or "
+        "fxcost.devices.load_devices).",
+    )
+    parser.add_argument("--out", metavar="YAML", help="write the device profile here")
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), metavar="N",
+        help="fp32 elements per buffer for copy and triad (default: 2^22 2^24 2^26 2^28)",
+    )  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=10, help="minimum timed runs per kernel (default 10)")
+    parser.add_argument("--device", default="cuda", help="CUDA device (default: cuda)")
+    parser.add_argument("--name", help="device name in the profile (default: the GPU's name)")
+    parser.add_argument("--base", help="known device a new --name starts from")
+    parser.set_defaults(run=_run)
+    return parser
