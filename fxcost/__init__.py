@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Cost",
+    "Estimator",
     "NodeCost",
     "Report",
     "Trace",
@@ -28,12 +29,17 @@ __all__ = [
     "get_device",
     "last_report",
     "profile",
+    "simulate",
+    "sweep",
 ]
 
 _EXPORTS = {
     "Cost": "fxcost.capture",
     "profile": "fxcost.capture",
     "cost": "fxcost.capture",
+    "Estimator": "fxcost.estimator",
+    "sweep": "fxcost.sweeps",
+    "simulate": "fxcost.sim",
     "estimate": "fxcost.backend",
     "last_report": "fxcost.backend",
     "Report": "fxcost.report",
@@ -47,9 +53,12 @@ if TYPE_CHECKING:
     from fxcost.capture import Cost, cost, profile
     from fxcost.devices import device_names as devices
     from fxcost.devices import get_device
+    from fxcost.estimator import Estimator
     from fxcost.records import NodeCost
     from fxcost.report import Report
     from fxcost.report.batch import at_batch
+    from fxcost.sim import simulate
+    from fxcost.sweeps import sweep
 
     Trace = Report
 

@@ -1,11 +1,10 @@
-"""The ``fxcost`` command: demo, profile a model, show a saved trace, list devices."""
+"""The ``fxcost`` command: demo, profile a model, show a saved trace, compare GPUs, train and compare
+cost models, list devices (``fxcost --help`` lists every subcommand)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -139,7 +138,136 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--data", required=True, metavar="DIR", help="measurement directory (shared layout)")
     compare.add_argument("--ops", nargs="+", help="op classes (default: all)")
     compare.set_defaults(run=_compare)
+
+    gpus = sub.add_parser(
+        "compare-gpus",
+        help="which GPU to rent: predicted throughput and samples per dollar of a model's step",
+        description="Captures MODEL once (as 'profile' does; or reads a saved trace, .json with a "
+        "schema_version or .json.gz) and ranks GPUs by predicted samples per dollar, as in Habitat's "
+        "case studies (Yu et al. §5.3). The step time is the predicted eager step (the ops back to back, "
+        "their launch overhead hidden by the GPU queue), not the sum of ops timed alone; throughput is "
+        "the batch size per step.",
+    )
+    gpus.add_argument("model", metavar="MODEL", help="zoo name, 'module:callable', HF config.json or trace")
+    gpus.add_argument(
+        "--batch", type=int, default=None, help="batch size (default 8; a trace's own if it records one)"
+    )
+    gpus.add_argument("--seqlen", type=int, default=512, help="tokens per sequence, HF configs (default 512)")
+    gpus.add_argument(
+        "--train", action=argparse.BooleanOptionalAction, default=True,
+        help="a training step: forward, loss, backward (default); --no-train for inference",
+    )  # fmt: skip
+    gpus.add_argument(
+        "--measure", action=argparse.BooleanOptionalAction, default=False,
+        help="time every node on this machine's device first (default off: one capture predicts every GPU)",
+    )  # fmt: skip
+    gpus.add_argument(
+        "--devices", nargs="+", metavar="GPU",
+        help="GPUs to compare (default: every GPU with a price); see 'fxcost devices'",
+    )  # fmt: skip
+    gpus.add_argument(
+        "--prices", metavar="YAML", help="USD per hour by GPU name, overriding the database's prices"
+    )
+    gpus.add_argument("--plot", metavar="PNG", help="write throughput and samples-per-$ bar charts here")
+    gpus.set_defaults(run=_compare_gpus)
+
+    sim = sub.add_parser(
+        "simulate",
+        help="simulate a multi-GPU training iteration: data, tensor and pipeline parallel, ZeRO",
+        description="Traces one step of MODEL (no GPU needed), splits it over the cluster by the strategy, "
+        "and simulates one iteration (Proteus): time, throughput, per-stage peak memory and OOM verdict.",
+    )
+    sim.add_argument("model", metavar="MODEL", help="zoo name, 'module:callable' or Hugging Face config.json")
+    sim.add_argument("--cluster", required=True, help="NODESxGPUSxDEVICE, e.g. 2x8xA100-SXM4-80GB")
+    sim.add_argument(
+        "--strategy", required=True,
+        help="'dp=2,tp=4,pp=2,mb=8,zero=1[,schedule=gpipe][,recompute=1][,overlap=0]' or a YAML file",
+    )  # fmt: skip
+    sim.add_argument("--batch", type=int, default=8, help="global batch size (default 8)")
+    sim.add_argument(
+        "--seqlen", type=int, default=1024, help="tokens per sequence, HF configs (default 1024)"
+    )
+    sim.add_argument("--precision", choices=["fp32", "tf32", "fp16", "bf16"], default=None)
+    sim.add_argument("--trace", metavar="JSON", help="write the simulated timeline for Perfetto here")
+    sim.set_defaults(run=_simulate)
+
+    from fxcost.collect import add_collect_parser
+    from fxcost.kernels_triton.calibrate import add_calibrate_parser
+
+    add_calibrate_parser(sub)
+    add_collect_parser(sub)
     return parser
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from fxcost.sim import Strategy, simulate
+
+    strategy = Strategy.load(args.strategy) if args.strategy.endswith((".yaml", ".yml")) else args.strategy
+    if args.model.endswith(".json"):
+        result = simulate(args.model, strategy, args.cluster, batch=args.batch, seqlen=args.seqlen,
+                          precision=args.precision)  # fmt: skip
+    else:
+        from fxcost import zoo
+
+        model, inputs = zoo.load(args.model, args.batch)
+        result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
+                          precision=args.precision)  # fmt: skip
+    print(result.summary())
+    if args.trace:
+        print(f"timeline written to {result.to_chrome_trace(args.trace)}")
+    return 3 if result.oom else 0
+
+
+def _compare_gpus(args: argparse.Namespace) -> None:
+    from fxcost.compare_gpus import compare_gpus, load_prices, plot, priced_devices, print_choices
+
+    prices = load_prices(args.prices) if args.prices else {}
+    devices = args.devices or priced_devices(prices)
+    report = _compare_gpus_report(args, devices)
+    choices = compare_gpus(report, devices, prices)
+    print_choices(choices)
+    if args.plot:
+        title = f"{args.model}, batch {report.batch}"
+        print(f"plot written to {plot(choices, args.plot, title=title)}")
+
+
+def _compare_gpus_report(args: argparse.Namespace, devices: Sequence[str]) -> Any:
+    """The report of MODEL for compare-gpus: a saved trace, or one step captured as 'profile' does."""
+    import torch
+
+    from fxcost.report import Report
+
+    mode = "training step" if args.train else "inference"
+    spec = args.model
+    if _is_trace(spec):
+        report = Report.load(spec)
+        if None not in (args.batch, report.batch) and args.batch != report.batch:
+            raise ValueError(f"{spec} was captured at batch {report.batch}, not {args.batch}")
+        report.batch = report.batch or args.batch
+        if report.batch is None:
+            raise ValueError(f"{spec} records no batch size; give it with --batch")
+        print(f"{spec} (batch {report.batch}), trace captured on {report.origin}")
+        return report
+    batch = args.batch or 8
+    if spec.endswith(".json"):
+        from fxcost.hf import hf_step
+
+        if args.measure:
+            raise ValueError("a Hugging Face config is captured on meta tensors; --measure needs a model")
+        step = hf_step(spec, batch, args.seqlen, train=args.train)
+        title = f"{spec} (batch {batch}, {args.seqlen} tokens), {mode} on meta tensors"
+        return _capture(title, step.model, step.inputs, devices, train=args.train, measure=False,
+                        loss_fn=step.loss_fn)  # fmt: skip
+    from fxcost import zoo
+
+    model, inputs = zoo.load(spec, batch)
+    where = "captured on CPU"
+    if args.measure:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model, inputs = _to_device(model, inputs, device)
+        where = f"measured on {device}"
+    title = f"{spec} (batch {batch}), {mode}, {where}"
+    return _capture(title, model, inputs, devices, train=args.train, measure=args.measure)
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -162,6 +290,16 @@ def _compare(args: argparse.Namespace) -> None:
     print("MAPE (%) on held-out rows, mean over devices (NaN: the predictor does not cover the op)")
     print(table.to_string(float_format=lambda v: f"{v:8.1f}"))
     print("\nLattuada et al. predicts whole runs: python benchmarks/seed_models.py --data DIR")
+
+
+def _is_trace(spec: str) -> bool:
+    """A saved fxcost trace (``.json.gz``, or ``.json`` with a schema version), not a HF config.json."""
+    import json
+    from pathlib import Path
+
+    if spec.endswith(".json.gz"):
+        return True
+    return spec.endswith(".json") and "schema_version" in json.loads(Path(spec).read_text(encoding="utf-8"))
 
 
 def _fit_runs(args: argparse.Namespace) -> None:
@@ -210,7 +348,9 @@ def _profile(args: argparse.Namespace) -> None:
     if args.model.endswith(".json"):
         _profile_hf(args)
         return
-    model, inputs = _load_model(args.model, args.batch)
+    from fxcost import zoo
+
+    model, inputs = zoo.load(args.model, args.batch)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, inputs = _to_device(model, inputs, device)
     mode = "training step" if args.train else "inference"
@@ -336,24 +476,6 @@ def _progress_bars() -> Iterator[tuple[Any, Callable[[str, int, int], None]]]:
             bar.update(tasks[label], completed=done, total=total)
 
         yield bar, update
-
-
-def _load_model(spec: str, batch: int) -> tuple[Any, Any]:
-    """A zoo name, or ``module:callable`` returning ``(model, inputs)``."""
-    from fxcost import zoo
-
-    if ":" not in spec:
-        return zoo.build(spec, batch)
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load {spec!r}: {e}; expected 'module:callable'") from e
-    takes_batch = "batch" in inspect.signature(factory).parameters
-    built = factory(batch=batch) if takes_batch else factory()
-    if not (isinstance(built, tuple) and len(built) == 2):
-        raise TypeError(f"{spec} must return (model, inputs), got {type(built).__name__}")
-    return built
 
 
 def _to_device(model: Any, inputs: Any, device: Any) -> tuple[Any, Any]:
