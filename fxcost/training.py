@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -132,13 +133,14 @@ def fit(
             start = state["epoch"]
     for epoch in range(start, config.epochs):
         order = torch.randperm(len(y), generator=generator)
-        for i in range(0, len(y), config.batch):
-            batch = order[i : i + config.batch]
-            optimizer.zero_grad()
-            error = (model(x[batch])[:, 0] - y[batch]).abs()
-            objective = (error / y[batch]).mean() if loss == "mape" else error.mean()
-            objective.backward()
-            optimizer.step()
+        with _one_thread():
+            for i in range(0, len(y), config.batch):
+                batch = order[i : i + config.batch]
+                optimizer.zero_grad()
+                error = (model(x[batch])[:, 0] - y[batch]).abs()
+                objective = (error / y[batch]).mean() if loss == "mape" else error.mean()
+                objective.backward()
+                optimizer.step()
         schedule.step()
         if checkpoint is not None:
             state = {"config": asdict(config), "rows": len(ex.y), "features": x.shape[1],
@@ -154,6 +156,21 @@ def fit(
                biases=tuple(m.bias.detach().double().numpy().copy() for m in linears))  # fmt: skip
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Train on one thread: with two, MKL's matmuls now and then split their sums differently (about one
+    run in twelve on a 2-core machine), and 40 epochs amplify the last bit into different heads, so a
+    resumed run would not equal an uninterrupted one. The MLPs are small; one thread costs ~10%."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def mape_by_device(model: MLP, ex: Examples) -> dict[str, float]:
     """MAPE (%) of ``model`` on ``ex`` per device, and over all rows (``"all"``)."""
     predicted = ex.reference_ms * np.exp(model(ex.x))
@@ -163,6 +180,20 @@ def mape_by_device(model: MLP, ex: Examples) -> dict[str, float]:
     return result
 
 
+def _each(data: Sequence[str | Path], read: Callable[[str | Path], Any]) -> list[Any]:
+    """``read`` of every data directory that has the files; a directory of new measurements
+    (``fxcost collect``) may hold some ops and no held-out files. None having them is an error."""
+    frames, missing = [], []
+    for d in data:
+        try:
+            frames.append(read(d))
+        except FileNotFoundError as e:
+            missing.append(str(e))
+    if not frames:
+        raise FileNotFoundError("; ".join(missing))
+    return frames
+
+
 def split(
     data: Sequence[str | Path], head: str, exclude: Iterable[str] = HELD_OUT_DEVICES
 ) -> tuple[Any, Any]:
@@ -170,7 +201,7 @@ def split(
     import pandas as pd
 
     train_ops, test_files = SOURCES[head]
-    train = pd.concat([read_ops(d, train_ops) for d in data], ignore_index=True)
+    train = pd.concat(_each(data, lambda d: read_ops(d, train_ops)), ignore_index=True)
     if test_files is None:
         key = train[_CONFIG[head]].astype(str).agg("/".join, axis=1)
         held = key.map(
@@ -178,7 +209,7 @@ def split(
         )
         train, test = train[~held], train[held]
     else:
-        test = pd.concat([read_ops_test(d, test_files) for d in data], ignore_index=True)
+        test = pd.concat(_each(data, lambda d: read_ops_test(d, test_files)), ignore_index=True)
         test = test[test["OPName"].isin(train_ops)]
     excluded = set(exclude)
     return train[~train["device"].isin(excluded)], test[~test["device"].isin(excluded)]
