@@ -5,8 +5,11 @@ in the shared data), so ``fxcost.datasets.read_ops(out, ops)`` reads the result 
 order, are those of the shared files: ``OPName, Latency`` (ms, forward only, median of
 :func:`fxcost.timing.bench_ms`), ``Device``, ``Torch Version`` (``p2.1.0``), ``CUDNN Version`` (``8902``),
 the kernel columns, ``CUDA Version`` (``cu121``), ``Kernels`` (linear, bmm, conv and ln only) and the
-op's dims. The kernel columns (``Kernel Name``, ``Warps per SM``, ``Blocks per SM``, ``Grid x/y/z``,
-``Block x/y/z``, ``Kernels``) need a GPU profiler and are written empty.
+op's dims. The kernel columns come from one extra call under ``torch.profiler`` (CUDA only; empty
+elsewhere, or with ``kernels=False``): ``Kernel Name``, ``Grid`` and ``Block`` of the longest-running
+kernel the op launched, ``Blocks per SM`` (its grid's blocks over the GPU's SMs), ``Warps per SM``
+(that times the warps of a block) and ``Kernels``, every kernel's name after a ``;``. These are the
+definitions the shared files follow (checked on their rows in ``tests/test_collect.py``).
 
 Configuration ``i`` of an op is drawn from its own generator, seeded by ``(seed, family, i)``, so it is
 the same whatever was measured before; the elementwise ops, ``ln`` and ``softmax`` share one family and
@@ -38,6 +41,7 @@ import csv
 import functools
 import io
 import logging
+import math
 import os
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -48,12 +52,24 @@ from typing import Any
 import torch
 
 from fxcost.datasets import ELEMENTWISE
+from fxcost.records import KernelRecord
 
-__all__ = ["OPS", "CollectStats", "add_collect_parser", "collect", "device_label", "header", "sample_config"]
+__all__ = [
+    "OPS",
+    "CollectStats",
+    "add_collect_parser",
+    "collect",
+    "device_label",
+    "header",
+    "kernel_columns",
+    "profile_kernels",
+    "sample_config",
+]
 
 log = logging.getLogger(__name__)
 
 Timer = Callable[[Callable[[], Any], torch.device], float]
+Profiler = Callable[[Callable[[], Any], torch.device], list[KernelRecord]]
 
 _META = ["OPName", "Latency", "Device", "Torch Version", "CUDNN Version", "Kernel Name", "Warps per SM",
          "Blocks per SM", "Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z",
@@ -143,6 +159,42 @@ def _build(op: str, cfg: dict[str, int], device: torch.device) -> Callable[[], A
     return functools.partial(fn, x, other)
 
 
+def kernel_columns(kernels: Sequence[KernelRecord], sms: int) -> dict[str, str]:
+    """The kernel columns of a row from the kernels one call launched on a GPU of ``sms`` SMs (empty
+    values for a call that launched none, or whose main kernel has no launch config)."""
+    if not kernels:
+        return {}
+    main = max(kernels, key=lambda k: k.duration_ms)
+    columns = {"Kernel Name": main.name, "Kernels": "".join(";" + k.name for k in kernels)}
+    if main.grid is not None and main.block is not None:
+        blocks_per_sm = math.prod(main.grid) / sms
+        warps_per_block = math.ceil(math.prod(main.block) / 32)
+        columns |= {
+            "Blocks per SM": f"{blocks_per_sm:.6g}",
+            "Warps per SM": f"{blocks_per_sm * warps_per_block:.6g}",
+        }
+        columns |= {f"Grid {a}": str(v) for a, v in zip("xyz", main.grid, strict=True)}
+        columns |= {f"Block {a}": str(v) for a, v in zip("xyz", main.block, strict=True)}
+    return columns
+
+
+def profile_kernels(fn: Callable[[], Any], device: torch.device) -> list[KernelRecord]:
+    """The kernels one call of ``fn`` launches on CUDA ``device``, in launch order, from torch.profiler.
+
+    ``fn`` should have run before (the timer's warm-up), so lazy initialisation stays out of the trace.
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from fxcost.profiling import RANGE_PREFIX, kernels_from_profiler
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with record_function(RANGE_PREFIX + "call"):
+            fn()
+        torch.cuda.synchronize(device)
+    return kernels_from_profiler(prof).get("call", [])
+
+
 def device_label(device: torch.device) -> str:
     """The ``Device`` column: ``torch.cuda.get_device_name()`` on CUDA, else the device type."""
     if device.type == "cuda":
@@ -222,6 +274,9 @@ def collect(
     resume: bool = True,
     seed: int = 0,
     timer: Timer | None = None,
+    kernels: bool = True,
+    profiler: Profiler | None = None,
+    sms: int | None = None,
     progress: bool = True,
 ) -> CollectStats:
     """Measure configurations ``0 .. samples-1`` of each op into ``<out_dir>/ops/<op>/<Device>.csv``.
@@ -236,6 +291,10 @@ def collect(
         seed: selects the configuration sequence; the same seed gives the same configurations on
             every device.
         timer: ``timer(fn, device) -> ms``, :func:`fxcost.timing.bench_ms` by default.
+        kernels: fill the kernel columns (one more call per configuration, under the profiler).
+        profiler: ``profiler(fn, device) -> [KernelRecord]``; :func:`profile_kernels` on CUDA by
+            default, none elsewhere (the kernel columns stay empty).
+        sms: the device's SM count for ``Blocks/Warps per SM``; CUDA's device properties by default.
         progress: show a rich progress bar on stderr.
 
     Raises:
@@ -257,6 +316,14 @@ def collect(
         from fxcost.timing import bench_ms
 
         timer = bench_ms
+    if kernels and profiler is None and dev.type == "cuda":
+        profiler = profile_kernels
+    if not kernels:
+        profiler = None
+    if profiler is not None and sms is None:
+        if dev.type != "cuda":
+            raise ValueError(f"sms= is needed to profile kernels on a {dev.type} device")
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
     label = device_label(dev)
     fixed = {"Device": label, **_versions()}
     stats = CollectStats()
@@ -274,12 +341,14 @@ def collect(
                 writer = csv.writer(f, lineterminator="\n")
                 for index in range(start, samples):
                     cfg = sample_config(op, index, seed)
-                    latency = _measure(op, cfg, dev, timer)
-                    if latency is None:
+                    measured = _measure(op, cfg, dev, timer, profiler)
+                    if measured is None:
                         stats.skipped_oom[op] += 1
                         log.info("%s config %d %s: out of memory, skipped", op, index, cfg)
                     else:
-                        row = {**fixed, "OPName": op, "Latency": repr(latency), **cfg}
+                        latency, launched = measured
+                        launch = kernel_columns(launched, sms) if sms is not None else {}
+                        row = {**fixed, **launch, "OPName": op, "Latency": repr(latency), **cfg}
                         writer.writerow([row.get(c, "") for c in columns])
                         f.flush()  # an interrupted run loses no finished row
                         stats.written[op] += 1
@@ -288,11 +357,15 @@ def collect(
     return stats
 
 
-def _measure(op: str, cfg: dict[str, int], dev: torch.device, timer: Timer) -> float | None:
+def _measure(
+    op: str, cfg: dict[str, int], dev: torch.device, timer: Timer, profiler: Profiler | None
+) -> tuple[float, list[KernelRecord]] | None:
+    """(median ms, kernels launched) of ``op`` at ``cfg``; None if it runs out of memory."""
     fn: Callable[[], Any] | None = None
     try:
         fn = _build(op, cfg, dev)
-        return float(timer(fn, dev))
+        latency = float(timer(fn, dev))
+        return latency, ([] if profiler is None else profiler(fn, dev))
     except (RuntimeError, MemoryError) as e:
         if not _is_oom(e):
             raise RuntimeError(f"measuring {op} {cfg} on {dev} failed: {e}") from e
@@ -342,13 +415,16 @@ def add_collect_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--no-resume", dest="resume", action="store_false", help="overwrite existing files")
     parser.add_argument("--seed", type=int, default=0, help="configuration sequence (default 0)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="default cuda")
+    no_kernels = "leave the kernel columns empty (skips one profiled call per configuration)"
+    parser.add_argument("--no-kernels", dest="kernels", action="store_false", help=no_kernels)
     parser.set_defaults(run=_run)
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
-    stats = collect(ops, args.samples, args.out, device=args.device, resume=args.resume, seed=args.seed)
+    stats = collect(ops, args.samples, args.out, device=args.device, resume=args.resume, seed=args.seed,
+                    kernels=args.kernels)  # fmt: skip
     for op, path in stats.paths.items():
         print(f"{op}: {stats.existing[op]} rows kept, {stats.written[op]} measured, "
               f"{stats.skipped_oom[op]} out of memory -> {path}")  # fmt: skip

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from fxcost import collect as collect_mod
-from fxcost.collect import OPS, collect, header, sample_config
+from fxcost.collect import OPS, collect, header, kernel_columns, sample_config
+from fxcost.records import KernelRecord
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -222,3 +223,60 @@ def test_cli_parser_and_no_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(collect_mod, "collect", on_meta)
     assert args.run(args) == 0
     assert len(_rows(tmp_path / "ops" / "relu" / "meta.csv")) == 2
+
+
+def test_kernel_columns_follow_the_shared_data(data_dir: Path) -> None:
+    """Blocks and warps per SM from the main kernel's grid and block, as the shared rows have them."""
+    import pandas as pd
+
+    from fxcost.devices import get_device
+
+    checked = 0
+    for op in ("add", "ln", "bmm", "conv"):
+        for path in sorted((data_dir / "neusight" / "ops" / op).glob("*.csv")):
+            frame = pd.read_csv(path).head(50)
+            sms = get_device(frame["Device"].iloc[0]).num_sms
+            for row in frame.to_dict("records"):
+                grid = (int(row["Grid x"]), int(row["Grid y"]), int(row["Grid z"]))
+                block = (int(row["Block x"]), int(row["Block y"]), int(row["Block z"]))
+                other = KernelRecord("other", 0.0001, (1, 1, 1), (32, 1, 1))
+                got = kernel_columns([other, KernelRecord(row["Kernel Name"], 0.01, grid, block)], sms)
+                assert got["Kernel Name"] == row["Kernel Name"]
+                assert float(got["Blocks per SM"]) == pytest.approx(row["Blocks per SM"], rel=1e-3, abs=0.01)
+                assert float(got["Warps per SM"]) == pytest.approx(row["Warps per SM"], rel=1e-3, abs=0.01)
+                assert got["Grid x"] == str(grid[0]) and got["Block y"] == str(block[1])
+                assert got["Kernels"] == f";other;{row['Kernel Name']}"
+                checked += 1
+    assert checked > 500
+    assert kernel_columns([], 40) == {}
+
+
+def _fake_profiler(fn, device):  # type: ignore[no-untyped-def]
+    return [
+        KernelRecord("setup", 0.001, (1, 1, 1), (128, 1, 1)),
+        KernelRecord("main", 0.05, (60, 1, 1), (32, 4, 1)),
+    ]
+
+
+def test_collect_writes_kernel_columns(tmp_path: Path) -> None:
+    fake = {"device": "meta", "timer": fake_timer, "profiler": _fake_profiler, "progress": False}
+    stats = collect(["ln", "relu"], 3, tmp_path / "a", sms=40, **fake)
+    for op in ("ln", "relu"):
+        for row in _rows(stats.paths[op]):
+            assert row["Kernel Name"] == "main"
+            assert (row["Blocks per SM"], row["Warps per SM"]) == ("1.5", "6")
+            assert (row["Grid x"], row["Block x"], row["Block y"], row["Block z"]) == ("60", "32", "4", "1")
+    assert _rows(stats.paths["ln"])[0]["Kernels"] == ";setup;main"  # only ln's schema has the column
+    assert "Kernels" not in _rows(stats.paths["relu"])[0]
+    plain = collect(["ln"], 3, tmp_path / "b", kernels=False, **fake)
+    assert all(row["Kernel Name"] == "" for row in _rows(plain.paths["ln"]))
+    with pytest.raises(ValueError, match="sms= is needed"):
+        collect(
+            ["ln"],
+            1,
+            tmp_path / "c",
+            device="meta",
+            timer=fake_timer,
+            profiler=_fake_profiler,
+            progress=False,
+        )
