@@ -20,9 +20,6 @@ Importing this module imports Triton (set ``TRITON_INTERPRET=1`` first on a mach
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
@@ -118,14 +115,15 @@ def elementwise(op: str, x: torch.Tensor, y: torch.Tensor | None = None) -> tupl
     _check(x)
     out = torch.empty_like(x)
     launch = elementwise_launch(x.numel())
-    run: Callable[..., Any] = _relu_kernel if op == "relu" else _binary_kernel
     if op == "relu":
-        run[launch.grid](x, out, x.numel(), BLOCK=EW_BLOCK, num_warps=EW_WARPS)
+        _relu_kernel[launch.grid](x, out, x.numel(), BLOCK=EW_BLOCK, num_warps=EW_WARPS)
     else:
         if y is None or y.shape != x.shape:
             raise ValueError(f"{op} needs a second tensor of shape {tuple(x.shape)}")
         _check(y)
-        run[launch.grid](x, y, out, x.numel(), IS_MUL=op == "mul", BLOCK=EW_BLOCK, num_warps=EW_WARPS)
+        _binary_kernel[launch.grid](
+            x, y, out, x.numel(), IS_MUL=op == "mul", BLOCK=EW_BLOCK, num_warps=EW_WARPS
+        )
     return out, launch
 
 
