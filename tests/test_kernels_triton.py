@@ -88,9 +88,37 @@ def test_mismatched_tensors_are_refused() -> None:
         kernels.copy(torch.empty(8), torch.empty(9))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dot_matches_torch(dtype: torch.dtype) -> None:
+    # bf16 is left to the GPU test: the interpreter multiplies bf16 tl.dot operands wrongly.
+    a = torch.randn(128, 64).to(dtype)
+    b = torch.randn(64, 256).to(dtype)
+    out = kernels.dot(a, b, torch.empty(128, 256))
+    torch.testing.assert_close(out, a.float() @ b.float(), atol=1e-3, rtol=1e-3)
+    assert kernels.dot_flops(128, 256, 64) == 2 * 128 * 256 * 64
+
+
+def test_dot_refuses_shapes_off_the_tile() -> None:
+    with pytest.raises(ValueError, match="M % 128"):
+        kernels.dot(torch.empty(100, 64), torch.empty(64, 128), torch.empty(100, 128))
+    with pytest.raises(ValueError, match="fp32 out"):
+        kernels.dot(torch.empty(128, 64), torch.empty(64, 128), torch.empty(128, 128, dtype=torch.float16))
+
+
+@pytest.mark.cuda
+def test_bf16_dot_on_the_gpu_matches_torch_and_beats_fp32_fma() -> None:
+    a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    out = kernels.dot(a, b, torch.empty(1024, 1024, device="cuda"))
+    torch.testing.assert_close(out, a.float() @ b.float(), atol=0.5, rtol=1e-2)
+    cal = calibrate("cuda", sizes=[1 << 24], repeats=3, l2=False)
+    assert cal.dot_tflops["bfloat16"] > cal.fma_tflops
+
+
 def test_calibrate_runs_simulated_on_cpu() -> None:
     cal = calibrate("cpu", sizes=[kernels.BLOCK, 2 * kernels.BLOCK], repeats=1, budget_ms=0.0,
-                    fma_elements=kernels.BLOCK, fma_iters=2)  # fmt: skip
+                    fma_elements=kernels.BLOCK, fma_iters=2, dot_size=128)  # fmt: skip
+    assert set(cal.dot_tflops) == {"float16", "bfloat16"} and all(v > 0 for v in cal.dot_tflops.values())
     assert not cal.on_gpu and cal.dtype == "float32" and "cpu" in cal.device_name
     values = [cal.achieved_bandwidth_gbps, cal.triad_bandwidth_gbps, cal.fma_tflops, cal.launch_overhead_ms]
     assert all(math.isfinite(v) and v > 0 for v in values)
@@ -127,6 +155,7 @@ def _gpu_calibration(**changes) -> Calibration:
     cal = Calibration(
         device_name="NVIDIA H100 80GB HBM3", on_gpu=True, dtype="float32",
         achieved_bandwidth_gbps=2987.654321, triad_bandwidth_gbps=3010.0, fma_tflops=51.2,
+        dot_tflops={"float16": 610.0, "bfloat16": 605.0},
         launch_overhead_ms=0.0061234, kernel_overhead_ms=0.0042, l2_bandwidth_gbps=9000.0,
         timings=(SizeTiming("copy", 1 << 26, 2 << 28, 0.18),),
     )  # fmt: skip
@@ -136,6 +165,7 @@ def _gpu_calibration(**changes) -> Calibration:
 def test_to_yaml_overrides_a_known_device(tmp_path, fresh_database) -> None:
     path = to_yaml(_gpu_calibration(), tmp_path / "device.yaml")
     assert "fp32 FMA 51.2 TFLOPS" in path.read_text()
+    assert "tl.dot float16 610, bfloat16 605 TFLOPS" in path.read_text()
     assert fresh_database.load_devices(path) == ["H100-SXM"]
     h100 = get_device("H100-SXM")
     assert h100.bandwidth_gbps == 2988.0 and h100.overhead_ms == 0.0042 and h100.floor_ms == 0.006123

@@ -1,8 +1,9 @@
 """Calibrate this machine's GPU with Triton microbenchmarks and write a device profile.
 
-Measures achieved DRAM bandwidth (STREAM copy and triad over several sizes), fp32 FMA throughput, the
-launch floor (an empty kernel) and L2 bandwidth (a small working set re-read), all through
-:func:`fxcost.timing.bench_ms`. :func:`to_yaml` writes the calibration columns of the device database
+Measures achieved DRAM bandwidth (STREAM copy and triad over several sizes), fp32 FMA throughput,
+fp16 and bf16 ``tl.dot`` (tensor-core) throughput, the launch floor (an empty kernel) and L2
+bandwidth (a small working set re-read), all through :func:`fxcost.timing.bench_ms`. :func:`to_yaml`
+writes the calibration columns of the device database
 (``achieved_bandwidth_gbps``, ``kernel_overhead_ms``, ``launch_floor_ms``) in the format
 :func:`fxcost.devices.load_devices` reads.
 
@@ -48,6 +49,8 @@ _FMA_ELEMENTS = 1 << 22
 _FMA_ITERS = 1024
 _L2_FRACTION = 0.25  # of the L2 size, for the re-read working set
 _L2_REPS = 256
+_DOT_SIZE = 4096  # M = N = K of the tensor-core benchmark
+DOT_DTYPES = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,7 @@ class Calibration:
         achieved_bandwidth_gbps: median copy bandwidth over the sizes large enough to miss L2.
         triad_bandwidth_gbps: the same for the triad kernel.
         fma_tflops: fp32 FMA throughput (an FMA counts as two operations).
+        dot_tflops: ``tl.dot`` throughput per input dtype (fp16, bf16; fp32 accumulation).
         launch_overhead_ms: median time of an empty kernel, as CUDA events see it.
         kernel_overhead_ms: intercept of the least-squares line of copy time over bytes, or ``None``
             with fewer than two sizes or a negative intercept.
@@ -85,6 +89,7 @@ class Calibration:
     achieved_bandwidth_gbps: float
     triad_bandwidth_gbps: float
     fma_tflops: float
+    dot_tflops: dict[str, float]
     launch_overhead_ms: float
     kernel_overhead_ms: float | None
     l2_bandwidth_gbps: float | None
@@ -172,6 +177,7 @@ def calibrate(
     budget_ms: float = 100.0,
     fma_elements: int = _FMA_ELEMENTS,
     fma_iters: int = _FMA_ITERS,
+    dot_size: int = _DOT_SIZE,
     l2: bool = True,
 ) -> Calibration:
     """Time the microbenchmarks on ``device`` and summarize them.
@@ -182,6 +188,7 @@ def calibrate(
         repeats: at least this many timed runs per measurement (more while within ``budget_ms``).
         budget_ms: time to spend per measurement (see :func:`fxcost.timing.bench_ms`).
         fma_elements, fma_iters: size of the FMA benchmark (elements, FMAs per chain).
+        dot_size: M = N = K of the ``tl.dot`` benchmark (a multiple of 128).
         l2: also measure L2 bandwidth (CUDA only: ``l2_bandwidth_gbps`` is ``None`` on the CPU).
 
     Raises:
@@ -202,6 +209,7 @@ def calibrate(
     fma_tflops = k.fma_flops(fma_elements, fma_iters) / fma_ms / 1e9
     launch_ms = bench(functools.partial(k.empty, x))
     del x
+    dot_tflops = {dtype: _dot_tflops(k, dev, dot_size, getattr(torch, dtype), bench) for dtype in DOT_DTYPES}
 
     l2_bytes = _l2_bytes(dev)
     l2_gbps = None
@@ -217,6 +225,7 @@ def calibrate(
         achieved_bandwidth_gbps=_median_bandwidth(copies, l2_bytes),
         triad_bandwidth_gbps=_median_bandwidth(triads, l2_bytes),
         fma_tflops=fma_tflops,
+        dot_tflops=dot_tflops,
         launch_overhead_ms=launch_ms,
         kernel_overhead_ms=_intercept_ms(copies),
         l2_bandwidth_gbps=l2_gbps,
@@ -234,6 +243,16 @@ def _stream(k: Any, dev: torch.device, n: int, bench: _Bench) -> list[SizeTiming
         SizeTiming("copy", n, 2 * b.nbytes, bench(functools.partial(k.copy, b, out))),
         SizeTiming("triad", n, 3 * b.nbytes, bench(functools.partial(k.triad, b, c, 3.0, out))),
     ]
+
+
+def _dot_tflops(k: Any, dev: torch.device, size: int, dtype: torch.dtype, bench: _Bench) -> float:
+    import torch
+
+    a = torch.randn(size, size, device=dev).to(dtype)
+    b = torch.randn(size, size, device=dev).to(dtype)
+    out = torch.empty(size, size, dtype=torch.float32, device=dev)
+    ms = bench(functools.partial(k.dot, a, b, out))
+    return k.dot_flops(size, size, size) / ms / 1e9
 
 
 def _l2_bandwidth_gbps(k: Any, dev: torch.device, l2_bytes: int, bench: _Bench) -> float:
@@ -316,10 +335,12 @@ def to_yaml(
         if calibration.l2_bandwidth_gbps is None
         else f"{calibration.l2_bandwidth_gbps:.4g} GB/s"
     )
+    dots = ", ".join(f"{dtype} {tflops:.4g}" for dtype, tflops in calibration.dot_tflops.items())
     header = (
         f"# fxcost calibrate on {calibration.device_name} ({calibration.dtype})\n"
         f"# triad {calibration.triad_bandwidth_gbps:.4g} GB/s, fp32 FMA {calibration.fma_tflops:.4g} TFLOPS, "
         f"L2 {l2}\n"
+        f"# tl.dot {dots} TFLOPS\n"
     )
     body = yaml.safe_dump({name: entry}, sort_keys=False)
     return atomic_write(path, (header + body).encode())
@@ -339,6 +360,7 @@ def _format(calibration: Calibration) -> str:
         "achieved_bandwidth_gbps": calibration.achieved_bandwidth_gbps,
         "triad_bandwidth_gbps": calibration.triad_bandwidth_gbps,
         "fma_tflops": calibration.fma_tflops,
+        **{f"dot_tflops_{dtype}": v for dtype, v in calibration.dot_tflops.items()},
         "launch_overhead_ms": calibration.launch_overhead_ms,
         "kernel_overhead_ms": calibration.kernel_overhead_ms,
         "l2_bandwidth_gbps": calibration.l2_bandwidth_gbps,
@@ -365,9 +387,9 @@ def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``fxcost calibrate`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "calibrate",
-        help="measure this GPU's bandwidth, FMA rate and launch floor; write a device profile",
-        description="Times Triton copy/triad (several sizes), FMA, empty and L2 kernels on the GPU and "
-        "prints them; --out writes a YAML device file (load it with FXCOST_DEVICES or "
+        help="measure this GPU's bandwidth, FMA and tensor-core rates, launch floor; write a device profile",
+        description="Times Triton copy/triad (several sizes), FMA, tl.dot, empty and L2 kernels on the GPU "
+        "and prints them; --out writes a YAML device file (load it with FXCOST_DEVICES or "
         "fxcost.devices.load_devices).",
     )
     parser.add_argument("--out", metavar="YAML", help="write the device profile here")

@@ -13,7 +13,10 @@ import triton.language as tl
 
 __all__ = [
     "BLOCK",
+    "DOT_BLOCK",
     "copy",
+    "dot",
+    "dot_flops",
     "empty",
     "fma",
     "fma_flops",
@@ -24,6 +27,7 @@ __all__ = [
 ]
 
 BLOCK = 1024  # elements per program; a multiple of every warp layout Triton picks
+DOT_BLOCK = (128, 128, 32)  # (BM, BN, BK) of the dot kernel: a tile shape tensor cores run at full rate
 FMA_CHAINS = 4  # independent accumulators per element, so FMA latency does not bound throughput
 
 
@@ -59,6 +63,23 @@ def _fma_kernel(x_ptr, y_ptr, n, iters, mul, add, BLOCK: tl.constexpr):
         a2 = a2 * mul + add
         a3 = a3 * mul + add
     tl.store(y_ptr + offs, a0 + a1 + a2 + a3, mask=mask)
+
+
+@triton.jit
+def _dot_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # One BM x BN tile of c = a @ b per program (row-major, sizes multiples of the tile: no masks),
+    # accumulated in fp32 from tl.dot on the inputs' own type (fp16/bf16: the tensor cores).
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    inner = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(a_ptr + rows[:, None] * K + (k + inner)[None, :])
+        b = tl.load(b_ptr + (k + inner)[:, None] * N + cols[None, :])
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + rows[:, None] * N + cols[None, :], acc)
 
 
 @triton.jit
@@ -126,6 +147,35 @@ def fma(
 def fma_flops(elements: int, iters: int) -> int:
     """Floating-point operations of :func:`fma` (an FMA counts as two)."""
     return 2 * FMA_CHAINS * iters * elements
+
+
+def dot(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = a @ b`` for ``[M, K] @ [K, N]`` with M, N and K multiples of :data:`DOT_BLOCK`'s tiles;
+    ``a`` and ``b`` fp16, bf16 or fp32 (of one dtype), ``out`` fp32.
+
+    Under the interpreter bf16 operands are multiplied wrongly (a Triton limitation): check bf16 on a GPU.
+    """
+    bm, bn, bk = DOT_BLOCK
+    (m, k), (k2, n) = a.shape, b.shape
+    if k != k2 or out.shape != (m, n) or m % bm or n % bn or k % bk:
+        raise ValueError(
+            f"dot needs [M, K] @ [K, N] into [M, N] with M % {bm}, N % {bn}, K % {bk} == 0; "
+            f"got {tuple(a.shape)} @ {tuple(b.shape)} into {tuple(out.shape)}"
+        )
+    if a.dtype != b.dtype or out.dtype != torch.float32:
+        raise ValueError(
+            f"dot takes a and b of one dtype and an fp32 out; got {a.dtype}, {b.dtype}, {out.dtype}"
+        )
+    for t in (a, b, out):
+        if not t.is_contiguous() or t.device != a.device:
+            raise ValueError("dot takes contiguous tensors on one device")
+    _dot_kernel[(m // bm, n // bn)](a, b, out, m, n, k, BM=bm, BN=bn, BK=bk, num_warps=4)
+    return out
+
+
+def dot_flops(m: int, n: int, k: int) -> int:
+    """Floating-point operations of :func:`dot` (a multiply-add counts as two)."""
+    return 2 * m * n * k
 
 
 def empty(x: torch.Tensor) -> None:
