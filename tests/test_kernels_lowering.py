@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from fxcost.datasets import KERNEL_ALIKE, kernel_alike_node, read_ops, read_ops_test
@@ -64,3 +66,18 @@ def test_kernel_varying_and_view_nodes() -> None:
                          in_dtypes=["float32"], out_shapes=[(64,)], out_dtypes=["float32"])  # fmt: skip
     (spec,) = lower(reduction)
     assert not spec.exact
+
+
+def test_ops_on_empty_tensors_launch_nothing() -> None:
+    """transformers builds ``torch.tensor([])`` in GPT-2's step: a zero-block grid would be divided by
+    in wave scaling (it was: ZeroDivisionError on a recorded trace)."""
+    from fxcost.cost_models import NodeBatch
+    from fxcost.cost_models.wave_scaling import WaveScaling
+    from fxcost.devices import get_device
+
+    empty = NodeCost(name="c", op="aten.lift_fresh_copy.default", phase="fw", graph=0, in_shapes=[(0,)],
+                     in_dtypes=["float32"], out_shapes=[(0,)], out_dtypes=["float32"], flops=0, bytes_read=0,
+                     bytes_written=0, origin_ms=0.004)  # fmt: skip
+    assert lower(empty) == []
+    (ms,) = WaveScaling().predict(NodeBatch.of([empty], origin=get_device("H100-SXM")), get_device("H200"))
+    assert math.isnan(ms)  # no kernel to scale: left to the next model of the chain

@@ -87,7 +87,8 @@ def resolve_op(name: str) -> torch._ops.OpOverload | None:
 def lower(node: NodeCost) -> list[KernelSpec] | None:
     """The kernels ``node`` launches on a CUDA GPU; None for kernel-varying or unknown ops.
 
-    Nodes that launch nothing (views) return an empty list.
+    Nodes that launch nothing (views, or ops on empty tensors, which PyTorch returns from without a
+    launch) return an empty list.
     """
     if not node.has_kernel:
         return []
@@ -100,9 +101,10 @@ def lower(node: NodeCost) -> list[KernelSpec] | None:
             return None
         lowering = _elementwise if torch.Tag.pointwise in op.tags else _approximate
     try:
-        return lowering(node)
+        specs = lowering(node)
     except (IndexError, KeyError, ValueError, ZeroDivisionError):
         return None
+    return [s for s in specs if s.launch.blocks > 0]
 
 
 # -- elementwise ------------------------------------------------------------------------------------
