@@ -114,6 +114,23 @@ def test_defaults_from_the_device_database() -> None:
     assert Cluster.parse("4xL40S").intra.bandwidth_gbps == 24.0  # PCIe gen4
 
 
+@pytest.mark.parametrize(
+    ("spec", "link"),
+    [("2xA100-PCIE-40GB", "NVLink"), ("4xA100-PCIE-40GB", "PCIe gen4"), ("8xH100-PCIE", "PCIe gen5"),
+     ("2x2xRTX3090", "NVLink"), ("8xRTX3090", "PCIe gen4"), ("4xMI210", "NVLink"), ("8xMI210", "PCIe gen4"),
+     ("8xH100-SXM", "NVLink")],
+)  # fmt: skip
+def test_nvlink_bridges_join_only_their_domain(spec: str, link: str) -> None:
+    """A ring over more bridged cards than one bridge joins crosses PCIe between the domains."""
+    cluster = Cluster.parse(spec)
+    assert cluster.intra.name == link and cluster.intra.shared == link.startswith("PCIe")
+    assert Cluster.from_dict(cluster.to_dict() | {"intra": None}).intra == cluster.intra
+    four_bridged = Cluster.parse("4xA100-PCIE-40GB")
+    assert collective_ms("all_reduce", 1e9, range(4), four_bridged) > 5 * collective_ms(
+        "all_reduce", 1e9, range(4), Cluster.parse("4xA100-SXM4-40GB")
+    )
+
+
 def test_parse_forms_aliases_and_overrides() -> None:
     c = Cluster.parse("8xH100", inter_gbps=50, inter_latency_us=3, intra_gbps=400, nics_per_node=8)
     assert (c.nodes, c.gpus_per_node, c.device.name) == (1, 8, "H100-SXM")

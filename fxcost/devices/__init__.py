@@ -90,6 +90,9 @@ class Device:
     achieved_bandwidth_gbps: float | None = None
     kernel_overhead_ms: float | None = None
     launch_floor_ms: float | None = None
+    # GPUs one NVLink (or Infinity Fabric) domain joins when bridges rather than a switch connect them:
+    # 2 for bridged pairs of PCIe cards, None where every GPU of a node has a switched port.
+    nvlink_domain: int | None = None
     calibration_source: str = ""
     aliases: tuple[str, ...] = ()
     sources: str = ""
@@ -163,7 +166,7 @@ _OCCUPANCY_FIELDS = {
 }  # fmt: skip
 _INT_FIELDS = _OCCUPANCY_FIELDS | {
     "num_sms", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm", "max_regs_per_thread",
-    "warp_size", "pcie_gen",
+    "warp_size", "pcie_gen", "nvlink_domain",
 }  # fmt: skip
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 

@@ -14,10 +14,12 @@ Assumptions:
 * Bandwidths are per GPU per direction, in GB/s with GB = 1e9 bytes (NCCL-tests' unit). For a ring
   all_reduce NCCL-tests' *bus bandwidth* equals the ``B`` of this model.
 * A node with NVLink is switched (NVSwitch): every GPU has its own full-bandwidth port, so groups on
-  disjoint GPUs do not share. This does not hold for NVLink *bridges* between pairs of PCIe cards
-  (A100-PCIE, RTX3090) or for DGX-1's hybrid cube mesh: pass ``intra_gbps`` (and ``intra_shared``) there.
-  A PCIe node without NVLink is modeled as one link shared by the whole node (``Link.shared``): peer
-  traffic goes through the host bridge, so every concurrent group on the node shares it.
+  disjoint GPUs do not share. PCIe cards joined by NVLink *bridges* (the database's ``nvlink_domain``:
+  pairs of A100-PCIE, H100-PCIE, RTX 3090; fours of MI100/MI210) use the bridge only in nodes no
+  larger than one bridged domain; in larger nodes a ring must cross PCIe between domains, so PCIe is
+  the node's link. DGX-1's hybrid cube mesh is treated as switched; pass ``intra_gbps`` to correct it.
+  A PCIe node is modeled as one link shared by the whole node (``Link.shared``): peer traffic goes
+  through the host bridge, so every concurrent group on the node shares it.
 * Groups spanning nodes are hierarchical: the ranks on a node are chained over the intra link and the
   node is entered and left through its NICs. A ring (or tree) crosses a node boundary on one edge per
   channel, and NCCL spreads channels over the NICs, so a node's crossing capacity is
@@ -130,9 +132,11 @@ class Link:
 _LINK_KEYS = tuple(f.name for f in fields(Link))
 
 
-def default_intra_link(device: Device) -> Link:
-    """The GPU-GPU link inside a node: NVLink (assumed switched) if the GPU has it, else PCIe."""
-    if device.nvlink_bandwidth_gbps:
+def default_intra_link(device: Device, gpus_per_node: int | None = None) -> Link:
+    """The GPU-GPU link inside a node of ``gpus_per_node`` GPUs: NVLink if the GPU has it and the node
+    fits in one NVLink domain (switched NVLink: any size), else PCIe."""
+    bridged_beyond = device.nvlink_domain is not None and (gpus_per_node or 1) > device.nvlink_domain
+    if device.nvlink_bandwidth_gbps and not bridged_beyond:
         return Link(device.nvlink_bandwidth_gbps / 2 * NVLINK_EFFICIENCY, NVLINK_LATENCY_US, "NVLink")
     if device.pcie_gen:
         gbps = PCIE_GEN3_GBPS * 2.0 ** (device.pcie_gen - 3)
@@ -207,7 +211,7 @@ class Cluster:
             raise ValueError(f"cluster spec {spec!r}: bad device part {name!r} ({e}); {_SPEC_FORM}") from e
 
         try:
-            intra = default_intra_link(device)
+            intra = default_intra_link(device, gpus)
         except ValueError:
             if "intra_gbps" not in overrides:
                 raise ValueError(
@@ -227,11 +231,10 @@ class Cluster:
         if "device" not in d:
             raise ValueError(f"cluster: 'device' is required; accepted keys: {list(_CLUSTER_KEYS)}")
         device = get_device(d["device"])
-        intra = _link_from(d.get("intra"), "intra", lambda: default_intra_link(device))
+        gpus = d.get("gpus_per_node", 1)
+        intra = _link_from(d.get("intra"), "intra", lambda: default_intra_link(device, gpus))
         inter = _link_from(d.get("inter"), "inter", default_inter_link)
-        return cls(
-            d.get("nodes", 1), d.get("gpus_per_node", 1), device, intra, inter, d.get("nics_per_node", 1)
-        )
+        return cls(d.get("nodes", 1), gpus, device, intra, inter, d.get("nics_per_node", 1))
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML form: ``{nodes, gpus_per_node, device, intra: {...}, inter: {...}, nics_per_node}``."""
