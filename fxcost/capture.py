@@ -28,7 +28,17 @@ from fxcost.timing import bench_ms
 if TYPE_CHECKING:
     from fxcost.estimator import Precision
 
-__all__ = ["Cost", "cost", "default_loss", "map_batched", "profile", "trace_step", "trace_without_running"]
+__all__ = [
+    "Cost",
+    "as_call",
+    "batch_of",
+    "cost",
+    "default_loss",
+    "map_batched",
+    "profile",
+    "trace_step",
+    "trace_without_running",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +110,7 @@ def profile(
         budget_ms: measurement time budget per node.
         progress: called as ``progress(phase, nodes_done, nodes_total)`` while a graph is measured.
     """
-    args, kwargs = _as_call(example_inputs)
+    args, kwargs = as_call(example_inputs)
 
     def backend_of(run_graphs: bool) -> FxcostBackend:
         return FxcostBackend(devices, measure=measure, model=cost_model, overrides=overrides,
@@ -112,7 +122,7 @@ def profile(
     else:
         backend, _ = trace_without_running(model, args, kwargs, backend_of, train=train, loss_fn=loss_fn)
     report = backend.report(copy_nodes=False)  # the backend is ours alone and ends here
-    report.batch = _batch_of(args, kwargs)
+    report.batch = batch_of(args, kwargs)
     if not report.nodes:
         failures = "; ".join(backend.failures) or "Dynamo produced no graph"
         raise RuntimeError(f"fxcost captured nothing from the step: {failures}")
@@ -282,7 +292,9 @@ def _batch_marked(
     return map_batched(args, kwargs, batch, mark)
 
 
-def _as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` of a step from example inputs: a tensor, a tuple or list of positional
+    arguments, or a dict of keyword arguments."""
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,), {}
     if isinstance(example_inputs, dict):
@@ -303,7 +315,7 @@ def _run_step(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
             fn(*args, **kwargs)
 
 
-def _batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+def batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """The leading dimension of the step's first tensor input: its batch size, by convention."""
     first = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim()), None)
     return int(first.shape[0]) if first is not None else None

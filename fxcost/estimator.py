@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten
 
 from fxcost import cost_models
 from fxcost.backend import DEFAULT_DEVICES, FxcostBackend
-from fxcost.capture import Cost, LossFn, _as_call, _batch_of, default_loss, map_batched, trace_without_running
+from fxcost.capture import Cost, LossFn, as_call, batch_of, default_loss, map_batched, trace_without_running
 from fxcost.devices import Device, get_device
 from fxcost.lowering import is_matmul_class
 from fxcost.records import META_KEY, PHASES, NodeCost
@@ -149,8 +149,8 @@ class Estimator:
     ) -> tuple[Captured, int | None]:
         """The capture that holds at ``batch_size`` (else at the inputs' own batch), and that batch."""
         _check_batch(batch_size)
-        args, kwargs = _as_call(example_inputs)
-        batch = _batch_of(args, kwargs)
+        args, kwargs = as_call(example_inputs)
+        batch = batch_of(args, kwargs)
         priced = batch_size if batch_size is not None else batch
         key = self._model_key(model) + inputs_key(args, kwargs, train, loss_fn, batch)
         captured = self._lookup(key) or self._trace(key, model, args, kwargs, train, loss_fn)
@@ -280,7 +280,7 @@ class Captured:
         key: str = "",
     ) -> Captured:
         """Trace one step of ``model`` without running it, its batch dimension symbolic."""
-        batch = _batch_of(args, kwargs)
+        batch = batch_of(args, kwargs)
         # A batch of 1 is traced as a constant by Dynamo (0/1 specialization): nothing to gain.
         dynamic = batch if batch is not None and batch > 1 else None
         backend, shape_envs = trace_without_running(

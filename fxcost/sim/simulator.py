@@ -171,9 +171,9 @@ def _traced(
         model, example_inputs, loss_fn = step.model, step.inputs, step.loss_fn
     if example_inputs is None:
         raise ValueError("simulate needs example_inputs= for a model (a tensor, tuple or dict)")
-    from fxcost.capture import _as_call, _batch_of
+    from fxcost.capture import as_call, batch_of
 
-    batch = batch or _batch_of(*_as_call(example_inputs)) or 1
+    batch = batch or batch_of(*as_call(example_inputs)) or 1
     micro = strategy.micro_batch(batch)
     captured = default_estimator().capture(model, example_inputs, True, loss_fn=loss_fn, batch_size=micro)
     return captured, params if params is not None else _params_by_module(model), batch
