@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,12 +54,28 @@ class HFStep:
 
 def hf_step(config: str | Path | dict[str, Any], batch: int, seqlen: int, train: bool = True) -> HFStep:
     """The model of ``config`` (a path to a Hugging Face ``config.json`` or its dict) and a step on
-    ``batch`` sequences of ``seqlen`` tokens, on the meta device."""
-    import transformers
+    ``batch`` sequences of ``seqlen`` tokens, on the meta device.
 
+    Equal configs share one model object (built once; 0.1-3 s each), so a search over batch sizes or
+    parallel plans does not rebuild it and the Estimator finds its trace at once. Treat it as read-only.
+    """
     raw = json.loads(Path(config).read_text()) if isinstance(config, (str, Path)) else dict(config)
     if batch < 1 or seqlen < 1:
         raise ValueError(f"batch and seqlen must be positive, got batch={batch}, seqlen={seqlen}")
+    model, encoder_decoder = _meta_model(json.dumps(raw, sort_keys=True), train)
+    ids = torch.ones(batch, seqlen, dtype=torch.long, device="meta")
+    inputs = {"input_ids": ids}
+    if encoder_decoder:
+        inputs["decoder_input_ids"] = ids
+    return HFStep(model, inputs, train)
+
+
+@functools.lru_cache(maxsize=8)
+def _meta_model(config_json: str, train: bool) -> tuple[torch.nn.Module, bool]:
+    """(the model of a config given as canonical JSON, whether it is an encoder-decoder)."""
+    import transformers
+
+    raw = json.loads(config_json)
     try:
         model_type, architecture = raw["model_type"], raw["architectures"][0]
     except (KeyError, IndexError) as e:
@@ -73,8 +90,4 @@ def hf_step(config: str | Path | dict[str, Any], batch: int, seqlen: int, train:
     with torch.device("meta"):
         model = cls(hf_config)
     model.train(train)
-    ids = torch.ones(batch, seqlen, dtype=torch.long, device="meta")
-    inputs = {"input_ids": ids}
-    if hf_config.is_encoder_decoder:
-        inputs["decoder_input_ids"] = ids
-    return HFStep(model, inputs, train)
+    return model, bool(hf_config.is_encoder_decoder)

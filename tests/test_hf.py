@@ -75,3 +75,16 @@ def test_profile_command_takes_a_hugging_face_config(tmp_path, capsys) -> None:
     assert "meta tensors" in printed and "eager step" in printed
     report = fxcost.Report.load(out)
     assert report.phases() == ["fw", "bw"] and report.total_ms("T4") > 0
+
+
+def test_hf_step_builds_each_config_once() -> None:
+    from fxcost.hf import hf_step
+
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 1, "n_embd": 64,
+              "n_head": 2, "vocab_size": 128, "n_positions": 64}  # fmt: skip
+    a, b = hf_step(config, batch=2, seqlen=16), hf_step(dict(reversed(config.items())), batch=4, seqlen=8)
+    assert a.model is b.model  # equal configs, in any key order
+    assert b.inputs["input_ids"].shape == (4, 8)
+    assert hf_step(config, 2, 16, train=False).model is not a.model
+    assert not hf_step(config, 2, 16, train=False).model.training and a.model.training
+    assert hf_step(config | {"n_layer": 2}, 2, 16).model is not a.model
