@@ -183,16 +183,12 @@ def profile_kernels(fn: Callable[[], Any], device: torch.device) -> list[KernelR
 
     ``fn`` should have run before (the timer's warm-up), so lazy initialisation stays out of the trace.
     """
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from fxcost.profiling import RANGE_PREFIX, kernels_from_profiler
+    from fxcost.profiling import kernel_range, recording_kernels
 
     torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with record_function(RANGE_PREFIX + "call"):
-            fn()
-        torch.cuda.synchronize(device)
-    return kernels_from_profiler(prof).get("call", [])
+    with recording_kernels(device) as kernels, kernel_range("call"):
+        fn()
+    return kernels.get("call", [])
 
 
 def device_label(device: torch.device) -> str:

@@ -12,16 +12,39 @@ import json
 import os
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fxcost.records import KernelRecord
 
-__all__ = ["RANGE_PREFIX", "kernels_by_range", "kernels_from_profiler"]
+__all__ = ["RANGE_PREFIX", "kernel_range", "kernels_by_range", "kernels_from_profiler", "recording_kernels"]
 
 RANGE_PREFIX = "fxcost::"
 
 # Kernels are launched through the runtime (cudaLaunchKernel) or, by cuBLASLt and Triton, the driver.
 _LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+
+
+@contextmanager
+def recording_kernels(device: Any = None) -> Iterator[dict[str, list[KernelRecord]]]:
+    """Profile the CUDA work inside the block; on exit, once ``device`` (default: the current one) is
+    synchronized, the yielded dict holds the kernels of each :func:`kernel_range` opened inside it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    kernels: dict[str, list[KernelRecord]] = {}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        yield kernels
+        torch.cuda.synchronize(device)
+    kernels.update(kernels_from_profiler(prof))
+
+
+def kernel_range(name: str) -> Any:
+    """The range whose kernels :func:`recording_kernels` reports under ``name``."""
+    from torch.profiler import record_function
+
+    return record_function(RANGE_PREFIX + name)
 
 
 def kernels_from_profiler(prof: Any) -> dict[str, list[KernelRecord]]:

@@ -21,7 +21,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_map
 
-from fxcost.profiling import RANGE_PREFIX, kernels_from_profiler
+from fxcost.profiling import kernel_range, recording_kernels
 from fxcost.records import META_KEY, GraphRecord, NodeCost
 from fxcost.timing import bench_ms
 
@@ -112,20 +112,17 @@ class _NodeTimer(torch.fx.Interpreter):
 
 
 def _record_kernels(gm: torch.fx.GraphModule, inputs: list[Any]) -> None:
-    """Run the graph once more under torch.profiler, each node in its own ``fxcost::`` range."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    """Run the graph once more under torch.profiler, each node in its own kernel range."""
 
     class _Ranges(torch.fx.Interpreter):
         def run_node(self, n: torch.fx.Node) -> Any:
             if n.op != "call_function":
                 return super().run_node(n)
-            with record_function(RANGE_PREFIX + n.name):
+            with kernel_range(n.name):
                 return super().run_node(n)
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with recording_kernels() as kernels:
         _Ranges(gm).run(*inputs)
-        torch.cuda.synchronize()
-    kernels = kernels_from_profiler(prof)
     for n in gm.graph.nodes:
         record = n.meta.get(META_KEY)
         if record is not None:
