@@ -312,10 +312,10 @@ def collect(
         from fxcost.timing import bench_ms
 
         timer = bench_ms
-    if kernels and profiler is None and dev.type == "cuda":
-        profiler = profile_kernels
     if not kernels:
         profiler = None
+    elif profiler is None and dev.type == "cuda":
+        profiler = profile_kernels
     if profiler is not None and sms is None:
         if dev.type != "cuda":
             raise ValueError(f"sms= is needed to profile kernels on a {dev.type} device")
@@ -343,7 +343,7 @@ def collect(
                         log.info("%s config %d %s: out of memory, skipped", op, index, cfg)
                     else:
                         latency, launched = measured
-                        launch = kernel_columns(launched, sms) if sms is not None else {}
+                        launch = kernel_columns(launched, sms) if launched and sms else {}
                         row = {**fixed, **launch, "OPName": op, "Latency": repr(latency), **cfg}
                         writer.writerow([row.get(c, "") for c in columns])
                         f.flush()  # an interrupted run loses no finished row

@@ -131,9 +131,9 @@ def fit(
             schedule.load_state_dict(state["schedule"])
             generator.set_state(state["generator"])
             start = state["epoch"]
-    for epoch in range(start, config.epochs):
-        order = torch.randperm(len(y), generator=generator)
-        with _one_thread():
+    with _one_thread():
+        for epoch in range(start, config.epochs):
+            order = torch.randperm(len(y), generator=generator)
             for i in range(0, len(y), config.batch):
                 batch = order[i : i + config.batch]
                 optimizer.zero_grad()
@@ -141,15 +141,15 @@ def fit(
                 objective = (error / y[batch]).mean() if loss == "mape" else error.mean()
                 objective.backward()
                 optimizer.step()
-        schedule.step()
-        if checkpoint is not None:
-            state = {"config": asdict(config), "rows": len(ex.y), "features": x.shape[1],
-                     "version": FEATURE_VERSION, "epoch": epoch + 1,
-                     "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "schedule": schedule.state_dict(), "generator": generator.get_state()}  # fmt: skip
-            _atomic_torch_save(state, checkpoint)
-        if progress is not None:
-            progress(label, epoch + 1, config.epochs)
+            schedule.step()
+            if checkpoint is not None:
+                state = {"config": asdict(config), "rows": len(ex.y), "features": x.shape[1],
+                         "version": FEATURE_VERSION, "epoch": epoch + 1,
+                         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "schedule": schedule.state_dict(), "generator": generator.get_state()}  # fmt: skip
+                _atomic_torch_save(state, checkpoint)
+            if progress is not None:
+                progress(label, epoch + 1, config.epochs)
     linears = [m for m in model if isinstance(m, torch.nn.Linear)]
     return MLP(low=ex.x.min(axis=0), high=ex.x.max(axis=0), mean=mean, std=std,
                weights=tuple(m.weight.detach().double().numpy().T.copy() for m in linears),

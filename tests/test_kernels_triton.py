@@ -139,7 +139,10 @@ def test_torch_copy_bandwidth_on_cpu() -> None:
     assert math.isfinite(gbps) and gbps > 0
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [({"sizes": []}, "sizes"), ({"repeats": 0}, "repeats")])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"sizes": []}, "sizes"), ({"repeats": 0}, "repeats"), ({"dot_size": 100}, "dot_size")],
+)
 def test_bad_arguments_are_refused(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         calibrate("cpu", **kwargs)

@@ -1,7 +1,8 @@
-"""Triton kernels: device-calibration microbenchmarks.
+"""Triton kernels: device-calibration microbenchmarks and reference kernels with known launches.
 
-``kernels`` holds the Triton kernels (STREAM-style copy and triad, an FMA chain, an empty kernel, a
-small-working-set L2 reader) with Python launchers; ``calibrate`` times them and writes a device profile
-that :func:`fxcost.devices.load_devices` accepts. Neither module is imported by ``import fxcost``:
-Triton is loaded only when a calibration runs.
+``kernels`` holds the calibration kernels (STREAM-style copy and triad, an FMA chain, a tiled ``tl.dot``,
+an empty kernel, a small-working-set L2 reader) with Python launchers; ``calibrate`` times them and
+writes a device profile that :func:`fxcost.devices.load_devices` accepts; ``reference`` has
+elementwise, softmax and layer-norm kernels whose launch is known before they run. None of them is
+imported by ``import fxcost``: Triton is loaded only when they are used.
 """

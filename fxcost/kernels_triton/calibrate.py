@@ -188,7 +188,7 @@ def calibrate(
         repeats: at least this many timed runs per measurement (more while within ``budget_ms``).
         budget_ms: time to spend per measurement (see :func:`fxcost.timing.bench_ms`).
         fma_elements, fma_iters: size of the FMA benchmark (elements, FMAs per chain).
-        dot_size: M = N = K of the ``tl.dot`` benchmark (a multiple of 128).
+        dot_size: M = N = K of the ``tl.dot`` benchmark (a multiple of the dot kernel's 128 tile).
         l2: also measure L2 bandwidth (CUDA only: ``l2_bandwidth_gbps`` is ``None`` on the CPU).
 
     Raises:
@@ -199,6 +199,9 @@ def calibrate(
     _check_sizes(sizes, repeats)
     dev = _device(device)
     k = _kernels(dev)
+    tile = max(k.DOT_BLOCK)
+    if dot_size < 1 or dot_size % tile:  # found before any benchmark runs, not after the others
+        raise ValueError(f"dot_size must be a positive multiple of {tile}, got {dot_size}")
 
     def bench(fn: Callable[[], Any]) -> float:
         return _bench(fn, dev, repeats, budget_ms)
