@@ -71,7 +71,7 @@ def _measure(
     try:
         model, inputs = build()
         model.train(train)
-        step = _Autocast(model) if precision == "bf16" else model
+        step = zoo.Autocast(model, "cpu") if precision == "bf16" else model
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = fxcost.profile(step, inputs, devices=[device], train=train, measure=False)
@@ -88,18 +88,6 @@ def _measure(
         "unpredicted": sum(s not in LEARNED and s != "roofline" for s in sources),
         "ms": round(report.eager_ms(device), 3),
     }
-
-
-class _Autocast(torch.nn.Module):
-    """Runs the wrapped model under CPU bf16 autocast (the CUDA autocast's graph, captured on a CPU)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return self.model(*args, **kwargs)
 
 
 def _zoo() -> dict[str, Builder]:

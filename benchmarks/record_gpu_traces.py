@@ -77,18 +77,6 @@ def cases(smoke: bool) -> dict[str, Case]:
     }
 
 
-class Autocast(torch.nn.Module):
-    """The wrapped model's forward under autocast to ``dtype`` (the loss and backward follow it)."""
-
-    def __init__(self, model: torch.nn.Module, device_type: str, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.model, self.device_type, self.dtype = model, device_type, dtype
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(self.device_type, dtype=self.dtype):
-            return self.model(*args, **kwargs)
-
-
 def environment(device: torch.device) -> dict[str, Any]:
     """What the measurements depend on besides the model."""
     env: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
@@ -114,19 +102,21 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
-def record(name: str, build: Case, precision: str, device: torch.device, out: Path) -> Path:
-    """Capture and measure one case; returns the meta file written."""
+def record(
+    name: str, build: Case, precision: str, device: torch.device, env: dict[str, Any], out: Path
+) -> Path:
+    """Capture and measure one case; returns the meta file written (``env``: :func:`environment`)."""
     model, inputs = build()
     model = model.to(device)
     inputs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, inputs)
     dtype = PRECISIONS[precision]
     if dtype is not None:
-        model = Autocast(model, device.type, dtype)
+        model = zoo.Autocast(model, device.type, dtype)
     started = time.perf_counter()
     report = fxcost.profile(model, inputs, train=True, devices=["H100-SXM", "H200"])
     stem = f"{name}-{precision}"
     trace = report.save(out / f"{stem}.json.gz")
-    meta = {"case": name, "precision": precision, **environment(device), "origin": report.origin,
+    meta = {"case": name, "precision": precision, **env, "origin": report.origin,
             "step_ms": report.step_ms, "node_sum_ms": report.origin_ms(), "fidelity": report.capture_fidelity,
             "nodes": len(report.nodes), "trace": trace.name,
             "capture_s": round(time.perf_counter() - started, 1)}  # fmt: skip
@@ -153,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown cases {sorted(unknown)}; cases: {', '.join(available)}", file=sys.stderr)
         return 2
-    gpu = environment(device)["gpu"]
-    out = args.out / gpu.replace(" ", "_").replace("/", "_")
+    env = environment(device)
+    out = args.out / env["gpu"].replace(" ", "_").replace("/", "_")
     out.mkdir(parents=True, exist_ok=True)
     counts = {"recorded": 0, "skipped": 0, "failed": 0}
     for name in args.cases or available:
@@ -163,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 counts["skipped"] += 1
                 continue
             try:
-                meta = json.loads(record(name, available[name], precision, device, out).read_text())
+                meta = json.loads(record(name, available[name], precision, device, env, out).read_text())
             except Exception as e:  # one case failing should not lose the others
                 counts["failed"] += 1
                 print(f"{name} {precision}: FAILED {type(e).__name__}: {e}", flush=True)

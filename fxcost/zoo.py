@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["build", "load", "names"]
+__all__ = ["Autocast", "build", "load", "names"]
 
 Builder = Callable[..., tuple[nn.Module, tuple[Any, ...]]]
 _ZOO: dict[str, Builder] = {}
@@ -78,6 +78,20 @@ def load(spec: str | Callable[..., Any], batch: int = 8, **config: Any) -> tuple
     if not (isinstance(built, tuple) and len(built) == 2):
         raise TypeError(f"{spec!r} must return (model, inputs), got {type(built).__name__}")
     return built
+
+
+class Autocast(nn.Module):
+    """``model``'s forward under ``torch.autocast(device_type, dtype)``: the mixed-precision step
+    (its loss and backward follow the autocast graph). On a CPU, bf16 autocast captures the graph
+    CUDA's autocast runs."""
+
+    def __init__(self, model: nn.Module, device_type: str = "cuda", dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.model, self.device_type, self.dtype = model, device_type, dtype
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.model(*args, **kwargs)
 
 
 # -- MLP -----------------------------------------------------------------------------------------
