@@ -37,7 +37,16 @@ from fxcost.records import META_KEY, PHASES, NodeCost
 from fxcost.report import Report
 from fxcost.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
 
-__all__ = ["PRECISIONS", "Captured", "Estimator", "Precision", "default_estimator", "inputs_key", "model_key"]
+__all__ = [
+    "PRECISIONS",
+    "Captured",
+    "Estimator",
+    "Precision",
+    "check_precision",
+    "default_estimator",
+    "inputs_key",
+    "model_key",
+]
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 PRECISIONS: dict[str, str] = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -111,7 +120,7 @@ class Estimator:
             loss_fn: turns the model's output into the scalar to backpropagate.
         """
         target = get_device(device) if device is not None else get_device(self.devices[0])
-        _check_precision(precision)  # bad arguments fail before anything is traced
+        check_precision(precision)  # bad arguments fail before anything is traced
         captured, batch = self._captured_at(model, example_inputs, train, loss_fn, batch_size)
         return captured.cost(target, batch, precision)
 
@@ -126,7 +135,7 @@ class Estimator:
         loss_fn: LossFn = default_loss,
     ) -> dict[str, Cost]:
         """:meth:`cost` on every device of the estimator, by canonical name."""
-        _check_precision(precision)
+        check_precision(precision)
         captured, batch = self._captured_at(model, example_inputs, train, loss_fn, batch_size)
         return {d: captured.cost(d, batch, precision) for d in self.devices}
 
@@ -330,7 +339,7 @@ class Captured:
         self, batch_size: int | None = None, precision: Precision | None = None
     ) -> cost_models.NodeBatch:
         """The distinct nodes at ``batch_size`` in ``precision``, as the columns cost models read."""
-        _check_precision(precision)
+        check_precision(precision)
         if batch_size is not None and not self.holds_at(batch_size):
             raise ValueError(
                 f"the step traced at batch {self.batch} does not hold at batch {batch_size}; "
@@ -403,7 +412,8 @@ class _PolyTable:
         return out
 
 
-def _check_precision(precision: str | None) -> None:
+def check_precision(precision: str | None) -> None:
+    """Raise ``ValueError`` naming the accepted precisions unless ``precision`` is one of them or None."""
     if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; accepted: {', '.join(PRECISIONS)} or None")
 

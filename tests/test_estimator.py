@@ -168,7 +168,7 @@ def test_a_backend_that_runs_nothing_returns_outputs_of_the_traced_shapes() -> N
 
 
 def test_fxcost_cost_uses_one_process_wide_estimator() -> None:
-    model, inputs = _block(4)
+    model, inputs = _block(4, dim=96)  # a width no other test prices: the process-wide cache has not seen it
     before = fxcost.estimator.default_estimator().cache_info()["captures"]
     a = fxcost.cost(model, inputs, device="T4")
     b = fxcost.cost(model, inputs, device="T4", batch_size=64)

@@ -114,3 +114,18 @@ def test_points_with_a_strategy_are_simulated_iterations() -> None:
         sweep([Point("mlp", batch=8, device="T4", strategy="dq=2")])
     with pytest.raises(ValueError, match="only used with a strategy"):
         sweep([Point("mlp", batch=8, device="T4", cluster="2xT4")])
+
+
+def test_strategy_points_use_the_sweeps_cost_model() -> None:
+    """A simulated point is priced by the sweep's cost model, as a single-GPU point is (it was
+    priced by the default policy whatever the sweep asked for)."""
+    from fxcost.sim import simulate
+
+    point = Point("mlp", batch=8, device="A100-SXM4-80GB", config={"features": 64}, strategy="dp=2")
+    (roofline,) = sweep([point], cost_model="roofline", progress=False)
+    (auto,) = sweep([point], progress=False)
+    model, inputs = zoo.build("mlp", 8, features=64)
+    expected = simulate(model, "dp=2", "2xA100-SXM4-80GB", example_inputs=inputs, batch=8,
+                        estimator=Estimator(cost_model="roofline")).iteration_ms  # fmt: skip
+    assert roofline.ms == pytest.approx(expected, rel=1e-9)
+    assert roofline.ms != pytest.approx(auto.ms, rel=1e-3)

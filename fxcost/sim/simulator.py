@@ -26,7 +26,7 @@ import torch
 
 from fxcost._io import atomic_write
 from fxcost.capture import LossFn, default_loss
-from fxcost.estimator import Captured, Precision, default_estimator
+from fxcost.estimator import Captured, Estimator, Precision, default_estimator
 from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
@@ -101,6 +101,7 @@ def simulate(
     precision: Precision | None = None,
     gamma: float = GAMMA,
     loss_fn: LossFn = default_loss,
+    estimator: Estimator | None = None,
 ) -> SimResult:
     """Simulate one training iteration of ``model`` under ``strategy`` on ``cluster``.
 
@@ -114,6 +115,8 @@ def simulate(
         params: parameter counts by module path (default: from the model).
         precision: ``"fp16"``/``"bf16"``/``"tf32"`` to price the step in that precision.
         gamma: the overlap factor (compute slows by this share while gradients are reduced).
+        estimator: traces and prices the step (its cost model and cache); the process-wide default
+            Estimator if None.
 
     Raises:
         ValueError: the strategy needs more GPUs than the cluster has, or does not fit the model.
@@ -125,7 +128,9 @@ def simulate(
             f"strategy {strategy} needs {strategy.world_size} GPUs, the cluster has {cluster.world_size} "
             f"({cluster.nodes} nodes x {cluster.gpus_per_node})"
         )
-    captured, params, batch = _traced(model, example_inputs, batch, seqlen, params, loss_fn, strategy)
+    captured, params, batch = _traced(
+        model, example_inputs, batch, seqlen, params, loss_fn, strategy, estimator or default_estimator()
+    )
     start = time.perf_counter()
     plan = compile_plan(captured, params, strategy, cluster.device, batch, precision)
     tasks, collectives = _tasks(plan, cluster)
@@ -155,7 +160,7 @@ def simulate(
 
 def _traced(
     model: Any, example_inputs: Any, batch: int | None, seqlen: int | None,
-    params: Mapping[str, int] | None, loss_fn: LossFn, strategy: Strategy,
+    params: Mapping[str, int] | None, loss_fn: LossFn, strategy: Strategy, estimator: Estimator,
 ) -> tuple[Captured, Mapping[str, int], int]:  # fmt: skip
     """The step traced where it holds at one rank's micro-batch, its parameters, the global batch."""
     if isinstance(model, Captured):
@@ -175,7 +180,7 @@ def _traced(
 
     batch = batch or batch_of(*as_call(example_inputs)) or 1
     micro = strategy.micro_batch(batch)
-    captured = default_estimator().capture(model, example_inputs, True, loss_fn=loss_fn, batch_size=micro)
+    captured = estimator.capture(model, example_inputs, True, loss_fn=loss_fn, batch_size=micro)
     return captured, params if params is not None else _params_by_module(model), batch
 
 
