@@ -7,7 +7,9 @@ FLOPs and bytes, so the node can be priced at any batch without tracing the mode
 (:mod:`fxcost.estimator`). A graph holds only where the guards Dynamo recorded while tracing it hold:
 :meth:`BatchSymbols.valid_at` checks them for a batch.
 
-A static graph (no symbols) gives constant polynomials, valid at its own batch only.
+A static graph gives constant polynomials, valid at its own batch only: a graph traced without
+symbols, or one whose sizes are no polynomials in the batch (``B // 2``) or that Dynamo split into
+frames with symbols of their own (graph breaks), priced at the sizes it was traced with.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sympy
 import torch
 import torch.fx
 
-from fxcost.lowering import count_flops, tensor_bytes
+from fxcost.lowering import count_flops, size_hint, tensor_bytes
 from fxcost.passes.annotate import operands
 
 __all__ = ["BatchSymbols", "NodeSizes", "NotPolynomial", "Poly", "node_sizes"]
@@ -66,8 +68,8 @@ class BatchSymbols:
         Raises:
             NotPolynomial: ``x`` is no polynomial with integer coefficients.
         """
-        if not isinstance(x, torch.SymInt):
-            return (int(x),)
+        if not isinstance(x, torch.SymInt) or not self.symbols:
+            return (size_hint(x),)  # static: every size at its traced value
         expr = x.node.expr
         if expr not in self._polys:  # a graph has few distinct sizes: 512*s0, s0, ...
             self._polys[expr] = self._poly(expr)

@@ -109,6 +109,40 @@ def test_batch_one_is_traced_static_and_retraced_for_other_batches() -> None:
     assert c8.ms == pytest.approx(_profiled_ms(model, (torch.randn(8, 32),), "T4"), rel=1e-9)
 
 
+class _GraphBreak(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(x)
+
+
+class _HalvesBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x).reshape(x.shape[0] // 2, -1)  # a size no polynomial in the batch
+
+
+@pytest.mark.parametrize("model_cls", [_GraphBreak, _HalvesBatch])
+def test_steps_the_batch_polynomials_cannot_follow_are_priced_static(model_cls: type[nn.Module]) -> None:
+    """Graph breaks (a frame's symbols of its own) and B // 2 sizes: priced at the traced sizes, and
+    traced again for another batch (both raised NotPolynomial)."""
+    est = Estimator(DEVICES)
+    model = model_cls()
+    x = torch.randn(8, 32)
+    assert est.cost(model, (x,)).ms == pytest.approx(_profiled_ms(model, (x,), "T4"), rel=1e-9)
+    assert not est.capture(model, (x,)).holds_at(16)
+    c16 = est.cost(model, (x,), batch_size=16)
+    assert c16.ms == pytest.approx(_profiled_ms(model, (torch.randn(16, 32),), "T4"), rel=1e-9)
+    assert est.cache_info()["captures"] == 2
+
+
 def test_precision_retypes_float_tensors_and_speeds_up_matmuls() -> None:
     est = Estimator(DEVICES)
     model, inputs = _block(64, dim=512)
