@@ -490,11 +490,24 @@ def _plain_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:
 
 
 def _code_identity(fn: Any) -> Any:
-    """Where a function's code is defined: two lambdas from the same line are the same loss."""
+    """Where a function's code is defined, and what it closes over or is bound to: two lambdas from
+    the same line are the same loss, unless they call different modules (``lambda x: m(x)`` in a loop
+    over widths) or capture other values. Modules count by :func:`model_key`, plain values by value,
+    anything else by identity."""
     code = getattr(fn, "__code__", None)
-    if code is not None:
-        return (code.co_filename, code.co_firstlineno, code.co_qualname)
-    return (type(fn).__module__, type(fn).__qualname__, id(fn))
+    if code is None:
+        return (type(fn).__module__, type(fn).__qualname__, id(fn))
+    captured = [getattr(fn, "__self__", None)]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            captured.append(cell.cell_contents)
+        except ValueError:  # a cell not filled yet
+            captured.append(None)
+    values = [
+        model_key(v) if isinstance(v, torch.nn.Module) else v if isinstance(v, _PLAIN) else id(v)
+        for v in captured
+    ]
+    return (code.co_filename, code.co_firstlineno, code.co_qualname, *values)
 
 
 def _resized(

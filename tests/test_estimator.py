@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import torch
@@ -63,6 +64,22 @@ def test_cache_is_by_structure_not_by_object() -> None:
     model.eval()  # dropout off: another graph, seen although the object is the same
     est.cost(model, inputs, train=False)
     assert est.cache_info()["captures"] == 3
+
+
+def test_closures_and_bound_methods_are_keyed_by_what_they_call() -> None:
+    """``lambda t: m(t)`` over two different modules, or ``m.forward``: two models (both once got
+    the first one's answer from the cache)."""
+    est = Estimator(DEVICES)
+    x = torch.randn(256, 64)
+
+    def calling(m: nn.Module) -> Any:
+        return lambda t: m(t)
+
+    for step in (calling, lambda m: m.forward):
+        narrow, wide = nn.Linear(64, 64), nn.Linear(64, 4096)
+        assert est.cost(step(wide), (x,)).ms == pytest.approx(Estimator(DEVICES).cost(step(wide), (x,)).ms)
+        assert est.cost(step(narrow), (x,)).ms < est.cost(step(wide), (x,)).ms
+        assert est.cost(step(nn.Linear(64, 64)), (x,)).ms == est.cost(step(narrow), (x,)).ms  # by structure
 
 
 def test_repeated_layers_are_priced_once_and_counted() -> None:
