@@ -32,7 +32,7 @@ from fxcost import cost_models
 from fxcost.backend import DEFAULT_DEVICES, FxcostBackend
 from fxcost.capture import Cost, LossFn, as_call, batch_of, default_loss, map_batched, trace_without_running
 from fxcost.devices import Device, get_device
-from fxcost.lowering import is_matmul_class
+from fxcost.lowering import is_matmul_class, itemsize
 from fxcost.records import META_KEY, PHASES, NodeCost
 from fxcost.report import Report
 from fxcost.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
@@ -50,7 +50,6 @@ __all__ = [
 
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 PRECISIONS: dict[str, str] = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 class Estimator:
@@ -388,7 +387,7 @@ class _PolyTable:
         """``nodes`` at ``batch``; in ``precision``, their float32 tensors retyped (and fp32 matmuls
         on TF32 for ``"tf32"``)."""
         dtype = PRECISIONS[precision] if precision is not None else "float32"
-        scale = _ITEMSIZE[dtype] / 4
+        scale = itemsize(dtype) / 4
         dims = _at(self.dims, batch).tolist()
         flops = _at(self.flops, batch).tolist()
         read, written = (np.rint(_at(fp32, batch) * scale + _at(other, batch)).astype(np.int64).tolist()

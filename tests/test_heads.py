@@ -278,3 +278,22 @@ def test_heads_with_different_op_classes_share_a_batch_without_interfering() -> 
     everything = Heads().predict(batch, t4)  # the derived node groups must not be the first model's
     assert np.isfinite(only_linear[0]) and np.isnan(only_linear[1])
     assert np.all(np.isfinite(everything)) and everything[0] == only_linear[0]
+
+
+def test_the_fp32_twin_of_a_half_node_widens_only_its_half_tensors() -> None:
+    """A bf16 dropout backward reads a bf16 gradient and a bool mask: its fp32 twin reads what an fp32
+    dropout backward reads (the mask stays one byte per element; it was doubled too)."""
+    from fxcost.cost_models.heads import _as_fp32
+
+    def dropout_backward(dtype: str, itemsize: int) -> NodeCost:
+        return NodeCost(name="d", op="aten.native_dropout_backward.default", phase="bw", graph=0,
+                        in_shapes=[(4, 1024), (4, 1024)], in_dtypes=[dtype, "bool"],
+                        out_shapes=[(4, 1024)], out_dtypes=[dtype], flops=4096,
+                        bytes_read=4096 * (itemsize + 1), bytes_written=4096 * itemsize)  # fmt: skip
+
+    twin, fp32 = _as_fp32(dropout_backward("bfloat16", 2)), dropout_backward("float32", 4)
+    assert (twin.bytes_read, twin.bytes_written, twin.in_dtypes) == (
+        fp32.bytes_read,
+        fp32.bytes_written,
+        fp32.in_dtypes,
+    )

@@ -31,8 +31,9 @@ from fxcost.cost_models import NodeBatch, register
 from fxcost.cost_models.roofline import Roofline
 from fxcost.cost_models.wave_scaling import dram_traffic_factor, kernels_of
 from fxcost.devices import Device
+from fxcost.lowering import itemsize
 from fxcost.lowering.rnn import RNN_OPS, lower_rnn
-from fxcost.records import NodeCost
+from fxcost.records import NodeCost, Shape
 
 __all__ = [
     "FEATURE_VERSION",
@@ -383,11 +384,21 @@ def _as_fp32(node: NodeCost) -> NodeCost:
     def widened(dtypes: list[str]) -> list[str]:
         return ["float32" if d in _HALF else d for d in dtypes]
 
+    def growth(shapes: list[Shape], dtypes: list[str]) -> float:
+        """How much the tensors' bytes grow when their half-precision ones widen (bool masks and
+        integer indices do not)."""
+        now = sum(math.prod(s) * itemsize(d) for s, d in zip(shapes, dtypes, strict=False))
+        wide = sum(math.prod(s) * itemsize(w) for s, w in zip(shapes, widened(dtypes), strict=False))
+        return wide / now if now else 2.0
+
+    read = growth(node.in_shapes, node.in_dtypes)
+    # In-place ops write their inputs (no outputs recorded): those grow as the inputs do.
+    written = growth(node.out_shapes, node.out_dtypes) if node.out_shapes else read
     return node.replace(
         in_dtypes=widened(node.in_dtypes),
         out_dtypes=widened(node.out_dtypes),
-        bytes_read=None if node.bytes_read is None else 2 * node.bytes_read,
-        bytes_written=None if node.bytes_written is None else 2 * node.bytes_written,
+        bytes_read=None if node.bytes_read is None else round(read * node.bytes_read),
+        bytes_written=None if node.bytes_written is None else round(written * node.bytes_written),
     )
 
 

@@ -5,13 +5,14 @@ FLOPs, bytes read and written, and whether the op launches a kernel at all.
 
 from fxcost.lowering.flops import count_flops, is_matmul_class, register_flops
 from fxcost.lowering.kernels import KernelSpec, lower, resolve_op
-from fxcost.lowering.traffic import has_kernel, size_hint, tensor_bytes
+from fxcost.lowering.traffic import has_kernel, itemsize, size_hint, tensor_bytes
 
 __all__ = [
     "KernelSpec",
     "count_flops",
     "has_kernel",
     "is_matmul_class",
+    "itemsize",
     "lower",
     "register_flops",
     "resolve_op",

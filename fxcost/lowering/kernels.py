@@ -28,6 +28,7 @@ import torch
 
 from fxcost.devices.occupancy import Launch
 from fxcost.lowering.flops import is_matmul_class
+from fxcost.lowering.traffic import itemsize
 from fxcost.records import NodeCost
 
 __all__ = ["KernelSpec", "lower", "resolve_op"]
@@ -36,8 +37,6 @@ aten = torch.ops.aten
 
 EW_THREADS, EW_BLOCK_WORK = 128, 512
 INT32_MAX = 2**31 - 1
-_ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1,
-             "int8": 1, "uint8": 1}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +116,9 @@ def _elementwise(node: NodeCost) -> list[KernelSpec]:
 def _pieces(node: NodeCost, name: str, numel: int, exact: bool) -> list[KernelSpec]:
     """An elementwise pass over ``numel`` elements, split for 32-bit indexing like TensorIterator."""
     # TensorIterator halves the work until every operand's largest byte offset fits in an int32.
-    itemsize, elements = max((_ITEMSIZE.get(d, 4), math.prod(s)) for s, d in _tensors(node))
+    item, elements = max((itemsize(d), math.prod(s)) for s, d in _tensors(node))
     pieces = 1
-    while (math.ceil(elements / pieces) - 1) * itemsize + 1 > INT32_MAX:
+    while (math.ceil(elements / pieces) - 1) * item + 1 > INT32_MAX:
         pieces *= 2
     per_piece = math.ceil(numel / pieces)
     launch = Launch(grid=(math.ceil(per_piece / EW_BLOCK_WORK), 1, 1), block=(EW_THREADS, 1, 1))
@@ -142,11 +141,11 @@ def _layer_norm(node: NodeCost) -> list[KernelSpec]:
     x = node.in_shapes[0]
     row = math.prod(node.args["normalized_shape"])
     rows = math.prod(x) // row
-    itemsize = _ITEMSIZE.get(node.in_dtypes[0], 4)
+    item = itemsize(node.in_dtypes[0])
     if row % 4 == 0:  # Welford pass over the row, then a second read to normalize it
         launch = Launch(grid=(rows, 1, 1), block=(32, 4, 1))
         spec = KernelSpec("vectorized_layer_norm_kernel", launch, _f(node.flops), _f(node.bytes),
-                          reread_bytes=rows * row * itemsize, block_bytes=row * itemsize)  # fmt: skip
+                          reread_bytes=rows * row * item, block_bytes=row * item)  # fmt: skip
         return [spec]
     moments = Launch(grid=(rows, 1, 1), block=(512, 1, 1))
     forward = Launch(grid=(rows, 1, 1), block=(256, 1, 1))
@@ -168,9 +167,9 @@ def _softmax(node: NodeCost) -> list[KernelSpec]:
     size = shape[dim] if shape else 1
     inner = math.prod(shape[dim + 1 :])
     outer = math.prod(shape[:dim])
-    itemsize = _ITEMSIZE.get(node.in_dtypes[0], 4)
+    item = itemsize(node.in_dtypes[0])
     backward = node.op.endswith("backward_data.default")
-    if inner == 1 and size <= 1024 and size * itemsize <= 4096:
+    if inner == 1 and size <= 1024 and size * item <= 4096:
         pow2 = 1 << max(size - 1, 0).bit_length()
         warp = min(pow2, 32)
         rows_per_warp = 2 if pow2 <= 128 else 1
@@ -182,7 +181,7 @@ def _softmax(node: NodeCost) -> list[KernelSpec]:
         name = "softmax_warp_backward" if backward else "softmax_warp_forward"
         return [KernelSpec(name, launch, _share(node.flops, chunks), _share(node.bytes, chunks))] * chunks
     if inner == 1:
-        ilp = 16 // itemsize  # one float4 load
+        ilp = 16 // item  # one float4 load
         limit = min(size // ilp, 1024)
         if ilp > 1:
             limit //= 2  # keep at least half of each row loaded vectorized (SoftMax_getBlockSize)
@@ -190,7 +189,7 @@ def _softmax(node: NodeCost) -> list[KernelSpec]:
         name = "cunn_SoftMaxBackward" if backward else "cunn_SoftMaxForward"
         # Forward: max pass, sum pass, then the write pass: the row is read twice more. Backward:
         # a reduction over grad * output, then the write pass reads both again.
-        row_bytes = size * itemsize * (2 if backward else 1)
+        row_bytes = size * item * (2 if backward else 1)
         reread = outer * row_bytes * (1 if backward else 2)
         spec = KernelSpec(name, Launch((outer, 1, 1), (block, 1, 1)), _f(node.flops), _f(node.bytes),
                           reread_bytes=reread, block_bytes=row_bytes)  # fmt: skip
@@ -221,7 +220,7 @@ def _largest_numel(node: NodeCost) -> int:
 
 
 def _bytes(shape: tuple[int, ...], dtype: str) -> int:
-    return math.prod(shape) * _ITEMSIZE.get(dtype, 4)
+    return math.prod(shape) * itemsize(dtype)
 
 
 def _f(x: int | None) -> float:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
 import torch
 
-__all__ = ["has_kernel", "size_hint", "tensor_bytes"]
+__all__ = ["has_kernel", "itemsize", "size_hint", "tensor_bytes"]
 
 aten = torch.ops.aten
 
@@ -71,3 +72,10 @@ def size_hint(x: int | torch.SymInt) -> int:
             raise ValueError(f"symbolic size {x} has no concrete hint")
         return int(hint)
     return int(x)
+
+
+@functools.cache
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype by its name in the records (``"bfloat16"``: 2); 4 if unknown."""
+    found = getattr(torch, dtype, None)
+    return found.itemsize if isinstance(found, torch.dtype) else 4
