@@ -32,6 +32,7 @@ __all__ = [
     "Cost",
     "as_call",
     "batch_of",
+    "captured_report",
     "cost",
     "default_loss",
     "map_batched",
@@ -121,11 +122,7 @@ def profile(
         trace_step(model, args, kwargs, backend, train=train, loss_fn=loss_fn)
     else:
         backend, _ = trace_without_running(model, args, kwargs, backend_of, train=train, loss_fn=loss_fn)
-    report = backend.report(copy_nodes=False)  # the backend is ours alone and ends here
-    report.batch = batch_of(args, kwargs)
-    if not report.nodes:
-        failures = "; ".join(backend.failures) or "Dynamo produced no graph"
-        raise RuntimeError(f"fxcost captured nothing from the step: {failures}")
+    report = captured_report(backend, args, kwargs)
     if measure:
         params = _grad_leaves(model, args, kwargs)
 
@@ -290,6 +287,21 @@ def _batch_marked(
         return alias
 
     return map_batched(args, kwargs, batch, mark)
+
+
+def captured_report(backend: FxcostBackend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Report:
+    """The report of a step a backend of our own traced (its nodes not copied: the backend ends
+    here), with the step's batch.
+
+    Raises:
+        RuntimeError: nothing was captured; the message says what Dynamo reported.
+    """
+    report = backend.report(copy_nodes=False)
+    report.batch = batch_of(args, kwargs)
+    if not report.nodes:
+        failures = "; ".join(backend.failures) or "Dynamo produced no graph"
+        raise RuntimeError(f"fxcost captured nothing from the step: {failures}")
+    return report
 
 
 def as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:

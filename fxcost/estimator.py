@@ -30,7 +30,16 @@ from torch.utils._pytree import tree_flatten
 
 from fxcost import cost_models
 from fxcost.backend import DEFAULT_DEVICES, FxcostBackend
-from fxcost.capture import Cost, LossFn, as_call, batch_of, default_loss, map_batched, trace_without_running
+from fxcost.capture import (
+    Cost,
+    LossFn,
+    as_call,
+    batch_of,
+    captured_report,
+    default_loss,
+    map_batched,
+    trace_without_running,
+)
 from fxcost.devices import Device, get_device
 from fxcost.lowering import is_matmul_class, itemsize
 from fxcost.records import META_KEY, PHASES, NodeCost
@@ -181,7 +190,7 @@ class Estimator:
         with self._capture_lock:
             captured = self._lookup(key)  # another thread may have traced it meanwhile
             if captured is None:
-                captured = Captured.trace(model, args, kwargs, train, loss_fn, self.chain, key)
+                captured = Captured.trace(model, args, kwargs, train, loss_fn, self.chain)
                 with self._lock:
                     self.captures += 1
                     self._captured[key] = captured
@@ -245,18 +254,16 @@ class Captured:
         sizes: list[NodeSizes | None],
         symbols: BatchSymbols,
         chain: Sequence[cost_models.CostModel],
-        key: str,
     ) -> None:
         self.report = report
         self.batch = report.batch
-        self.key = key
         self.symbols = symbols
         self.chain = list(chain)
         distinct: dict[tuple[Any, ...], int] = {}
         counts: list[list[int]] = []
         self.nodes: list[NodeCost] = []
         self.index: list[int | None] = []  # per report node, its distinct node (None: no kernel)
-        self._sizes: list[NodeSizes] = []
+        kept: list[NodeSizes] = []  # the distinct nodes' sizes
         for node, size in zip(report.nodes, sizes, strict=True):
             if size is None:  # views and tuple access cost nothing anywhere
                 self.index.append(None)
@@ -265,13 +272,13 @@ class Captured:
             if signature not in distinct:
                 distinct[signature] = len(self.nodes)
                 self.nodes.append(node)
-                self._sizes.append(size)
+                kept.append(size)
                 counts.append([0, 0, 0])
             counts[distinct[signature]][PHASES.index(node.phase)] += 1
             self.index.append(distinct[signature])
         self.counts = np.asarray(counts, dtype=np.float64).reshape(-1, len(PHASES))
         self.graph_hash = hashlib.sha256(repr(sorted(distinct.items())).encode()).hexdigest()[:16]
-        self._polys = _PolyTable(self._sizes)
+        self._polys = _PolyTable(kept)
         self._batches: OrderedDict[tuple[int | None, str | None], cost_models.NodeBatch] = OrderedDict()
         self._costs: dict[tuple[int | None, str | None, str], Cost] = {}
         self._lock = threading.Lock()
@@ -285,7 +292,6 @@ class Captured:
         train: bool,
         loss_fn: LossFn,
         chain: Sequence[cost_models.CostModel],
-        key: str = "",
     ) -> Captured:
         """Trace one step of ``model`` without running it, its batch dimension symbolic."""
         batch = batch_of(args, kwargs)
@@ -295,11 +301,7 @@ class Captured:
             model, args, kwargs, lambda run: FxcostBackend([], measure=False, run_graphs=run),
             train=train, loss_fn=loss_fn, dynamic_batch=dynamic,
         )  # fmt: skip
-        report = backend.report(copy_nodes=False)
-        report.batch = batch
-        if not report.nodes:
-            failures = "; ".join(backend.failures) or "Dynamo produced no graph"
-            raise RuntimeError(f"fxcost captured nothing from the step: {failures}")
+        report = captured_report(backend, args, kwargs)
         # Each Dynamo frame (graph break) has its own symbols; the batch is tracked in one frame only.
         symbols = BatchSymbols(shape_envs[0] if len(shape_envs) == 1 else None)
         try:
@@ -307,7 +309,7 @@ class Captured:
         except NotPolynomial:
             symbols = BatchSymbols(None)
             sizes = _sizes_of(backend, report, symbols)
-        return cls(report, sizes, symbols, chain, key)
+        return cls(report, sizes, symbols, chain)
 
     def holds_at(self, batch: int) -> bool:
         """Whether the traced graph is the step's graph at ``batch``."""
@@ -318,8 +320,7 @@ class Captured:
     ) -> Cost:
         """The step's predicted time on ``device`` at ``batch_size`` (the traced batch if None)."""
         target = get_device(device)
-        if batch_size == self.batch:
-            batch_size = None
+        batch_size = self._relative(batch_size)
         key = (batch_size, precision, target.name)
         with self._lock:
             known = self._costs.get(key)
@@ -334,11 +335,16 @@ class Captured:
             self._costs[key] = result
         return result
 
+    def _relative(self, batch_size: int | None) -> int | None:
+        """None for the traced batch: one cache entry, and no polynomials to evaluate there."""
+        return None if batch_size == self.batch else batch_size
+
     def node_batch(
         self, batch_size: int | None = None, precision: Precision | None = None
     ) -> cost_models.NodeBatch:
         """The distinct nodes at ``batch_size`` in ``precision``, as the columns cost models read."""
         check_precision(precision)
+        batch_size = self._relative(batch_size)
         if batch_size is not None and not self.holds_at(batch_size):
             raise ValueError(
                 f"the step traced at batch {self.batch} does not hold at batch {batch_size}; "

@@ -85,14 +85,19 @@ def head_of(node: NodeCost) -> str | None:
         return head
     if node.op in RNN_OPS:
         return "rnn"
+    return "ew" if node.out_shapes and _pointwise(node.op) else None
+
+
+@functools.cache
+def _pointwise(op_name: str) -> bool:
+    """Whether PyTorch tags the ATen op pointwise (looked up once per op: ``head_of`` runs for every
+    node each time a step is priced at a new batch)."""
     import torch
 
     from fxcost.lowering import resolve_op
 
-    op = resolve_op(node.op)
-    if op is not None and torch.Tag.pointwise in op.tags and node.out_shapes:
-        return "ew"
-    return None
+    op = resolve_op(op_name)
+    return op is not None and torch.Tag.pointwise in op.tags
 
 
 def device_features(device: Device) -> list[float]:

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 from fxcost.lowering import count_flops, has_kernel, is_matmul_class, size_hint, tensor_bytes
 from fxcost.records import META_KEY, NodeCost, Phase, Shape
 
-__all__ = ["Operands", "launches_kernel", "op_name", "operands", "run"]
+__all__ = ["Operands", "op_name", "operands", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def operands(node: torch.fx.Node) -> Operands:
     return Operands(args, kwargs, out, ins, outs, written)
 
 
-def launches_kernel(node: torch.fx.Node) -> bool:
+def _launches_kernel(node: torch.fx.Node) -> bool:
     """Whether ``node`` runs a kernel in eager PyTorch (see the module docstring for the exception)."""
     return has_kernel(node.target) and not _inactive_dropout(node)
 
@@ -98,7 +98,7 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
         out_shapes=[_shape(t) for t in v.outs],
         out_dtypes=[_dtype(t) for t in v.outs],
         args=_scalar_args(node),
-        has_kernel=launches_kernel(node),
+        has_kernel=_launches_kernel(node),
         inputs=[a.name for a in node.all_input_nodes if a.op == "call_function"],
     )
     if any(isinstance(s, torch.SymInt) for t in (*v.ins, *v.outs) for s in t.shape):
