@@ -52,7 +52,9 @@ def search(
         dim = 64 * trial.suggest_int("dim_x64", 2, 16)  # 128 ... 1024
         layers = trial.suggest_int("layers", 1, max_layers)
         batch = 2 ** trial.suggest_int("log2_batch", 1, 6)  # 2 ... 64
-        # One architecture is built once, at a fixed batch: other batches reuse its trace.
+        # One architecture is built once, at a fixed batch: other batches reuse its trace. It is built
+        # with real weights, not on the meta device: there its F.cross_entropy (nll_loss) has no
+        # autograd formula, and the step would be traced without its backward.
         model, inputs = zoo.build("gpt2", 2, seq=seq, vocab=vocab, dim=dim, heads=dim // 64, layers=layers)
         step = estimator.cost(model, inputs, batch_size=batch, device=device)
         params = sum(p.numel() for p in model.parameters())

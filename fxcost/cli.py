@@ -8,7 +8,10 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fxcost.report import Report
 
 __all__ = ["main"]
 
@@ -203,15 +206,14 @@ def _simulate(args: argparse.Namespace) -> int:
     from fxcost.sim import Strategy, simulate
 
     strategy = Strategy.load(args.strategy) if args.strategy.endswith((".yaml", ".yml")) else args.strategy
-    if args.model.endswith(".json"):
-        result = simulate(args.model, strategy, args.cluster, batch=args.batch, seqlen=args.seqlen,
-                          precision=args.precision)  # fmt: skip
+    if args.model.endswith(".json"):  # a Hugging Face config: simulate builds it at --batch and --seqlen
+        model, inputs = args.model, None
     else:
         from fxcost import zoo
 
         model, inputs = zoo.load(args.model, args.batch)
-        result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
-                          precision=args.precision)  # fmt: skip
+    result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
+                      seqlen=args.seqlen, precision=args.precision)  # fmt: skip
     print(result.summary())
     if args.trace:
         print(f"timeline written to {result.to_chrome_trace(args.trace)}")
@@ -231,16 +233,22 @@ def _compare_gpus(args: argparse.Namespace) -> None:
         print(f"plot written to {plot(choices, args.plot, title=title)}")
 
 
-def _compare_gpus_report(args: argparse.Namespace, devices: Sequence[str]) -> Any:
+def _compare_gpus_report(args: argparse.Namespace, devices: Sequence[str]) -> Report:
     """The report of MODEL for compare-gpus: a saved trace, or one step captured as 'profile' does."""
-    import torch
+    import json
+    from pathlib import Path
 
     from fxcost.report import Report
 
-    mode = "training step" if args.train else "inference"
     spec = args.model
-    if _is_trace(spec):
+    report, config = None, None
+    if spec.endswith(".json.gz"):
         report = Report.load(spec)
+    elif spec.endswith(".json"):  # a saved trace (it has a schema version) or a Hugging Face config.json
+        config = json.loads(Path(spec).read_text(encoding="utf-8"))
+        if "schema_version" in config:
+            report = Report.from_json(config)
+    if report is not None:
         if None not in (args.batch, report.batch) and args.batch != report.batch:
             raise ValueError(f"{spec} was captured at batch {report.batch}, not {args.batch}")
         report.batch = report.batch or args.batch
@@ -248,26 +256,12 @@ def _compare_gpus_report(args: argparse.Namespace, devices: Sequence[str]) -> An
             raise ValueError(f"{spec} records no batch size; give it with --batch")
         print(f"{spec} (batch {report.batch}), trace captured on {report.origin}")
         return report
-    batch = args.batch or 8
-    if spec.endswith(".json"):
-        from fxcost.hf import hf_step
-
-        if args.measure:
-            raise ValueError("a Hugging Face config is captured on meta tensors; --measure needs a model")
-        step = hf_step(spec, batch, args.seqlen, train=args.train)
-        title = f"{spec} (batch {batch}, {args.seqlen} tokens), {mode} on meta tensors"
-        return _capture(title, step.model, step.inputs, devices, train=args.train, measure=False,
-                        loss_fn=step.loss_fn)  # fmt: skip
-    from fxcost import zoo
-
-    model, inputs = zoo.load(spec, batch)
-    where = "captured on CPU"
-    if args.measure:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        model, inputs = _to_device(model, inputs, device)
-        where = f"measured on {device}"
-    title = f"{spec} (batch {batch}), {mode}, {where}"
-    return _capture(title, model, inputs, devices, train=args.train, measure=args.measure)
+    if config is not None and args.measure:
+        raise ValueError("a Hugging Face config is captured on meta tensors; --measure needs a model")
+    device = _default_device() if args.measure else None
+    where = f", measured on {device}" if device else ", captured on CPU"
+    return _capture_spec(args, devices, batch=args.batch or 8, measure=args.measure, device=device,
+                         where=where, config=config)  # fmt: skip
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -290,16 +284,6 @@ def _compare(args: argparse.Namespace) -> None:
     print("MAPE (%) on held-out rows, mean over devices (NaN: the predictor does not cover the op)")
     print(table.to_string(float_format=lambda v: f"{v:8.1f}"))
     print("\nLattuada et al. predicts whole runs: python benchmarks/seed_models.py --data DIR")
-
-
-def _is_trace(spec: str) -> bool:
-    """A saved fxcost trace (``.json.gz``, or ``.json`` with a schema version), not a HF config.json."""
-    import json
-    from pathlib import Path
-
-    if spec.endswith(".json.gz"):
-        return True
-    return spec.endswith(".json") and "schema_version" in json.loads(Path(spec).read_text(encoding="utf-8"))
 
 
 def _fit_runs(args: argparse.Namespace) -> None:
@@ -343,36 +327,50 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _profile(args: argparse.Namespace) -> None:
+    device = args.device or _default_device()
+    report = _capture_spec(args, args.devices, batch=args.batch, measure=args.measure,
+                           cost_model=args.cost_model, device=device, where=f" on {device}")  # fmt: skip
+    report.print(top=args.top)
+    if args.out:
+        print(f"trace written to {report.save(args.out)}")
+
+
+def _capture_spec(
+    args: argparse.Namespace, devices: Sequence[str], *, batch: int, measure: bool, cost_model: str = "auto",
+    device: str | None = None, where: str = "", config: dict[str, Any] | None = None,
+) -> Report:  # fmt: skip
+    """One step of MODEL (``args.model``, with ``args.train`` and ``args.seqlen``) captured and predicted
+    for ``devices``, as 'profile' and 'compare-gpus' do.
+
+    A Hugging Face config.json (``config``: its contents, if read already) is captured on meta tensors,
+    nothing measured. A zoo name or 'module:callable' is moved to the torch ``device`` (None: left on
+    the CPU it was built on) and measured there if ``measure``; ``where`` ends its title, after the mode.
+    """
+    mode = "training step" if args.train else "inference"
+    spec = args.model
+    if spec.endswith(".json"):
+        from fxcost.hf import hf_step
+
+        step = hf_step(spec if config is None else config, batch, args.seqlen, train=args.train)
+        title = f"{spec} (batch {batch}, {args.seqlen} tokens), {mode} on meta tensors"
+        return _capture(title, step.model, step.inputs, devices, train=args.train, measure=False,
+                        cost_model=cost_model, loss_fn=step.loss_fn)  # fmt: skip
     import torch
 
-    if args.model.endswith(".json"):
-        _profile_hf(args)
-        return
     from fxcost import zoo
 
-    model, inputs = zoo.load(args.model, args.batch)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, inputs = _to_device(model, inputs, device)
-    mode = "training step" if args.train else "inference"
-    title = f"{args.model} (batch {args.batch}), {mode} on {device}"
-    report = _capture(title, model, inputs, args.devices, train=args.train, measure=args.measure,
-                      cost_model=args.cost_model)  # fmt: skip
-    report.print(top=args.top)
-    if args.out:
-        print(f"trace written to {report.save(args.out)}")
+    model, inputs = zoo.load(spec, batch)
+    if device is not None:
+        model, inputs = _to_device(model, inputs, torch.device(device))
+    title = f"{spec} (batch {batch}), {mode}{where}"
+    return _capture(title, model, inputs, devices, train=args.train, measure=measure, cost_model=cost_model)
 
 
-def _profile_hf(args: argparse.Namespace) -> None:
-    from fxcost.hf import hf_step
+def _default_device() -> str:
+    """The torch device to run on when none is named: cuda if present, else cpu."""
+    import torch
 
-    step = hf_step(args.model, args.batch, args.seqlen, train=args.train)
-    mode = "training step" if args.train else "inference"
-    title = f"{args.model} (batch {args.batch}, {args.seqlen} tokens), {mode} on meta tensors"
-    report = _capture(title, step.model, step.inputs, args.devices, train=args.train, measure=False,
-                      cost_model=args.cost_model, loss_fn=step.loss_fn)  # fmt: skip
-    report.print(top=args.top)
-    if args.out:
-        print(f"trace written to {report.save(args.out)}")
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _show(args: argparse.Namespace) -> None:
@@ -444,7 +442,7 @@ def _cell(value: float | None, uncertain: bool) -> str:
 def _capture(
     title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool,
     cost_model: str = "auto", loss_fn: Callable[[Any], Any] | None = None,
-) -> Any:  # fmt: skip
+) -> Report:  # fmt: skip
     import fxcost
     from fxcost.capture import default_loss
 

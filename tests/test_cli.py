@@ -90,3 +90,28 @@ def test_show_scales_a_gpu_trace_with_wave_scaling(tmp_path, capsys) -> None:
     assert "wave_scaling" in out and "T4" in out
     assert main(["show", str(path), "--devices", "T4", "--model", "nope"]) == 2
     assert "unknown cost model 'nope'" in capsys.readouterr().err
+
+
+def test_simulate_takes_a_hugging_face_config(tmp_path, capsys) -> None:
+    pytest.importorskip("transformers")
+    import json
+
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 1, "n_embd": 64,
+              "n_head": 2, "vocab_size": 128, "n_positions": 64}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    argv = [
+        "simulate",
+        str(path),
+        "--cluster",
+        "1x2xT4",
+        "--strategy",
+        "dp=2",
+        "--batch",
+        "4",
+        "--seqlen",
+        "32",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "dp=2" in out and "on 1x2xT4" in out and "samples/s" in out

@@ -136,3 +136,26 @@ def test_cli_bad_price_file_names_the_device(tmp_path, capsys) -> None:
     assert main(["compare-gpus", "mlp", "--batch", "2", "--prices", str(prices)]) == 2
     err = capsys.readouterr().err
     assert "unknown device 'NoSuchGPU'" in err and "H100-SXM" in err
+
+
+def test_cli_reads_a_compressed_trace(report, tmp_path, capsys) -> None:
+    trace = report.save(tmp_path / "mlp.json.gz")
+    assert main(["compare-gpus", str(trace), "--devices", "T4", "L4"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 4" in out and "trace captured on" in out
+
+
+def test_cli_captures_a_hugging_face_config_on_meta_tensors(tmp_path, capsys) -> None:
+    pytest.importorskip("transformers")
+    import json
+
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 1, "n_embd": 64,
+              "n_head": 2, "vocab_size": 128, "n_positions": 64}  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    argv = ["compare-gpus", str(path), "--batch", "2", "--seqlen", "16", "--devices", "T4", "L4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(batch 2, 16 tokens), training step on meta tensors" in out and "L4" in out
+    assert main([*argv, "--measure"]) == 2
+    assert "--measure needs a model" in capsys.readouterr().err
