@@ -24,6 +24,21 @@ def data_dir() -> Path:
     return path
 
 
+TINY_GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 1, "n_embd": 64,
+             "n_head": 2, "vocab_size": 128, "n_positions": 64}  # fmt: skip
+
+
+@pytest.fixture
+def tiny_gpt2_config(tmp_path: Path) -> Path:
+    """A one-layer GPT-2 Hugging Face config.json (skips without transformers)."""
+    import json
+
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_GPT2))
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles from scratch, so no test sees another's cached graphs."""

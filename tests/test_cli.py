@@ -92,14 +92,8 @@ def test_show_scales_a_gpu_trace_with_wave_scaling(tmp_path, capsys) -> None:
     assert "unknown cost model 'nope'" in capsys.readouterr().err
 
 
-def test_simulate_takes_a_hugging_face_config(tmp_path, capsys) -> None:
-    pytest.importorskip("transformers")
-    import json
-
-    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 1, "n_embd": 64,
-              "n_head": 2, "vocab_size": 128, "n_positions": 64}  # fmt: skip
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
+def test_simulate_takes_a_hugging_face_config(tiny_gpt2_config, capsys) -> None:
+    path = tiny_gpt2_config
     argv = [
         "simulate",
         str(path),

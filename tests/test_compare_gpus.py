@@ -145,14 +145,8 @@ def test_cli_reads_a_compressed_trace(report, tmp_path, capsys) -> None:
     assert "batch 4" in out and "trace captured on" in out
 
 
-def test_cli_captures_a_hugging_face_config_on_meta_tensors(tmp_path, capsys) -> None:
-    pytest.importorskip("transformers")
-    import json
-
-    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 1, "n_embd": 64,
-              "n_head": 2, "vocab_size": 128, "n_positions": 64}  # fmt: skip
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
+def test_cli_captures_a_hugging_face_config_on_meta_tensors(tiny_gpt2_config, capsys) -> None:
+    path = tiny_gpt2_config
     argv = ["compare-gpus", str(path), "--batch", "2", "--seqlen", "16", "--devices", "T4", "L4"]
     assert main(argv) == 0
     out = capsys.readouterr().out
