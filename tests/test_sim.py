@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,10 @@ from fxcost.cli import main
 from fxcost.devices import get_device
 from fxcost.estimator import default_estimator
 from fxcost.sim import Cluster, Strategy, simulate
+from fxcost.sim.cluster import collective_ms
 from fxcost.sim.engine import Task, simulate_tasks
-from fxcost.sim.memory import model_state_bytes, rank_memory
-from fxcost.sim.plan import Plan, Segment, StagePlan, compile_plan, layers_of
+from fxcost.sim.memory import Memory, model_state_bytes, rank_memory
+from fxcost.sim.plan import Comm, Plan, Segment, StagePlan, compile_plan, layers_of
 from fxcost.sim.simulator import _tasks
 
 LAYERS, DIM, SEQ, VOCAB = 4, 64, 16, 256
@@ -28,9 +30,9 @@ def gpt() -> tuple[object, tuple[object, ...]]:
     return zoo.build("gpt2", 8, **GPT)
 
 
-def _plan(gpt: tuple[object, tuple[object, ...]], strategy: str, batch: int = 8) -> Plan:
+def _plan(gpt: tuple[object, tuple[object, ...]], strategy: str | Strategy, batch: int = 8) -> Plan:
     model, inputs = gpt
-    s = Strategy.parse(strategy)
+    s = Strategy.parse(strategy) if isinstance(strategy, str) else strategy
     captured = default_estimator().capture(model, inputs, batch_size=s.micro_batch(batch))
     params = fxcost.sim.simulator._params_by_module(model)
     return compile_plan(captured, params, s, get_device("A100-SXM4-40GB"), batch)
@@ -47,7 +49,7 @@ def test_strategy_forms_and_the_module_tree(tmp_path: Path) -> None:
         "dp: 2\ntp: 4\npp: 2\nmicro_batches: 8\nzero: 1\nmodules:\n  blocks.0: {recompute: true}\n"
     )
     loaded = Strategy.load(path)
-    assert loaded.with_(modules={}) == s
+    assert replace(loaded, modules={}) == s
     assert loaded.recompute_of("blocks.0.attn.qkv") and not loaded.recompute_of("blocks.1.attn")
     assert Strategy.parse(str(s)) == s
     with pytest.raises(ValueError, match="unknown strategy key 'dq'"):
@@ -125,16 +127,16 @@ def test_pipeline_sends_activations_forward_and_gradients_back(
 # -- schedules -----------------------------------------------------------------------------------
 
 
-def _uniform_plan(stages: int, micro_batches: int, schedule: str) -> Plan:
-    s = Strategy(pp=stages, micro_batches=micro_batches, schedule=schedule)  # type: ignore[arg-type]
+def _uniform_plan(
+    stages: int, micro_batches: int, schedule: str, boundary_bytes: float = 0.0, **strategy: int
+) -> Plan:
+    s = Strategy(pp=stages, micro_batches=micro_batches, schedule=schedule, **strategy)  # type: ignore[arg-type]
 
     def stage(i: int) -> StagePlan:
-        return StagePlan(
-            i, [f"l{i}"], [Segment(f"l{i}", "fw", 1.0, 0)], [Segment(f"l{i}", "bw", 2.0, 0)], 0, 0, 0
-        )
+        return StagePlan(i, [f"l{i}"], [Segment(f"l{i}", 1.0, 0)], [Segment(f"l{i}", 2.0, 0)], 0, 0, 0)
 
     plans = [stage(i) for i in range(stages)]
-    return Plan(s, 1, plans, boundary_bytes=0.0, hidden=1, tokens=1)
+    return Plan(s, plans, boundary_bytes=boundary_bytes, hidden=1, tokens=1, itemsize=4)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -148,6 +150,33 @@ def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1(
     work = micro_batches * 3.0  # forward 1 ms and backward 2 ms per micro-batch on each stage
     bubble = (stages - 1) / (micro_batches + stages - 1)
     assert makespan == pytest.approx(work / (1 - bubble), rel=1e-6)
+
+
+def test_each_pipeline_boundary_is_priced_on_the_ranks_that_cross_it() -> None:
+    """tp=2, pp=4 on two nodes of 4: stages 0-1 on node 0, 2-3 on node 1; only 1 -> 2 crosses."""
+    cluster, nbytes = Cluster.parse("2x4xA100-SXM4-40GB"), 25e6
+    tasks, _ = _tasks(_uniform_plan(4, 4, "1f1b", nbytes, tp=2), cluster)
+    sends = {(t.stage, t.name): t.duration_ms for t in tasks if t.name.startswith("send")}
+    inside = collective_ms("send_recv", nbytes, [0, 2], cluster)
+    across = collective_ms("send_recv", nbytes, [2, 4], cluster, sharing=2)  # both tp ranks use the NIC
+    assert sends == {
+        (0, "send activations"): inside, (1, "send activations"): across, (2, "send activations"): inside,
+        (1, "send gradients"): inside, (2, "send gradients"): across, (3, "send gradients"): inside,
+    }  # fmt: skip
+    assert across > 10 * inside
+
+
+def test_each_stage_reduces_its_gradients_on_its_own_data_parallel_group() -> None:
+    """dp=2, pp=3 on two nodes of 3: stage 1's replicas (ranks 2 and 3) sit on different nodes."""
+    cluster, nbytes = Cluster.parse("2x3xA100-SXM4-40GB"), 4e8
+    plan = _uniform_plan(3, 3, "1f1b", dp=2)
+    for st in plan.stages:
+        st.backward[0].after.append(Comm("all_reduce", nbytes, "dp", "gradient"))
+    tasks, collectives = _tasks(plan, cluster)
+    reduced = {t.stage: t.duration_ms for t in tasks if t.stream == "gradient"}
+    inside = collective_ms("all_reduce", nbytes, [0, 1], cluster)
+    assert reduced == {0: inside, 1: collective_ms("all_reduce", nbytes, [2, 3], cluster), 2: inside}
+    assert reduced[1] > 5 * inside and collectives[("all_reduce", "dp", nbytes)] == 3
 
 
 def test_gradient_reduction_overlaps_the_backward_unless_told_not_to() -> None:
@@ -179,11 +208,41 @@ def test_zero_stages_shard_optimizer_state_then_gradients_then_parameters() -> N
     assert model_state_bytes(psi, dp, 2) == (4 * psi, 4 * psi / dp, 8 * psi / dp)
     assert model_state_bytes(psi, dp, 3) == (4 * psi / dp, 4 * psi / dp, 8 * psi / dp)
     assert sum(model_state_bytes(psi, 1, 0, half=True)) == 16 * psi  # ZeRO paper: 2 + 2 + 12 bytes
-    gpipe = rank_memory(psi, 1e6, 1e5, dp=1, zero=0, schedule="gpipe", stage=0, stages=4, micro_batches=8,
-                        recompute=False, layers=2, capacity_gb=16)  # fmt: skip
-    onef = rank_memory(psi, 1e6, 1e5, dp=1, zero=0, schedule="1f1b", stage=0, stages=4, micro_batches=8,
-                       recompute=False, layers=2, capacity_gb=16)  # fmt: skip
+
+    def memory(schedule: str) -> Memory:
+        stage = StagePlan(0, ["l0", "l1"], [], [], psi, 1e6, 0.0)
+        s = Strategy(pp=4, micro_batches=8, schedule=schedule)  # type: ignore[arg-type]
+        return rank_memory(Plan(s, [stage], 0.0, 1, 1, itemsize=4), stage, capacity_gb=16)
+
+    gpipe, onef = memory("gpipe"), memory("1f1b")
     assert (gpipe.activations, onef.activations) == (8e6, 4e6)
+
+
+def test_a_recomputed_layer_keeps_its_input_not_its_activations(
+    gpt: tuple[object, tuple[object, ...]],
+) -> None:
+    plain = _plan(gpt, "dp=1").stages[0]
+    one_plan = _plan(gpt, Strategy(modules={"blocks.0": {"recompute": True}}))
+    one, every = one_plan.stages[0], _plan(gpt, "recompute=1").stages[0]
+    boundary = one_plan.boundary_bytes
+    assert (plain.recompute_bytes, one.recompute_bytes > boundary) == (0, True)
+    # blocks.0's activations leave, its input stays; they come back once, while it runs again
+    assert plain.activation_bytes - one.activation_bytes == pytest.approx(one.recompute_bytes - boundary)
+    assert every.recompute_bytes == pytest.approx(one.recompute_bytes)  # the layers are alike
+    assert every.activation_bytes == pytest.approx(
+        plain.activation_bytes - LAYERS * (one.recompute_bytes - boundary)
+    )
+    model, inputs = gpt
+    gpipe = Strategy(micro_batches=4, schedule="gpipe")  # four micro-batches' activations held at once
+    strategies = [
+        gpipe,
+        replace(gpipe, modules={"blocks.0": {"recompute": True}}),
+        replace(gpipe, recompute=True),
+    ]
+    results = [simulate(model, s, "A100-SXM4-40GB", example_inputs=inputs, batch=8) for s in strategies]
+    kept = [r.memory[0].activations for r in results]
+    assert kept[0] > kept[1] > kept[2]  # recomputing one layer of four saves memory too
+    assert results[0].iteration_ms < results[1].iteration_ms < results[2].iteration_ms
 
 
 def test_a_strategy_over_the_gpus_memory_is_flagged_oom() -> None:

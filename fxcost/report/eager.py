@@ -21,7 +21,16 @@ from fxcost.devices import Device, get_device
 from fxcost.records import NodeCost, Phase
 from fxcost.report import Report
 
-__all__ = ["HOST_MS", "ISOLATED_MODELS", "Span", "chrome_trace", "eager_ms", "timeline"]
+__all__ = [
+    "HOST_MS",
+    "ISOLATED_MODELS",
+    "MIN_KERNEL_MS",
+    "Span",
+    "chrome_trace",
+    "eager_ms",
+    "kernel_ms",
+    "timeline",
+]
 
 # Host time per launched op in eager PyTorch on a server CPU: the median CUDA-event time of the
 # kernel-free nodes (size, view, getitem) in the shared per-node traces, 9-12 us.
@@ -32,6 +41,15 @@ ISOLATED_MODELS = frozenset({"mlp", "mlp_ratio", "wave_scaling"})
 
 # The shortest time a kernel occupies the GPU between its neighbours.
 MIN_KERNEL_MS = 0.002
+
+
+def kernel_ms(predicted_ms: float, source: str | None, device: Device) -> float:
+    """A node's kernel time from its predicted time by cost model ``source``: an isolated-op
+    prediction less ``device``'s per-op overhead, which eager execution hides (never below
+    :data:`MIN_KERNEL_MS`); other predictions are kernel times already."""
+    if source in ISOLATED_MODELS:
+        return max(predicted_ms - device.overhead_ms, MIN_KERNEL_MS)
+    return predicted_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +77,7 @@ def timeline(
         predicted = node.pred_ms.get(name)
         if not node.has_kernel or predicted is None:
             continue
-        isolated = node.pred_source.get(name) in ISOLATED_MODELS
-        kernel = max(predicted - target.overhead_ms, MIN_KERNEL_MS) if isolated else predicted
+        kernel = kernel_ms(predicted, node.pred_source.get(name), target)
         host += host_ms
         start = max(gpu, host)
         gpu = start + kernel

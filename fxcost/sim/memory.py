@@ -7,12 +7,16 @@ half-precision parameters and gradients and ``12Ψ`` of fp32 master weights and 
 shards the optimizer state over the ``dp`` ranks, stage 2 the gradients too, stage 3 the parameters
 too. Activations: the bytes each micro-batch saves for its backward times the micro-batches in
 flight (all of them for GPipe, ``pp - stage`` for 1F1B); recomputed layers keep only their inputs,
-plus one layer's activations while it is recomputed.
+plus, once, the largest recomputed layer's activations while it is recomputed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fxcost.sim.plan import Plan, StagePlan
 
 __all__ = ["Memory", "in_flight", "model_state_bytes", "rank_memory"]
 
@@ -63,28 +67,12 @@ def in_flight(schedule: str, stage: int, stages: int, micro_batches: int) -> int
     return min(stages - stage, micro_batches)
 
 
-def rank_memory(
-    params: int,
-    activation_bytes: float,
-    checkpoint_bytes: float,
-    *,
-    dp: int,
-    zero: int,
-    schedule: str,
-    stage: int,
-    stages: int,
-    micro_batches: int,
-    recompute: bool,
-    layers: int,
-    capacity_gb: float,
-    half: bool = False,
-) -> Memory:
-    """The peak memory of one rank of ``stage`` (per-micro-batch activation bytes of the stage)."""
-    p, g, o = model_state_bytes(params, dp, zero, half)
-    held = in_flight(schedule, stage, stages, micro_batches)
-    if recompute:
-        one_layer = activation_bytes / max(layers, 1)
-        activations = held * checkpoint_bytes + one_layer
-    else:
-        activations = held * activation_bytes
+def rank_memory(plan: Plan, stage: StagePlan, capacity_gb: float) -> Memory:
+    """The peak memory of one rank of ``stage`` of ``plan`` on a GPU of ``capacity_gb``: the micro-batches
+    in flight each hold the stage's saved activations, and a recomputed layer's activations are held
+    once more while it runs again."""
+    s = plan.strategy
+    p, g, o = model_state_bytes(stage.params, s.dp, s.zero, half=plan.itemsize == 2)
+    held = in_flight(s.schedule, stage.index, s.pp, s.micro_batches)
+    activations = held * stage.activation_bytes + stage.recompute_bytes
     return Memory(p, g, o, activations, capacity_gb * GIB)

@@ -21,7 +21,8 @@ collectives the strategy implies, priced on the cluster's GPU:
   parameters are all-gathered before its forward and its backward.
 - **Pipeline**: activations are sent to the next stage after each micro-batch's forward, their
   gradients back after its backward.
-- **Recomputation**: a recomputed layer runs its forward again before its backward.
+- **Recomputation**: a recomputed layer runs its forward again before its backward; until then it
+  keeps only its input, not its activations.
 
 Per-node times are kernel times: the heads' isolated-op predictions less the device's per-op
 overhead, which an eager step hides (:mod:`fxcost.report.eager`); a segment never takes less than
@@ -33,17 +34,16 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from fxcost import cost_models
+from fxcost import cost_models, lowering
 from fxcost.devices import Device
-from fxcost.estimator import Captured, Precision
+from fxcost.estimator import PRECISIONS, Captured, Precision
 from fxcost.records import NodeCost, Shape
-from fxcost.report.eager import HOST_MS, ISOLATED_MODELS, MIN_KERNEL_MS
+from fxcost.report.eager import HOST_MS, kernel_ms
 from fxcost.sim.strategy import Strategy
 
 __all__ = [
@@ -78,7 +78,6 @@ class Segment:
     compute ms, and the collectives it issues (before it, inside it, after it)."""
 
     layer: str  # the layer module, or "" outside the layers
-    phase: str  # "fw" or "bw"
     compute_ms: float
     ops: int
     before: list[Comm] = field(default_factory=list)
@@ -95,18 +94,23 @@ class StagePlan:
     forward: list[Segment]
     backward: list[Segment]
     params: int  # parameters held by one rank of this stage (after tensor parallelism)
-    activation_bytes: float  # saved for backward per micro-batch on one rank
-    checkpoint_bytes: float  # kept per micro-batch when its layers are recomputed
+    activation_bytes: float  # saved for backward per micro-batch on one rank (a recomputed layer: its input)
+    recompute_bytes: float  # the largest recomputed layer's activations, held while it runs again
 
 
 @dataclass
 class Plan:
     strategy: Strategy
-    micro_batch: int
     stages: list[StagePlan]
     boundary_bytes: float  # activations sent between stages per micro-batch
     hidden: int
     tokens: int  # tokens per micro-batch on one rank
+    itemsize: int  # bytes per element of activations, parameters and gradients (4 in fp32, 2 in fp16/bf16)
+
+
+def itemsize_of(precision: Precision | None) -> int:
+    """Bytes per element of a step run in ``precision`` (None: fp32)."""
+    return lowering.itemsize(PRECISIONS[precision or "fp32"])
 
 
 def layers_of(modules: Sequence[str]) -> list[str]:
@@ -155,7 +159,7 @@ def compile_plan(
         raise ValueError(f"pp={s.pp} stages but the model has {len(layers)} layers to split")
     stage_of_layer = {layer: i * s.pp // len(layers) for i, layer in enumerate(layers)}
 
-    batch_nodes = captured.node_batch(None if micro == captured.batch else micro, precision)
+    batch_nodes = captured.node_batch(micro, precision)
     ms, source = cost_models.predict_batch(batch_nodes, chain, device)
     kernel = _kernel_ms(ms, source, device)
     hidden, tokens = _width_and_tokens(batch_nodes.nodes)
@@ -171,10 +175,12 @@ def compile_plan(
     layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
     outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
 
-    layer_of = {n.module: _layer(n.module, layers) for n in report.nodes}
+    known = set(layers)
+    layer_of = {module: _layer(module, known) for module in {n.module for n in report.nodes}}
     stages = [StagePlan(i, [x for x in layers if stage_of_layer[x] == i], [], [], 0, 0.0, 0.0)
               for i in range(s.pp)]  # fmt: skip
-    itemsize = 2 if precision in ("fp16", "bf16") else 4
+    saved: Counter[tuple[int, str]] = Counter()  # forward bytes written by (stage, layer)
+    itemsize = itemsize_of(precision)
     boundary = tokens * hidden * itemsize
     all_reduce = Comm("all_reduce", boundary, "tp", "feature")
     for phase in ("fw", "bw"):
@@ -189,19 +195,16 @@ def compile_plan(
         in_layers = [i for i, (n, _) in enumerate(ordered) if layer_of[n.module]]
         for i, (node, d) in enumerate(ordered):
             layer = layer_of[node.module]
-            inherited = (
-                not layer and bool(in_layers) and in_layers[0] < i < in_layers[-1] and current is not None
-            )
-            if inherited:
-                assert current is not None
-                layer = current.layer  # a node without a module amid the layers: the residual stream's
+            inherited = False
+            if not layer and current is not None and in_layers and in_layers[0] < i < in_layers[-1]:
+                inherited, layer = True, current.layer  # no module amid the layers: the residual stream's
             seen_layer = seen_layer or bool(layer)
             plan = stages[_stage(layer, seen_layer, phase, stage_of_layer, s.pp)]
             segments = plan.forward if phase == "fw" else plan.backward
-            if current is None or current.layer != layer or not segments or current is not segments[-1]:
+            if not segments or segments[-1] is not current or current.layer != layer:
                 if current is not None and region is not None:
                     current.inside.append(all_reduce)  # the layer ended inside a sharded region
-                current, region = Segment(layer, phase, 0.0, 0), None
+                current, region = Segment(layer, 0.0, 0), None
                 segments.append(current)
             shards: dict[int, NodeCost] = {}
             shard_ms: dict[int, float] = {}
@@ -221,20 +224,24 @@ def compile_plan(
                 region = None
             if sharded:
                 region = child
-            current.compute_ms += shard_ms[d] if sharded else float(kernel[d])
+            current.compute_ms += shard_ms[d] if sharded else kernel[d]
             current.ops += 1
             if phase == "fw":
-                plan.activation_bytes += (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written or 0
+                written = (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written
+                saved[(plan.index, layer)] += written or 0
         if current is not None and region is not None:
             current.inside.append(all_reduce)
-    _add_layer_collectives(stages, params, layers, s, itemsize)
+    _add_layer_collectives(stages, params, known, s, itemsize)
     for plan in stages:
-        plan.checkpoint_bytes = boundary * max(len(plan.layers), 1)
-    return Plan(s, micro, stages, boundary, hidden, tokens)
+        recomputed = {layer for layer in plan.layers if s.recompute_of(layer)}
+        kept = sum(n for (i, layer), n in saved.items() if i == plan.index and layer not in recomputed)
+        plan.activation_bytes = kept + boundary * len(recomputed)
+        plan.recompute_bytes = max((saved[(plan.index, layer)] for layer in recomputed), default=0)
+    return Plan(s, stages, boundary, hidden, tokens, itemsize)
 
 
 def _add_layer_collectives(
-    stages: list[StagePlan], params: Mapping[str, int], layers: list[str], s: Strategy, itemsize: int
+    stages: list[StagePlan], params: Mapping[str, int], layers: Collection[str], s: Strategy, itemsize: int
 ) -> None:
     """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer: its
     parameters gathered before its first forward and first backward segment (ZeRO 3), its gradients
@@ -274,7 +281,7 @@ def _shards(
     if not shards:
         return {}, {}
     ms, source = cost_models.predict_batch(cost_models.NodeBatch.of(list(shards.values())), chain, device)
-    return shards, dict(zip(shards, _kernel_ms(ms, source, device).tolist(), strict=True))
+    return shards, dict(zip(shards, _kernel_ms(ms, source, device), strict=True))
 
 
 def _vocab(nodes: Sequence[NodeCost]) -> int | None:
@@ -287,18 +294,19 @@ def _vocab(nodes: Sequence[NodeCost]) -> int | None:
     return max(tables, default=None)
 
 
-def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> np.ndarray:
-    """Kernel time per node: isolated-op predictions less the per-op overhead eager execution hides."""
-    isolated = np.array([src in ISOLATED_MODELS for src in source], dtype=bool)
-    ms = np.nan_to_num(ms)
-    return np.where(isolated, np.maximum(ms - device.overhead_ms, MIN_KERNEL_MS), ms)
+def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
+    """Kernel time per node (:func:`fxcost.report.eager.kernel_ms`), 0 where there is no prediction."""
+    return [kernel_ms(m, src, device) for m, src in zip(np.nan_to_num(ms).tolist(), source, strict=True)]
 
 
-def _layer(module: str, layers: Sequence[str]) -> str:
-    for layer in layers:
-        if module == layer or module.startswith(layer + "."):
-            return layer
-    return ""
+def _layer(module: str, layers: Collection[str]) -> str:
+    """The layer ``module`` is or belongs to (the shortest of its path prefixes in ``layers``), or ""."""
+    end = module.find(".")
+    while end != -1:
+        if module[:end] in layers:
+            return module[:end]
+        end = module.find(".", end + 1)
+    return module if module in layers else ""
 
 
 def _region(module: str, layer: str) -> str:
@@ -417,7 +425,7 @@ def _shard_matmul(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
 
 
 def _bytes(node: NodeCost, shapes: Sequence[Shape], dtypes: Sequence[str]) -> int:
-    return sum(math.prod(s) * getattr(torch, d).itemsize for s, d in zip(shapes, dtypes, strict=False))
+    return sum(math.prod(s) * lowering.itemsize(d) for s, d in zip(shapes, dtypes, strict=False))
 
 
 def host_bound(segment: Segment) -> float:

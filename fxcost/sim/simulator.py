@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,7 +51,6 @@ class SimResult:
         tasks: every stage's timeline (one representative rank per pipeline stage).
         memory: peak memory of one rank per stage.
         collectives: (kind, group, bytes) -> how many times one rank issues it per iteration.
-        compile_s, simulate_s: wall time of the plan compiler and of the event simulation.
     """
 
     iteration_ms: float
@@ -62,8 +60,6 @@ class SimResult:
     tasks: list[Task]
     memory: list[Memory]
     collectives: Counter[tuple[str, str, float]] = field(default_factory=Counter)
-    compile_s: float = 0.0
-    simulate_s: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -131,31 +127,12 @@ def simulate(
     captured, params, batch = _traced(
         model, example_inputs, batch, seqlen, params, loss_fn, strategy, estimator or default_estimator()
     )
-    start = time.perf_counter()
     plan = compile_plan(captured, params, strategy, cluster.device, batch, precision)
     tasks, collectives = _tasks(plan, cluster)
-    compiled = time.perf_counter()
     iteration = simulate_tasks(tasks, gamma)
-    memory = [
-        rank_memory(
-            st.params,
-            st.activation_bytes,
-            st.checkpoint_bytes,
-            dp=strategy.dp,
-            zero=strategy.zero,
-            schedule=strategy.schedule,
-            stage=st.index,
-            stages=strategy.pp,
-            micro_batches=strategy.micro_batches,
-            recompute=bool(st.layers) and all(strategy.recompute_of(layer) for layer in st.layers),
-            layers=len(st.layers),
-            capacity_gb=cluster.device.memory_gb or float("inf"),
-            half=precision in ("fp16", "bf16"),
-        )
-        for st in plan.stages
-    ]
-    return SimResult(iteration, batch, strategy, cluster, tasks, memory, collectives,
-                     compiled - start, time.perf_counter() - compiled)  # fmt: skip
+    capacity = cluster.device.memory_gb or float("inf")
+    memory = [rank_memory(plan, st, capacity) for st in plan.stages]
+    return SimResult(iteration, batch, strategy, cluster, tasks, memory, collectives)
 
 
 def _traced(
@@ -197,25 +174,37 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
     """The plan as simulator tasks, in each stage's schedule order, and the collectives issued."""
     s = plan.strategy
     groups = _groups(s)
-    # Groups of one kind run the same collectives at the same time; the simulated group shares its
-    # links as the most crowded of them does.
-    sharing = {kind: max(link_sharing(members, cluster), default=1.0) for kind, members in groups.items()}
+    # Groups of one kind run the same collectives at the same time; a stage's simulated group shares
+    # its links as the most crowded of the stage's groups does.
+    sharing = {kind: link_sharing([g for stage in by_stage for g in stage], cluster)
+               for kind, by_stage in groups.items()}  # fmt: skip
     collectives: Counter[tuple[str, str, float]] = Counter()
-    priced: dict[Comm, float] = {}
+    priced: dict[tuple[Comm, int, int], float] = {}
     tasks: list[Task] = []
 
     def add(task: Task) -> int:
         tasks.append(task)
         return len(tasks) - 1
 
-    def communicate(c: Comm, stage: int, deps: list[int], name: str | None = None) -> int:
-        """Add collective ``c`` as a task on its stream (priced once per kind, group and size)."""
-        if c not in priced:
-            ranks = groups[c.group][0][:2] if c.kind == "send_recv" else groups[c.group][0]
-            priced[c] = collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=sharing[c.group])
+    def placed(group: str, stage: int, peer: int) -> tuple[list[int], float]:
+        """The simulated rank's group for a collective of ``stage`` (with ``peer`` for a pipeline
+        send), and how many groups share its links."""
+        if group == "pp":  # every rank of the stage sends to its counterpart on the peer stage at once
+            pairs = [[a, b] for a, b in zip(_stage_ranks(s, stage), _stage_ranks(s, peer), strict=True)]
+            return pairs[0], max(link_sharing(pairs, cluster))
+        mine, n = groups[group][stage], len(groups[group][stage])
+        return mine[0], max(sharing[group][stage * n : (stage + 1) * n])
+
+    def communicate(c: Comm, stage: int, deps: list[int], name: str | None = None, peer: int = -1) -> int:
+        """Add collective ``c`` of ``stage`` (sent to ``peer``) as a task on its stream, priced on the
+        stage's own group once per kind, group, size and peer."""
+        key = (c, stage, peer)
+        if key not in priced:
+            ranks, shared = placed(c.group, stage, peer)
+            priced[key] = collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=shared)
         collectives[(c.kind, c.group, c.nbytes)] += 1
         args = {"kind": c.kind, "group": c.group, "bytes": c.nbytes}
-        return add(Task(name or f"{c.kind} {c.group}", stage, c.stream, priced[c], deps, args))
+        return add(Task(name or f"{c.kind} {c.group}", stage, c.stream, priced[key], deps, args))
 
     first: dict[tuple[str, int, int], int] = {}  # (F/B, stage, micro-batch) -> its first task
     done: dict[tuple[str, int, int], int] = {}  # ... and its last
@@ -246,10 +235,11 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
             if prev is None:
                 del first[(direction, st.index, m)]
                 continue
-            if (st.index < s.pp - 1) if direction == "F" else (st.index > 0):
+            peer = st.index + 1 if direction == "F" else st.index - 1
+            if 0 <= peer < s.pp:
                 send = Comm("send_recv", plan.boundary_bytes, "pp", "feature")
                 name = "send activations" if direction == "F" else "send gradients"
-                prev = communicate(send, st.index, [prev], name)
+                prev = communicate(send, st.index, [prev], name, peer)
             done[(direction, st.index, m)] = prev
     # A micro-batch's forward on a stage waits for the previous stage's, its backward for the next's.
     for (direction, stage, m), task in first.items():
@@ -275,15 +265,21 @@ def _schedule(schedule: str, stage: int, stages: int, micro_batches: int) -> lis
     return order
 
 
-def _groups(s: Strategy) -> dict[str, list[list[int]]]:
-    """Every communication group of each kind, Megatron's rank order (tensor-parallel ranks
-    adjacent, then data-parallel, then pipeline stages); the first is the simulated one's."""
+def _rank(s: Strategy, p: int, d: int, t: int) -> int:
+    """The rank of stage ``p``, data-parallel replica ``d``, tensor-parallel rank ``t``: Megatron's
+    order (tensor-parallel ranks adjacent, then data-parallel, then pipeline stages)."""
+    return p * s.dp * s.tp + d * s.tp + t
 
-    def rank(p: int, d: int, t: int) -> int:
-        return p * s.dp * s.tp + d * s.tp + t
 
+def _stage_ranks(s: Strategy, p: int) -> list[int]:
+    """The ranks of stage ``p``, replica by replica."""
+    return [_rank(s, p, d, t) for d in range(s.dp) for t in range(s.tp)]
+
+
+def _groups(s: Strategy) -> dict[str, list[list[list[int]]]]:
+    """Each stage's tensor- and data-parallel groups (``groups[kind][stage]``); a stage's first
+    group is its simulated rank's (rank ``_rank(s, stage, 0, 0)``)."""
     return {
-        "tp": [[rank(p, d, t) for t in range(s.tp)] for p in range(s.pp) for d in range(s.dp)],
-        "dp": [[rank(p, d, t) for d in range(s.dp)] for p in range(s.pp) for t in range(s.tp)],
-        "pp": [[rank(p, d, t) for p in range(s.pp)] for d in range(s.dp) for t in range(s.tp)],
+        "tp": [[[_rank(s, p, d, t) for t in range(s.tp)] for d in range(s.dp)] for p in range(s.pp)],
+        "dp": [[[_rank(s, p, d, t) for d in range(s.dp)] for t in range(s.tp)] for p in range(s.pp)],
     }

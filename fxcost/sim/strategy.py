@@ -27,7 +27,7 @@ It is written as ``"dp=2,tp=4,pp=2,mb=8,zero=1"`` on the command line, or as YAM
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -161,9 +161,6 @@ class Strategy:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a strategy file holds a mapping, got {type(data).__name__}")
         return cls.from_dict(data)
-
-    def with_(self, **changes: Any) -> Strategy:
-        return replace(self, **changes)
 
     def __str__(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}", f"mb={self.micro_batches}"]
