@@ -169,7 +169,7 @@ class Estimator:
         args, kwargs = as_call(example_inputs)
         batch = batch_of(args, kwargs)
         priced = batch_size if batch_size is not None else batch
-        key = self._model_key(model) + inputs_key(args, kwargs, train, loss_fn, batch)
+        key = self._model_key(model) + inputs_key(args, kwargs, train, loss_fn, batch, self._model_key)
         captured = self._lookup(key) or self._trace(key, model, args, kwargs, train, loss_fn)
         if priced is None or batch is None or captured.holds_at(priced):
             return captured, priced
@@ -213,7 +213,7 @@ class Estimator:
         """:func:`model_key`, memoized per model object (hashing ResNet-50's tree takes milliseconds,
         pricing it less); switching the model between train and eval mode is seen."""
         if not isinstance(model, torch.nn.Module):
-            return model_key(model)
+            return model_key(model, self._model_key)
         with self._lock:
             known = self._model_keys.get(model)
         if known is not None and known[0] == model.training:
@@ -447,9 +447,11 @@ def _signature(node: NodeCost, size: NodeSizes) -> tuple[Any, ...]:
     )
 
 
-def model_key(model: Any) -> str:
+def model_key(model: Any, module_key: Callable[[torch.nn.Module], str] | None = None) -> str:
     """A hash of what in a model decides its traced graph: the module tree with each module's class
-    and plain settings, and the parameters' and buffers' names, shapes and dtypes."""
+    and plain settings, and the parameters' and buffers' names, shapes and dtypes. A callable that is
+    no module counts by :func:`_code_identity`, the modules it calls by ``module_key`` (a memoized
+    ``model_key``; this function if None)."""
     parts: list[Any] = []
     if isinstance(model, torch.nn.Module):
         for name, module in model.named_modules():
@@ -459,16 +461,18 @@ def model_key(model: Any) -> str:
         parts += [(name, tuple(p.shape), p.dtype, p.requires_grad) for name, p in model.named_parameters()]
         parts += [(name, tuple(b.shape), b.dtype) for name, b in model.named_buffers()]
     else:
-        parts.append(_code_identity(model))
+        parts.append(_code_identity(model, module_key or model_key))
     return _digest(parts)
 
 
 def inputs_key(
-    args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, loss_fn: LossFn, batch: int | None
-) -> str:
-    """A hash of the step's inputs (shapes but the batch, dtypes, structure), ``train`` and loss."""
+    args: tuple[Any, ...], kwargs: dict[str, Any], train: bool, loss_fn: LossFn, batch: int | None,
+    module_key: Callable[[torch.nn.Module], str] | None = None,
+) -> str:  # fmt: skip
+    """A hash of the step's inputs (shapes but the batch, dtypes, structure), ``train`` and loss (a
+    module the loss calls counts by ``module_key``, as in :func:`model_key`)."""
     leaves, spec = tree_flatten((args, kwargs))
-    parts: list[Any] = [train, _code_identity(loss_fn), str(spec)]
+    parts: list[Any] = [train, _code_identity(loss_fn, module_key or model_key), str(spec)]
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
             shape = ["B" if i == 0 and s == batch else s for i, s in enumerate(leaf.shape)]
@@ -494,11 +498,11 @@ def _plain_attributes(module: torch.nn.Module) -> list[tuple[str, Any]]:
     )
 
 
-def _code_identity(fn: Any) -> Any:
+def _code_identity(fn: Any, module_key: Callable[[torch.nn.Module], str]) -> Any:
     """Where a function's code is defined, and what it closes over or is bound to: two lambdas from
     the same line are the same loss, unless they call different modules (``lambda x: m(x)`` in a loop
-    over widths) or capture other values. Modules count by :func:`model_key`, plain values by value,
-    anything else by identity."""
+    over widths) or capture other values. Modules count by ``module_key``, plain values by value,
+    anything else by identity (a bound method of a fresh object each call is a new key)."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return (type(fn).__module__, type(fn).__qualname__, id(fn))
@@ -509,7 +513,7 @@ def _code_identity(fn: Any) -> Any:
         except ValueError:  # a cell not filled yet
             captured.append(None)
     values = [
-        model_key(v) if isinstance(v, torch.nn.Module) else v if isinstance(v, _PLAIN) else id(v)
+        module_key(v) if isinstance(v, torch.nn.Module) else v if isinstance(v, _PLAIN) else id(v)
         for v in captured
     ]
     return (code.co_filename, code.co_firstlineno, code.co_qualname, *values)

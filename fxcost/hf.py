@@ -38,9 +38,12 @@ class HFStep:
     inputs: dict[str, torch.Tensor]
     train: bool
 
-    def loss_fn(self, output: Any) -> torch.Tensor:
+    @staticmethod
+    def loss_fn(output: Any) -> torch.Tensor:
         """Cross-entropy of the logits against token ids (zeros: the cost does not depend on which
-        ids; taken from the logits' shape, so the step can be traced again at another batch).
+        ids; taken from the logits' shape, so the step can be traced again at another batch). A
+        static method: it reads nothing of the step, and the Estimator keys a bound method by its
+        object, which is new for each ``hf_step`` call.
 
         Written as log-softmax and gather, the kernels ``F.cross_entropy`` runs (log-softmax, then a
         gather-like ``nll_loss``): on the meta device ``nll_loss`` has no autograd formula, and the

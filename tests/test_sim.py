@@ -286,3 +286,18 @@ def test_the_simulate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert status == 0 and "ms per iteration" in out and trace.exists()
     assert main(["simulate", "mlp", "--cluster", "2xT4", "--strategy", "dp=3"]) == 2
     assert "needs 3 GPUs" in capsys.readouterr().err
+
+
+def test_a_hugging_face_config_is_traced_once_across_plans() -> None:
+    """Each simulate() call builds the config's step again; its loss must not make the cache key new
+    (a bound method of the fresh step object did: every call re-traced the model)."""
+    pytest.importorskip("transformers")
+    from fxcost.estimator import Estimator
+    from fxcost.sim import simulate
+
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 64,
+              "n_head": 2, "vocab_size": 128, "n_positions": 64}  # fmt: skip
+    est = Estimator()
+    for strategy in ("dp=2", "tp=2", "pp=2,mb=2"):
+        simulate(config, strategy, "2xT4", batch=4, seqlen=16, estimator=est)
+    assert est.cache_info()["captures"] == 1
