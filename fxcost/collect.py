@@ -6,7 +6,8 @@ order, are those of the shared files: ``OPName, Latency`` (ms, forward only, med
 :func:`fxcost.timing.bench_ms`), ``Device``, ``Torch Version`` (``p2.1.0``), ``CUDNN Version`` (``8902``),
 the kernel columns, ``CUDA Version`` (``cu121``), ``Kernels`` (linear, bmm, conv and ln only) and the
 op's dims. The kernel columns come from one extra call under ``torch.profiler`` (CUDA only; empty
-elsewhere, or with ``kernels=False``): ``Kernel Name``, ``Grid`` and ``Block`` of the longest-running
+elsewhere, or with ``kernels=False``), one profiler session per :data:`PROFILE_CHUNK` configurations
+since starting one costs far more than a call: ``Kernel Name``, ``Grid`` and ``Block`` of the longest-running
 kernel the op launched, ``Blocks per SM`` (its grid's blocks over the GPU's SMs), ``Warps per SM``
 (that times the warps of a block) and ``Kernels``, every kernel's name after a ``;``. These are the
 definitions the shared files follow (checked on their rows in ``tests/test_collect.py``).
@@ -26,8 +27,11 @@ elementwise B 1-16384, H 1-4096 (the range of the shared data; Habitat has no su
 ln, softmax "u" ops take the scalar 2.0
 =========== =================================================================================
 
-Measurements are fp32 with TF32 disabled (as the shared data). Out-of-memory configurations are
-skipped and counted, as in Habitat. Each row is flushed as soon as it is measured; on resume the rows
+Measurements are fp32 with TF32 disabled (as the shared data), timed for about
+:data:`TIMING_BUDGET_MS` each (at least one warm-up and one timed call: a call of many milliseconds
+varies by well under 1% on a GPU). Out-of-memory configurations are skipped and counted, as in
+Habitat. Each row is flushed as soon as it is timed (a chunk's kernels are profiled before its
+timings, so a kill loses no timed row); on resume the rows
 already written are matched to the configurations of the sequence, so skipped configurations are
 recognised too, and measuring continues after the last one written. A torn last line (no trailing
 newline, from a killed run) is dropped, since a truncated latency would still parse as a number.
@@ -44,6 +48,7 @@ import logging
 import math
 import os
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +61,8 @@ from fxcost.records import KernelRecord
 
 __all__ = [
     "OPS",
+    "PROFILE_CHUNK",
+    "TIMING_BUDGET_MS",
     "CollectStats",
     "add_collect_parser",
     "collect",
@@ -69,7 +76,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Timer = Callable[[Callable[[], Any], torch.device], float]
-Profiler = Callable[[Callable[[], Any], torch.device], list[KernelRecord]]
+Builder = Callable[[], Callable[[], Any]]  # makes the inputs, returns the call to measure
+Profiler = Callable[[Sequence[Builder], torch.device], list[list[KernelRecord]]]
+
+PROFILE_CHUNK = 32  # configurations per profiler session
+TIMING_BUDGET_MS = 10.0
 
 _META = ["OPName", "Latency", "Device", "Torch Version", "CUDNN Version", "Kernel Name", "Warps per SM",
          "Blocks per SM", "Grid x", "Grid y", "Grid z", "Block x", "Block y", "Block z",
@@ -93,12 +104,13 @@ _SCALAR = 2.0
 @dataclass
 class CollectStats:
     """What one :func:`collect` call did, per op: rows found on resume (``existing``), rows measured
-    now (``written``), out-of-memory configurations skipped (``skipped_oom``), the CSV (``paths``) and
-    whether a torn last line was dropped (``repaired``)."""
+    now (``written``), out-of-memory configurations skipped (``skipped_oom``), wall seconds spent
+    measuring (``seconds``), the CSV (``paths``) and whether a torn last line was dropped (``repaired``)."""
 
     existing: dict[str, int] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)
     skipped_oom: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
     paths: dict[str, Path] = field(default_factory=dict)
     repaired: list[str] = field(default_factory=list)
 
@@ -178,17 +190,24 @@ def kernel_columns(kernels: Sequence[KernelRecord], sms: int) -> dict[str, str]:
     return columns
 
 
-def profile_kernels(fn: Callable[[], Any], device: torch.device) -> list[KernelRecord]:
-    """The kernels one call of ``fn`` launches on CUDA ``device``, in launch order, from torch.profiler.
-
-    ``fn`` should have run before (the timer's warm-up), so lazy initialisation stays out of the trace.
-    """
+def profile_kernels(builders: Sequence[Builder], device: torch.device) -> list[list[KernelRecord]]:
+    """The kernels one call of each built function launches on CUDA ``device``, in launch order, all
+    under one torch.profiler session. A builder or call that runs out of memory gets ``[]``."""
     from fxcost.profiling import kernel_range, recording_kernels
 
-    torch.cuda.synchronize(device)
-    with recording_kernels(device) as kernels, kernel_range("call"):
-        fn()
-    return kernels.get("call", [])
+    with recording_kernels(device) as kernels:
+        for i, build in enumerate(builders):
+            try:
+                fn = build()
+                torch.cuda.synchronize(device)  # the inputs' kernels stay out of the range
+                with kernel_range(str(i)):
+                    fn()
+                del fn
+            except (RuntimeError, MemoryError) as e:
+                if not _is_oom(e):
+                    raise
+                torch.cuda.empty_cache()
+    return [kernels.get(str(i), []) for i in range(len(builders))]
 
 
 def device_label(device: torch.device) -> str:
@@ -286,9 +305,11 @@ def collect(
         resume: continue an existing file (else it is overwritten).
         seed: selects the configuration sequence; the same seed gives the same configurations on
             every device.
-        timer: ``timer(fn, device) -> ms``, :func:`fxcost.timing.bench_ms` by default.
+        timer: ``timer(fn, device) -> ms``; :func:`fxcost.timing.bench_ms` for about
+            :data:`TIMING_BUDGET_MS` by default.
         kernels: fill the kernel columns (one more call per configuration, under the profiler).
-        profiler: ``profiler(fn, device) -> [KernelRecord]``; :func:`profile_kernels` on CUDA by
+        profiler: ``profiler(builders, device) -> [[KernelRecord] per builder]``, where a builder
+            makes a configuration's inputs and returns its call; :func:`profile_kernels` on CUDA by
             default, none elsewhere (the kernel columns stay empty).
         sms: the device's SM count for ``Blocks/Warps per SM``; CUDA's device properties by default.
         progress: show a rich progress bar on stderr.
@@ -311,7 +332,7 @@ def collect(
     if timer is None:
         from fxcost.timing import bench_ms
 
-        timer = bench_ms
+        timer = functools.partial(bench_ms, budget_ms=TIMING_BUDGET_MS, min_reps=1)
     if not kernels:
         profiler = None
     elif profiler is None and dev.type == "cuda":
@@ -333,43 +354,48 @@ def collect(
             if torn:
                 stats.repaired.append(op)
             task = bar.add_task(op, total=samples, completed=min(start, samples)) if bar else None
+            started = time.perf_counter()
             with path.open("a", newline="") as f:
                 writer = csv.writer(f, lineterminator="\n")
-                for index in range(start, samples):
-                    cfg = sample_config(op, index, seed)
-                    measured = _measure(op, cfg, dev, timer, profiler)
-                    if measured is None:
-                        stats.skipped_oom[op] += 1
-                        log.info("%s config %d %s: out of memory, skipped", op, index, cfg)
-                    else:
-                        latency, launched = measured
-                        launch = kernel_columns(launched, sms) if launched and sms else {}
-                        row = {**fixed, **launch, "OPName": op, "Latency": repr(latency), **cfg}
-                        writer.writerow([row.get(c, "") for c in columns])
-                        f.flush()  # an interrupted run loses no finished row
-                        stats.written[op] += 1
-                    if bar is not None and task is not None:
-                        bar.advance(task)
+                for first in range(start, samples, PROFILE_CHUNK):
+                    chunk = range(first, min(first + PROFILE_CHUNK, samples))
+                    configs = [sample_config(op, index, seed) for index in chunk]
+                    builders = [functools.partial(_build, op, cfg, dev) for cfg in configs]
+                    launches = profiler(builders, dev) if profiler else [[] for _ in chunk]
+                    for index, cfg, launched in zip(chunk, configs, launches, strict=True):
+                        latency = _time(op, cfg, dev, timer)
+                        if latency is None:
+                            stats.skipped_oom[op] += 1
+                            log.info("%s config %d %s: out of memory, skipped", op, index, cfg)
+                        else:
+                            launch = kernel_columns(launched, sms) if launched and sms else {}
+                            row = {**fixed, **launch, "OPName": op, "Latency": repr(latency), **cfg}
+                            writer.writerow([row.get(c, "") for c in columns])
+                            f.flush()  # an interrupted run loses no finished row
+                            stats.written[op] += 1
+                        if bar is not None and task is not None:
+                            bar.advance(task)
+            stats.seconds[op] = time.perf_counter() - started
     return stats
 
 
-def _measure(
-    op: str, cfg: dict[str, int], dev: torch.device, timer: Timer, profiler: Profiler | None
-) -> tuple[float, list[KernelRecord]] | None:
-    """(median ms, kernels launched) of ``op`` at ``cfg``; None if it runs out of memory."""
-    fn: Callable[[], Any] | None = None
-    try:
-        fn = _build(op, cfg, dev)
-        latency = float(timer(fn, dev))
-        return latency, ([] if profiler is None else profiler(fn, dev))
-    except (RuntimeError, MemoryError) as e:
-        if not _is_oom(e):
-            raise RuntimeError(f"measuring {op} {cfg} on {dev} failed: {e}") from e
-        return None
-    finally:
-        del fn  # free the tensors before the next configuration
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+def _time(op: str, cfg: dict[str, int], dev: torch.device, timer: Timer) -> float | None:
+    """Median ms of ``op`` at ``cfg``; None if it runs out of memory even with the cache emptied."""
+    for attempt in range(2):
+        fn: Callable[[], Any] | None = None
+        try:
+            fn = _build(op, cfg, dev)
+            return float(timer(fn, dev))
+        except (RuntimeError, MemoryError) as e:
+            if not _is_oom(e):
+                raise RuntimeError(f"measuring {op} {cfg} on {dev} failed: {e}") from e
+        finally:
+            del fn  # free the tensors before the next configuration
+        if dev.type == "cuda" and attempt == 0:
+            torch.cuda.empty_cache()  # cached blocks of earlier configurations may be in the way
+        else:
+            break
+    return None
 
 
 def _expand(ops: Sequence[str]) -> list[str]:
@@ -422,6 +448,8 @@ def _run(args: argparse.Namespace) -> int:
     stats = collect(ops, args.samples, args.out, device=args.device, resume=args.resume, seed=args.seed,
                     kernels=args.kernels)  # fmt: skip
     for op, path in stats.paths.items():
+        done = stats.written[op] + stats.skipped_oom[op]
+        rate = f", {done / stats.seconds[op]:.1f} configs/s" if stats.seconds[op] > 0 else ""
         print(f"{op}: {stats.existing[op]} rows kept, {stats.written[op]} measured, "
-              f"{stats.skipped_oom[op]} out of memory -> {path}")  # fmt: skip
+              f"{stats.skipped_oom[op]} out of memory{rate} -> {path}")  # fmt: skip
     return 0

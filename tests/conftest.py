@@ -3,14 +3,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# Without an NVIDIA GPU, Triton kernels run under its CPU interpreter. The variable must be set before
-# anything imports Triton (torch.compile does): Triton's own library functions are built in one mode
-# at import, and interpreted kernels cannot call compiled ones.
-if not Path("/dev/nvidiactl").exists():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest
 import torch
+
+# Without a CUDA GPU, Triton kernels run under its CPU interpreter. The variable must be set before
+# anything imports Triton (torch.compile does; importing torch does not): Triton's own library
+# functions are built in one mode at import, and interpreted kernels cannot call compiled ones.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -251,11 +251,12 @@ def test_kernel_columns_follow_the_shared_data(data_dir: Path) -> None:
     assert kernel_columns([], 40) == {}
 
 
-def _fake_profiler(fn, device):  # type: ignore[no-untyped-def]
-    return [
+def _fake_profiler(builders, device):  # type: ignore[no-untyped-def]
+    launched = [
         KernelRecord("setup", 0.001, (1, 1, 1), (128, 1, 1)),
         KernelRecord("main", 0.05, (60, 1, 1), (32, 4, 1)),
     ]
+    return [launched for _ in builders]
 
 
 def test_collect_writes_kernel_columns(tmp_path: Path) -> None:

@@ -372,6 +372,22 @@ def _format(calibration: Calibration) -> str:
     return "\n".join(lines)
 
 
+def _check(calibration: Calibration, torch_copy_gbps: float) -> str:
+    """How the calibrated bandwidth compares with PyTorch's own copy and with the spec sheet."""
+    from fxcost.devices import UnknownDeviceError, get_device
+
+    ratio = calibration.achieved_bandwidth_gbps / torch_copy_gbps
+    lines = [f"{'torch_copy_gbps':<24} {torch_copy_gbps:.4g}  (calibrated / torch copy = {ratio:.3f})"]
+    try:
+        spec = get_device(calibration.device_name).mem_bandwidth_gbps
+    except UnknownDeviceError:
+        spec = None
+    if spec:
+        lines.append(f"{'spec_bandwidth_gbps':<24} {spec:.4g}  (calibrated / spec = "
+                     f"{calibration.achieved_bandwidth_gbps / spec:.3f})")  # fmt: skip
+    return "\n".join(lines)
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
 
@@ -381,6 +397,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     cal = calibrate(args.device, sizes=args.sizes, repeats=args.repeats)
     print(_format(cal))
+    print(_check(cal, torch_copy_bandwidth_gbps(args.device, sizes=args.sizes, repeats=args.repeats)))
     if args.out:
         print(f"device profile written to {to_yaml(cal, args.out, name=args.name, base=args.base)}")
     return 0
