@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fxcost import collect as collect_mod
-from fxcost.collect import OPS, collect, header, kernel_columns, sample_config
+from fxcost.collect import OPS, PROFILE_CHUNK, collect, header, kernel_columns, sample_config
 from fxcost.records import KernelRecord
 
 REPO = Path(__file__).resolve().parents[1]
@@ -281,3 +281,20 @@ def test_collect_writes_kernel_columns(tmp_path: Path) -> None:
             profiler=_fake_profiler,
             progress=False,
         )
+
+
+def test_kernels_are_profiled_a_chunk_per_session_and_match_their_rows(tmp_path: Path) -> None:
+    sessions: list[int] = []
+
+    def profiler(builders, device):  # type: ignore[no-untyped-def]
+        sessions.append(len(builders))
+        # each configuration's "kernel" is named after its first input's shape: rows must get their own
+        return [[KernelRecord(str(tuple(b().args[0].shape)), 0.01, (1, 1, 1), (32, 1, 1))] for b in builders]
+
+    samples = PROFILE_CHUNK + 5
+    stats = collect(["relu"], samples, tmp_path, device="meta", timer=fake_timer, profiler=profiler,
+                    sms=1, progress=False)  # fmt: skip
+    assert sessions == [PROFILE_CHUNK, 5]
+    rows = _rows(stats.paths["relu"])
+    assert len(rows) == samples
+    assert all(row["Kernel Name"] == str((int(row["B"]), int(row["H"]))) for row in rows)
