@@ -122,7 +122,9 @@ class FxcostBackend:
                 # A recompile of a frame replaces its graphs; graphs of other frames (breaks) stay.
                 key = frame_id if frame_id is not None else -len(self._frames) - 1
                 self._frames[key] = frame
-            self.origin = _origin_name(example_inputs)
+            origin = _origin_name(example_inputs)
+            if origin != "cpu":  # a graph with only CPU inputs (after a break) measures nothing on the GPU
+                self.origin = origin
             no_grad_phase: Phase = "opt" if _is_optimizer_graph(gm) else "fw"
             compiler = aot_autograd(
                 fw_compiler=self._compiler(frame, frame_id, "fw"),

@@ -132,6 +132,24 @@ def test_graph_break_still_yields_one_report() -> None:
     assert [n.graph for n in report.nodes] == sorted(n.graph for n in report.nodes)
 
 
+def test_a_graph_with_only_cpu_inputs_keeps_the_gpu_origin(monkeypatch) -> None:
+    """Found on an H100: a graph break whose last graph took no CUDA tensor reset the origin to "cpu",
+    and the runtime-based models then ignored every measurement of the step."""
+    from fxcost import backend as backend_module
+
+    seen = iter(["NVIDIA H100 80GB HBM3", "cpu", "cpu", "cpu"])
+    monkeypatch.setattr(backend_module, "_origin_name", lambda inputs: next(seen, "cpu"))
+
+    def two_graphs(x: torch.Tensor) -> torch.Tensor:
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return torch.arange(4.0) + y.sum()
+
+    fxcost_backend = fxcost.estimate(devices=["T4"], budget_ms=0.2)
+    torch.compile(two_graphs, backend=fxcost_backend)(torch.randn(4))
+    assert fxcost.last_report().origin == "NVIDIA H100 80GB HBM3"
+
+
 def test_recompile_replaces_the_frame_graphs() -> None:
     model = nn.Linear(8, 4)
     backend = fxcost.estimate(devices=["T4"], measure=False)
