@@ -11,6 +11,7 @@ Units are in the field names: ``*_ms`` milliseconds, ``bytes_*`` bytes, ``flops`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -106,6 +107,15 @@ class NodeCost:
     def shapes(self) -> list[Shape]:
         """Input tensor shapes (alias of ``in_shapes``)."""
         return self.in_shapes
+
+    @property
+    def kernel_ms(self) -> float | None:
+        """The summed durations of the kernels recorded on the origin (the GPU time of the node,
+        without the launch and event overhead in ``origin_ms``); None unless every one was timed."""
+        durations = [k.duration_ms for k in self.kernels]
+        if not durations or not all(math.isfinite(d) and d > 0 for d in durations):
+            return None
+        return sum(durations)
 
     @property
     def bytes(self) -> int | None:

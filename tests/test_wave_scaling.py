@@ -170,3 +170,37 @@ def test_profiler_kernels_override_the_lowering() -> None:
     node.kernels = []
     (from_lowering,) = WaveScaling().predict(NodeBatch.of([node], origin=V100), T4)
     assert few_blocks != pytest.approx(from_lowering)
+
+
+def _profiled(op: str, b: int, h: int, event_ms: float, kernel_ms: float) -> NodeCost:
+    """A node as fxcost records it on a GPU: event-timed, and its kernel timed by the profiler."""
+    from fxcost.records import KernelRecord
+
+    node = _measured(op, b, h, event_ms)
+    node.kernels = [KernelRecord("k", kernel_ms, (b * h // 1024 + 1, 1, 1), (256, 1, 1))]
+    return node
+
+
+def test_recorded_kernel_time_is_scaled_without_the_origins_overhead_or_a_floor() -> None:
+    tiny = _profiled("relu", 64, 64, event_ms=0.017, kernel_ms=0.002)
+    (ms,) = WaveScaling().predict(NodeBatch.of([tiny], origin=V100), A100)
+    # the launch overhead in the event time is the origin machine's, not part of the GPU's speed
+    assert A100.overhead_ms < ms < A100.overhead_ms + 0.003
+    assert ms < A100.floor_ms  # the floor stands in only for an unknown kernel time
+    (event_only,) = WaveScaling().predict(NodeBatch.of([_measured("relu", 64, 64, 0.017)], origin=V100), A100)
+    assert event_only == pytest.approx(A100.floor_ms)
+
+
+def test_only_the_bandwidth_share_of_a_kernel_follows_a_change_of_bandwidth() -> None:
+    from fxcost.cost_models.wave_scaling import bandwidth_share
+
+    b, h = 8192, 4096
+    roof_ms = kernel_alike_node("add", b, h).bytes / (V100.bandwidth_gbps * 1e6)
+    assert bandwidth_share(kernel_alike_node("add", b, h).bytes, roof_ms, V100) == pytest.approx(1.0)
+    assert bandwidth_share(kernel_alike_node("add", b, h).bytes, 4 * roof_ms, V100) == pytest.approx(0.25)
+    at_roof = _profiled("add", b, h, roof_ms + 0.02, roof_ms)
+    slow = _profiled("add", b, h, 4 * roof_ms + 0.02, 4 * roof_ms)  # a quarter of the bandwidth
+    fast, slowed = WaveScaling().predict(NodeBatch.of([at_roof, slow], origin=V100), A100)
+    speedup_at_roof = roof_ms / (fast - A100.overhead_ms)
+    speedup_slow = 4 * roof_ms / (slowed - A100.overhead_ms)
+    assert speedup_at_roof > speedup_slow > 1.0

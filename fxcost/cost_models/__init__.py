@@ -59,6 +59,7 @@ class NodeBatch:
         has_kernel: whether the node launches a GPU kernel.
         matmul: whether the node is matmul-class (GEMM, convolution, attention: tensor-core work).
         origin_ms: measured time on the origin device.
+        kernel_ms: the GPU time of the node's kernels on the origin (``NodeCost.kernel_ms``).
         itemsize: bytes per element of the node's widest floating output (4 for fp32), NaN if none.
         tf32: fp32 matmul-class nodes allowed to run on TF32 tensor cores.
         origin: the GPU the ``origin_ms`` were measured on, None if not a known GPU (e.g. a CPU).
@@ -70,6 +71,7 @@ class NodeBatch:
     has_kernel: np.ndarray
     matmul: np.ndarray
     origin_ms: np.ndarray
+    kernel_ms: np.ndarray
     itemsize: np.ndarray
     tf32: np.ndarray
     origin: Device | None = None
@@ -87,6 +89,7 @@ class NodeBatch:
             has_kernel=np.array([n.has_kernel for n in nodes], dtype=bool),
             matmul=np.array([is_matmul_class(n.op) for n in nodes], dtype=bool),
             origin_ms=column([n.origin_ms for n in nodes]),
+            kernel_ms=column([n.kernel_ms for n in nodes]),
             itemsize=column([_itemsize(n.out_dtypes or n.in_dtypes) for n in nodes]),
             tf32=np.array([n.tf32 for n in nodes], dtype=bool),
             origin=origin,

@@ -432,7 +432,10 @@ class HeadsRatio:
 
     The measurement carries what the heads miss about this exact shape on real hardware (a
     well-aligned GEMM's better kernel, a harness's overhead); the heads carry how the op's time
-    changes from one GPU to another. On the origin itself it returns the measurement.
+    changes from one GPU to another. Where the origin's profiler timed the node's kernels, the ratio
+    scales that kernel time and the target's per-op overhead is added: the event-timed ``origin_ms``
+    carries the origin machine's launch overhead, which is no part of the GPU's speed. On the origin
+    itself it returns the measurement.
     """
 
     name = "mlp_ratio"
@@ -447,7 +450,12 @@ class HeadsRatio:
         on_origin = batch.derived("mlp_ratio.origin", lambda: self.heads.predict(batch, origin))
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = self.heads.predict(batch, device) / on_origin
-        out = np.where(on_origin > 0, batch.origin_ms * ratio, np.nan)
+        if device != origin:
+            timed = np.isfinite(batch.kernel_ms)
+            scaled = np.where(timed, device.overhead_ms + batch.kernel_ms * ratio, batch.origin_ms * ratio)
+        else:
+            scaled = batch.origin_ms
+        out = np.where(on_origin > 0, scaled, np.nan)
         return np.where(batch.has_kernel, out, 0.0)
 
 
