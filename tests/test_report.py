@@ -241,3 +241,26 @@ def test_chrome_trace_of_the_predicted_eager_step(report: Report, tmp_path) -> N
 def test_eager_ms_of_a_device_never_predicted_is_an_error(report: Report) -> None:
     with pytest.raises(ValueError, match="H200 was not predicted"):
         report.eager_ms("H200")
+
+
+def test_a_measured_step_sets_the_host_time_and_in_step_kernel_scale() -> None:
+    from fxcost.records import KernelRecord, NodeCost
+    from fxcost.report.eager import HOST_MS, origin_pipeline
+
+    def node(kernel_ms: float) -> NodeCost:
+        return NodeCost(name="n", op="aten.add.Tensor", phase="fw", origin_ms=kernel_ms + 0.02,
+                        kernels=[KernelRecord("k", kernel_ms)], pred_ms={"T4": kernel_ms + 0.02},
+                        pred_source={"T4": "wave_scaling"})  # fmt: skip
+
+    nodes = [node(0.01) for _ in range(100)]  # 1 ms of kernels
+    host_bound = Report(nodes=nodes, devices=["T4"], origin="T4", step_ms=5.0)
+    pipeline = origin_pipeline(host_bound)
+    assert pipeline.fitted and pipeline.host_ms == pytest.approx(0.05 - 0.0001, rel=0.01)
+    assert pipeline.kernel_scale == 1.0
+    assert host_bound.eager_ms("T4") == pytest.approx(5.0, rel=1e-6)  # the replay is the step
+    gpu_bound = Report(nodes=nodes, devices=["T4"], origin="T4", step_ms=0.8)
+    pipeline = origin_pipeline(gpu_bound)
+    assert pipeline.host_ms == pytest.approx(min(HOST_MS, 0.008)) and pipeline.kernel_scale < 1
+    assert gpu_bound.eager_ms("T4") == pytest.approx(0.8, rel=1e-6)
+    unmeasured = Report(nodes=nodes, devices=["T4"], origin="cpu", step_ms=5.0)
+    assert not origin_pipeline(unmeasured).fitted and origin_pipeline(unmeasured).host_ms == HOST_MS

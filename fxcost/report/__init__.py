@@ -76,11 +76,12 @@ class Report:
     ) -> float:
         """Predicted ms of the step run eagerly on ``device``: the nodes' kernels back to back, without
         the per-op overhead of timing each alone, and waiting for the host where it issues them slower
-        than they run (see :mod:`fxcost.report.eager`). ``total_ms`` is the sum of isolated times."""
-        from fxcost.report.eager import HOST_MS, eager_ms
+        than they run (see :mod:`fxcost.report.eager`). ``total_ms`` is the sum of isolated times.
+        ``host_ms`` per op defaults to what the origin's measured step implies, else 10 us."""
+        from fxcost.report.eager import eager_ms
 
         name = self._predicted_name(device)  # a device never predicted is an error, not 0 ms
-        return eager_ms(self, name, phase, HOST_MS if host_ms is None else host_ms)
+        return eager_ms(self, name, phase, host_ms)
 
     def to_chrome_trace(self, path: str | os.PathLike[str], device: str | Device) -> Path:
         """Write the predicted eager step on ``device`` as a Chrome trace JSON (Perfetto,
