@@ -84,10 +84,27 @@ def test_gpu_pairs_reads_the_recordings(
     assert pairs.main(["--fixtures", str(tmp_path)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     figures = dict(item.split("=") for item in last.split())
-    assert set(figures) == {"mape_runtime_h100_to_h200", "mape_runtime_h200_to_h100", "mape_origin_free",
-                            "fidelity_mape", "traces"}  # fmt: skip
+    per_precision = {f"mape_{kind}_{p}" for kind in ("runtime", "same_host") for p in ("fp32", "bf16")}
+    assert set(figures) == {"mape_runtime_h100_to_h200", "mape_runtime_h200_to_h100", *per_precision,
+                            "mape_origin_free", "fidelity_mape", "traces"}  # fmt: skip
+    # (no mape_gpu_*: CPU recordings hold no profiled kernel times to compare with)
     assert figures["traces"] == "4"
     assert all(float(v) >= 0 for v in figures.values())
+
+
+def test_cross_gpu_accuracy_on_the_recorded_h100_and_h200_traces(capsys: pytest.CaptureFixture[str]) -> None:
+    """The regression guard on the real traces of benchmarks/fixtures/gpu (issue 10)."""
+    fixtures = BENCHMARKS / "fixtures" / "gpu"
+    if not any(fixtures.glob("*/*.meta.json")):
+        pytest.skip("no recorded GPU traces")
+    pairs = _load("gpu_pairs")
+    code = pairs.main(["--fixtures", str(fixtures), "--check"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    figures = {k: float(v) for k, v in (item.split("=") for item in last.split())}
+    assert code == 0, last
+    assert figures["traces"] == 20
+    for name, limit in pairs.LIMITS.items():
+        assert figures[name] <= limit, (name, figures[name])
 
 
 def test_origin_free_sets_measurements_aside(recorded: Path) -> None:
