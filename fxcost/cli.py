@@ -8,6 +8,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         help="train the MLP cost heads on measurement directories (resumable)",
         description="Trains one MLP head per op class on DIR/ops and evaluates it on DIR/ops_test; writes "
         "heads.npz and manifest.json to --out. Interrupted runs resume from the checkpoints in --out. GPUs "
-        "held out by DESIGN.md (H100, L4, A100-80GB) are always excluded.",
+        "held out by DESIGN.md (H100, L4, A100-80GB) are excluded unless --include-held-out.",
     )
     train.add_argument(
         "--data", action="append", required=True, metavar="DIR", help="data directory (repeatable)"
@@ -106,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--ops", nargs="+", metavar="HEAD", help="heads to train (default: all)")
     train.add_argument(
         "--exclude-devices", nargs="+", default=[], metavar="GPU", help="also leave these GPUs out"
+    )
+    train.add_argument(
+        "--include-held-out",
+        action="store_true",
+        help="train on H100, L4 and A100-80GB rows too (your own heads; the shipped ones never are)",
     )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument(
@@ -392,7 +398,11 @@ def _train(args: argparse.Namespace) -> None:
     config = TrainConfig(seed=args.seed)
     if args.epochs is not None:
         config = dataclasses.replace(config, epochs=args.epochs)
-    exclude = set(HELD_OUT_DEVICES) | {get_device(d).name for d in args.exclude_devices}
+    exclude = {get_device(d).name for d in args.exclude_devices}
+    if not args.include_held_out:
+        exclude |= HELD_OUT_DEVICES
+        for name, files in sorted(_held_out_files(args.data).items()):
+            print(f"leaving out {name} ({files} files): held out by DESIGN.md (--include-held-out keeps it)")
     with _progress_bars() as (_, on_progress):
 
         def on_epoch(head: str, epoch: int, epochs: int) -> None:
@@ -406,6 +416,22 @@ def _train(args: argparse.Namespace) -> None:
         print(f"{head:8s} train rows {facts['train_rows']:6d}  train MAPE {train_mape:6.1f}%  "
               f"test rows {facts['test_rows']:5d}  test MAPE {test:6.1f}%")  # fmt: skip
     print(f"heads and manifest written to {args.out}")
+
+
+def _held_out_files(data: Sequence[str]) -> dict[str, int]:
+    """Measurement files under ``data`` per GPU that shipped heads never train on."""
+    from fxcost.devices import UnknownDeviceError, get_device
+    from fxcost.training import HELD_OUT_DEVICES
+
+    found: dict[str, int] = {}
+    for path in (p for d in data for p in Path(d).glob("**/ops/*/*.csv")):
+        try:
+            name = get_device(path.stem.replace("_", " ")).name
+        except UnknownDeviceError:
+            continue
+        if name in HELD_OUT_DEVICES:
+            found[name] = found.get(name, 0) + 1
+    return found
 
 
 def _devices(args: argparse.Namespace) -> None:

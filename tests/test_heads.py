@@ -156,6 +156,30 @@ def test_train_command_writes_heads_and_manifest(tmp_path, data_dir, capsys, mon
     np.testing.assert_array_equal(load_heads(out)["ln"].weights[0], before.weights[0])
 
 
+def test_train_leaves_held_out_gpus_out_unless_asked(tmp_path, data_dir, capsys) -> None:
+    """Rows a user collected on an H100 are held out of training by default, and said to be."""
+    from fxcost.cli import main
+
+    data = _tiny_data(tmp_path / "data", data_dir)
+    mine = tmp_path / "mine" / "ops" / "ln"
+    mine.mkdir(parents=True)
+    rows = pd.read_csv(data / "neusight" / "ops" / "ln" / "Tesla_T4.csv").assign(
+        Device="NVIDIA H100 80GB HBM3"
+    )
+    rows.to_csv(mine / "NVIDIA_H100_80GB_HBM3.csv", index=False)
+    argv = ["train", "--data", str(data), "--data", str(tmp_path / "mine"), "--ops", "ln", "--epochs", "1"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert "leaving out H100-SXM (1 files)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "a" / "manifest.json").read_text())["heads"]["ln"]["devices"] == [
+        "P4",
+        "T4",
+    ]
+    assert main([*argv, "--out", str(tmp_path / "b"), "--include-held-out"]) == 0
+    assert "leaving out" not in capsys.readouterr().out
+    devices = json.loads((tmp_path / "b" / "manifest.json").read_text())["heads"]["ln"]["devices"]
+    assert devices == ["H100-SXM", "P4", "T4"]
+
+
 def test_train_rejects_bad_input(tmp_path, data_dir) -> None:
     with pytest.raises(ValueError, match="unknown heads"):
         train([data_dir], tmp_path, heads=["lstm"])
