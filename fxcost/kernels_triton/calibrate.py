@@ -7,6 +7,12 @@ writes the calibration columns of the device database
 (``achieved_bandwidth_gbps``, ``kernel_overhead_ms``, ``launch_floor_ms``) in the format
 :func:`fxcost.devices.load_devices` reads.
 
+The database's overhead and floor are those of a PyTorch op timed alone, as its measurements were
+taken: the intercept of an elementwise op's time over its bytes, and the time of one on a tiny
+tensor. An empty Triton kernel skips PyTorch's dispatch but goes through Triton's Python launcher
+(on one lent H100 it took 10 us where a tiny ``torch.add`` took 4.2), so those two columns come from
+``torch.add`` (:func:`torch_op_costs`); the Triton figures are kept in the file's header.
+
 Without a GPU the same code runs on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``); the
 result is then marked ``on_gpu=False`` and its numbers mean nothing.
 
@@ -37,6 +43,7 @@ __all__ = [
     "calibrate",
     "to_yaml",
     "torch_copy_bandwidth_gbps",
+    "torch_op_costs",
 ]
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,10 @@ _FMA_ITERS = 1024
 _L2_FRACTION = 0.25  # of the L2 size, for the re-read working set
 _L2_REPS = 256
 _DOT_SIZE = 4096  # M = N = K of the tensor-core benchmark
+# Copies and triads are timed this many launches at a time: CUDA events around a single launch also
+# time the host's launch path, 10 us through Triton's Python launcher on one lent H100, 5% of a
+# 0.2 ms copy. Back to back, later launches queue while the GPU works.
+STREAM_LAUNCHES = 8
 DOT_DTYPES = ("float16", "bfloat16")
 
 
@@ -79,6 +90,8 @@ class Calibration:
         launch_overhead_ms: median time of an empty kernel, as CUDA events see it.
         kernel_overhead_ms: intercept of the least-squares line of copy time over bytes, or ``None``
             with fewer than two sizes or a negative intercept.
+        op_overhead_ms, op_floor_ms: the same for PyTorch's elementwise add, the database's
+            definitions (:func:`torch_op_costs`); the intercept is ``None`` where negative.
         l2_bandwidth_gbps: re-read bandwidth of a working set a quarter of L2; ``None`` when not measured.
         timings: every (kernel, size) measurement behind the bandwidths.
     """
@@ -92,6 +105,8 @@ class Calibration:
     dot_tflops: dict[str, float]
     launch_overhead_ms: float
     kernel_overhead_ms: float | None
+    op_overhead_ms: float | None
+    op_floor_ms: float
     l2_bandwidth_gbps: float | None
     timings: tuple[SizeTiming, ...]
 
@@ -219,6 +234,7 @@ def calibrate(
     if l2 and l2_bytes > 0:
         l2_gbps = _l2_bandwidth_gbps(k, dev, l2_bytes, bench)
 
+    op_overhead_ms, op_floor_ms = torch_op_costs(dev, repeats=repeats, budget_ms=budget_ms)
     copies = [t for t in timings if t.kernel == "copy"]
     triads = [t for t in timings if t.kernel == "triad"]
     return Calibration(
@@ -231,6 +247,8 @@ def calibrate(
         dot_tflops=dot_tflops,
         launch_overhead_ms=launch_ms,
         kernel_overhead_ms=_intercept_ms(copies),
+        op_overhead_ms=op_overhead_ms,
+        op_floor_ms=op_floor_ms,
         l2_bandwidth_gbps=l2_gbps,
         timings=tuple(timings),
     )
@@ -243,9 +261,19 @@ def _stream(k: Any, dev: torch.device, n: int, bench: _Bench) -> list[SizeTiming
     c = torch.rand(n, dtype=torch.float32, device=dev)
     out = torch.empty_like(b)
     return [
-        SizeTiming("copy", n, 2 * b.nbytes, bench(functools.partial(k.copy, b, out))),
-        SizeTiming("triad", n, 3 * b.nbytes, bench(functools.partial(k.triad, b, c, 3.0, out))),
+        SizeTiming("copy", n, 2 * b.nbytes, _per_launch(bench, functools.partial(k.copy, b, out))),
+        SizeTiming("triad", n, 3 * b.nbytes, _per_launch(bench, functools.partial(k.triad, b, c, 3.0, out))),
     ]
+
+
+def _per_launch(bench: _Bench, fn: Callable[[], Any]) -> float:
+    """Milliseconds per call of ``fn``, timed :data:`STREAM_LAUNCHES` calls at a time."""
+
+    def launches() -> None:
+        for _ in range(STREAM_LAUNCHES):
+            fn()
+
+    return bench(launches) / STREAM_LAUNCHES
 
 
 def _dot_tflops(k: Any, dev: torch.device, size: int, dtype: torch.dtype, bench: _Bench) -> float:
@@ -277,7 +305,8 @@ def torch_copy_bandwidth_gbps(
     *,
     budget_ms: float = 100.0,
 ) -> float:
-    """PyTorch's own ``dst.copy_(src)`` bandwidth, timed and summarized exactly as :func:`calibrate`'s copy.
+    """PyTorch's own ``dst.copy_(src)`` bandwidth, timed and summarized exactly as :func:`calibrate`'s copy
+    (:data:`STREAM_LAUNCHES` launches at a time).
 
     The reference for checking a calibration: both should agree within a few percent on a GPU.
     """
@@ -286,14 +315,42 @@ def torch_copy_bandwidth_gbps(
     _check_sizes(sizes, repeats)
     dev = _device(device)
 
+    def bench(fn: Callable[[], Any]) -> float:
+        return _bench(fn, dev, repeats, budget_ms)
+
     def one(n: int) -> SizeTiming:
         src = torch.rand(n, dtype=torch.float32, device=dev)
         dst = torch.empty_like(src)
-        ms = _bench(functools.partial(dst.copy_, src), dev, repeats, budget_ms)
-        return SizeTiming("torch_copy", n, 2 * src.nbytes, ms)
+        return SizeTiming(
+            "torch_copy", n, 2 * src.nbytes, _per_launch(bench, functools.partial(dst.copy_, src))
+        )
 
     timings = [one(n) for n in map(int, sizes)]
     return _median_bandwidth(timings, _l2_bytes(dev))
+
+
+# The device table's definitions (benchmarks/calibrate_devices.py): the overhead is the intercept over
+# ops of at least 2^20 elements, the floor the median time of ops under 4096 elements.
+OP_SIZES = (1 << 20, 1 << 22, 1 << 24)
+OP_TINY = (1, 64, 1024, 4000)
+
+
+def torch_op_costs(
+    device: str | torch.device = "cuda", repeats: int = 10, *, budget_ms: float = 100.0
+) -> tuple[float | None, float]:
+    """(kernel_overhead_ms, launch_floor_ms) of ``torch.add`` on fp32 tensors, as the device table
+    defines them: the intercept of time over bytes at :data:`OP_SIZES` elements (``None`` where it
+    comes out negative), and the median time at :data:`OP_TINY` elements."""
+    import torch
+
+    dev = _device(device)
+
+    def time_ms(n: int) -> float:
+        a, b = torch.rand(n, device=dev), torch.rand(n, device=dev)
+        return _bench(functools.partial(torch.add, a, b), dev, repeats, budget_ms)
+
+    large = [SizeTiming("torch_add", n, 3 * 4 * n, time_ms(n)) for n in OP_SIZES]
+    return _intercept_ms(large), statistics.median(time_ms(n) for n in OP_TINY)
 
 
 def _sig(value: float) -> float:
@@ -330,13 +387,18 @@ def to_yaml(
             ) from None
         entry["base"] = get_device(base).name
     entry["achieved_bandwidth_gbps"] = _sig(calibration.achieved_bandwidth_gbps)
-    if calibration.kernel_overhead_ms is not None:
-        entry["kernel_overhead_ms"] = _sig(calibration.kernel_overhead_ms)
-    entry["launch_floor_ms"] = _sig(calibration.launch_overhead_ms)
+    if calibration.op_overhead_ms is not None:
+        entry["kernel_overhead_ms"] = _sig(calibration.op_overhead_ms)
+    entry["launch_floor_ms"] = _sig(calibration.op_floor_ms)
     l2 = (
         "not measured"
         if calibration.l2_bandwidth_gbps is None
         else f"{calibration.l2_bandwidth_gbps:.4g} GB/s"
+    )
+    copy_intercept = (
+        "negative"
+        if calibration.kernel_overhead_ms is None
+        else f"{calibration.kernel_overhead_ms * 1e3:.3g} us"
     )
     dots = ", ".join(f"{dtype} {tflops:.4g}" for dtype, tflops in calibration.dot_tflops.items())
     header = (
@@ -344,6 +406,8 @@ def to_yaml(
         f"# triad {calibration.triad_bandwidth_gbps:.4g} GB/s, fp32 FMA {calibration.fma_tflops:.4g} TFLOPS, "
         f"L2 {l2}\n"
         f"# tl.dot {dots} TFLOPS\n"
+        f"# Triton: empty kernel {calibration.launch_overhead_ms * 1e3:.3g} us, "
+        f"copy intercept {copy_intercept}\n"
     )
     body = yaml.safe_dump({name: entry}, sort_keys=False)
     return atomic_write(path, (header + body).encode())
@@ -366,6 +430,8 @@ def _format(calibration: Calibration) -> str:
         **{f"dot_tflops_{dtype}": v for dtype, v in calibration.dot_tflops.items()},
         "launch_overhead_ms": calibration.launch_overhead_ms,
         "kernel_overhead_ms": calibration.kernel_overhead_ms,
+        "op_overhead_ms (torch)": calibration.op_overhead_ms,
+        "op_floor_ms (torch)": calibration.op_floor_ms,
         "l2_bandwidth_gbps": calibration.l2_bandwidth_gbps,
     }
     lines += [f"{key:<24} {'-' if v is None else f'{v:.4g}'}" for key, v in summary.items()]
