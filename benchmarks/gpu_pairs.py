@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
 
     errors: dict[str, list[float]] = defaultdict(list)
     columns = ("measured", "runtime", "err%", "same host", "err%", "GPU err%", "origin-free", "err%")
-    print(f"{'case':20s} {'prec':4s} {'origin':>6s} {'target':>6s} " + " ".join(f"{c:>9s}" for c in columns))
+    header = " ".join(f"{c:>11s}" if c == "origin-free" else f"{c:>9s}" for c in columns)
+    print(f"{'case':20s} {'prec':4s} {'origin':>6s} {'target':>6s} {header}")
     fidelity_rows = []
     for (case, precision), gpus in sorted(runs.items()):
         reports = {gpu: Report.load(path) for gpu, (_, path) in gpus.items()}
@@ -141,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                 errors[f"same_host_{precision}"].append(abs(_pct(same_host, measured)))
                 if recorded:
                     errors[f"gpu_{precision}"].append(abs(gpu_error))
-                print(f"{case:20s} {precision:4s} {slug(origin):>6s} {slug(target):>6s} {measured:9.2f} "
-                      f"{runtime:8.2f} {_pct(runtime, measured):+6.1f} {same_host:9.2f} "
-                      f"{_pct(same_host, measured):+6.1f} {gpu_error:+8.1f} {blind_ms:11.2f} "
-                      f"{_pct(blind_ms, measured):+6.1f}")  # fmt: skip
+                cells = (f"{measured:9.2f}", f"{runtime:9.2f}", f"{_pct(runtime, measured):+9.1f}",
+                         f"{same_host:9.2f}", f"{_pct(same_host, measured):+9.1f}", f"{gpu_error:+9.1f}",
+                         f"{blind_ms:11.2f}", f"{_pct(blind_ms, measured):+9.1f}")  # fmt: skip
+                print(f"{case:20s} {precision:4s} {slug(origin):>6s} {slug(target):>6s} " + " ".join(cells))
 
     print("\ncapture fidelity (recorded kernel time / measured step; isolated node times / step)")
     for case, precision, gpu, measured, busy, isolated in fidelity_rows:
