@@ -19,12 +19,13 @@ fxcost adds two effects the measurements show and Equation 1 lacks:
   are off by 35-190% on the training rows; with the overheads, 15%. Where the origin's profiler timed
   the node's kernels (a trace captured with fxcost on a GPU), their summed duration ``K_o`` is the
   part to scale and no floor is needed: ``T_d = overhead_d + Eq1(K_o)``. On the lent H100 and H200
-  the event-timed ops carried 10-15 us of launch overhead beyond the kernels, far from the 18 us of
-  the database's default, so subtracting it would be a guess where a measurement exists.
+  the event-timed ops carried a median 4-41 us of launch overhead beyond their kernels, depending on
+  the machine and the model, so subtracting the database's 18 us would be a guess where a
+  measurement exists.
 - bandwidth share: Equation 3 weighs a kernel's time by how memory bound its arithmetic intensity
-  makes it, as if it ran at the bandwidth roof. Many do not: on the lent H100 a ResNet-50 batch norm
-  moved its bytes at a fifth of the achieved bandwidth, an LSTM's small ops at a twentieth, and such
-  kernels barely sped up on the H200's 43% more bandwidth. Only the share of the origin time the
+  makes it, as if it ran at the bandwidth roof. Many do not: on the lent H100 and H200 ResNet-50's
+  kernel-alike ops moved their bytes at a median 18-47% of the achieved bandwidth, an LSTM's at
+  5-11%, and they sped up far less than the H200's 43% more bandwidth. Only the share of the origin time the
   bytes explain at the origin's achieved bandwidth, ``u = min(1, bytes / (D_o T_o))``, follows a
   change of bandwidth: gamma becomes ``u * gamma``. Cross-GPU error of the wave-scaled nodes of the
   H100/H200 traces fell from 22% to 4%, and on the shared test rows from 4.2% to 4.0% (no

@@ -16,7 +16,7 @@ on the lent H100 and H200 the steps of Hugging Face models spent 33-80 us per la
 A trace measured on a GPU carries the answer: :func:`origin_pipeline` finds the host time per op with
 which the origin's own recorded kernels, replayed through the pipeline, take the measured step, and
 predictions from that trace use it (the runtime-based premise: the same host drives the other GPU).
-Where the step is GPU bound instead, its kernels ran back to back up to 12% faster than each alone
+Where the step is GPU bound instead, its kernels ran back to back 10-24% faster than each alone
 (the lent GPUs' ResNet-50 and LSTM steps), and all kernel times are scaled by that ratio. Without a
 measured step the host costs :data:`HOST_MS` per op.
 """
