@@ -11,7 +11,7 @@ the clock ``C_i`` and wave size when it is compute bound, weighted by gamma:
 ``W_i`` comes from the occupancy calculator, the kernels from the origin trace's profiler records or,
 failing those, from lowering; ``D_i`` is the database's achieved bandwidth.
 
-fxcost adds two effects the measurements show and Equation 1 lacks:
+fxcost adds three effects the measurements show and Equation 1 lacks:
 
 - fixed costs: an op timed with CUDA events costs a per-op overhead (launch, dispatch) on top of its
   waves, and never less than a launch floor. Only the part above the origin's overhead is scaled:
