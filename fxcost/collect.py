@@ -6,11 +6,12 @@ order, are those of the shared files: ``OPName, Latency`` (ms, forward only, med
 :func:`fxcost.timing.bench_ms`), ``Device``, ``Torch Version`` (``p2.1.0``), ``CUDNN Version`` (``8902``),
 the kernel columns, ``CUDA Version`` (``cu121``), ``Kernels`` (linear, bmm, conv and ln only) and the
 op's dims. The kernel columns come from one extra call under ``torch.profiler`` (CUDA only; empty
-elsewhere, or with ``kernels=False``), one profiler session per :data:`PROFILE_CHUNK` configurations
-since starting one costs far more than a call: ``Kernel Name``, ``Grid`` and ``Block`` of the longest-running
-kernel the op launched, ``Blocks per SM`` (its grid's blocks over the GPU's SMs), ``Warps per SM``
-(that times the warps of a block) and ``Kernels``, every kernel's name after a ``;``. These are the
-definitions the shared files follow (checked on their rows in ``tests/test_collect.py``).
+elsewhere, or with ``kernels=False``; one profiler session per :data:`PROFILE_CHUNK` configurations,
+since starting one costs far more than a call): ``Kernel Name``, ``Grid`` and ``Block`` of the
+longest-running kernel the op launched, ``Blocks per SM`` (its grid's blocks over the GPU's SMs),
+``Warps per SM`` (that times the warps of a block) and ``Kernels``, every kernel's name after a
+``;``. These are the definitions the shared files follow (checked on their rows in
+``tests/test_collect.py``).
 
 Configuration ``i`` of an op is drawn from its own generator, seeded by ``(seed, family, i)``, so it is
 the same whatever was measured before; the elementwise ops, ``ln`` and ``softmax`` share one family and
@@ -31,9 +32,9 @@ Measurements are fp32 with TF32 disabled (as the shared data), timed for about
 :data:`TIMING_BUDGET_MS` each (at least one warm-up and one timed call: a call of many milliseconds
 varies by well under 1% on a GPU). Out-of-memory configurations are skipped and counted, as in
 Habitat. Each row is flushed as soon as it is timed (a chunk's kernels are profiled before its
-timings, so a kill loses no timed row); on resume the rows
-already written are matched to the configurations of the sequence, so skipped configurations are
-recognised too, and measuring continues after the last one written. A torn last line (no trailing
+timings, so a kill loses no timed row); on resume the rows already written are matched to the
+configurations of the sequence, so skipped configurations are recognised too, and measuring
+continues after the last one written. A torn last line (no trailing
 newline, from a killed run) is dropped, since a truncated latency would still parse as a number.
 """
 
@@ -380,21 +381,16 @@ def collect(
 
 
 def _time(op: str, cfg: dict[str, int], dev: torch.device, timer: Timer) -> float | None:
-    """Median ms of ``op`` at ``cfg``; None if it runs out of memory even with the cache emptied."""
-    for attempt in range(2):
-        fn: Callable[[], Any] | None = None
+    """Median ms of ``op`` at ``cfg``; None if it runs out of memory, on CUDA even with the cache
+    emptied (cached blocks of earlier configurations may have been in the way)."""
+    for attempt in range(2 if dev.type == "cuda" else 1):
+        if attempt:
+            torch.cuda.empty_cache()
         try:
-            fn = _build(op, cfg, dev)
-            return float(timer(fn, dev))
+            return float(timer(_build(op, cfg, dev), dev))  # the inputs are freed with the call
         except (RuntimeError, MemoryError) as e:
             if not _is_oom(e):
                 raise RuntimeError(f"measuring {op} {cfg} on {dev} failed: {e}") from e
-        finally:
-            del fn  # free the tensors before the next configuration
-        if dev.type == "cuda" and attempt == 0:
-            torch.cuda.empty_cache()  # cached blocks of earlier configurations may be in the way
-        else:
-            break
     return None
 
 

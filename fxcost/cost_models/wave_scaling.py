@@ -25,9 +25,9 @@ fxcost adds three effects the measurements show and Equation 1 lacks:
 - bandwidth share: Equation 3 weighs a kernel's time by how memory bound its arithmetic intensity
   makes it, as if it ran at the bandwidth roof. Many do not: on the lent H100 and H200 ResNet-50's
   kernel-alike ops moved their bytes at a median 18-47% of the achieved bandwidth, an LSTM's at
-  5-11%, and they sped up far less than the H200's 43% more bandwidth. Only the share of the origin time the
-  bytes explain at the origin's achieved bandwidth, ``u = min(1, bytes / (D_o T_o))``, follows a
-  change of bandwidth: gamma becomes ``u * gamma``. Cross-GPU error of the wave-scaled nodes of the
+  5-11%, and they sped up far less than the H200's 43% more bandwidth. Only the share of the origin
+  time the bytes explain at the origin's achieved bandwidth, ``u = min(1, bytes / (D_o T_o))``,
+  follows a change of bandwidth: gamma becomes ``u * gamma``. Cross-GPU error of the wave-scaled nodes of the
   H100/H200 traces fell from 22% to 4%, and on the shared test rows from 4.2% to 4.0% (no
   parameter is fit).
 - L2 capacity: row kernels (softmax, layer norm) read each row again in later passes. The re-reads
