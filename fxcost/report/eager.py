@@ -193,20 +193,20 @@ def chrome_trace(report: Report, device: str | Device, host_ms: float | None = N
     """The predicted eager step on ``device`` as a Chrome trace (open in Perfetto or chrome://tracing):
     one track for the host issuing ops, one for the GPU stream running them, microseconds."""
     name = get_device(device).name
-    if host_ms is None:
-        host_ms = origin_pipeline(report).host_ms
+    spans = timeline(report, name, host_ms=host_ms)
+    issue_ms = spans[0].issued_ms if spans else 0.0  # every op takes the host as long as the first
     events: list[dict[str, Any]] = [
         {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": f"fxcost prediction: {name}"}},
         {"ph": "M", "pid": 0, "tid": 0, "name": "thread_name", "args": {"name": "host (issue)"}},
         {"ph": "M", "pid": 0, "tid": 1, "name": "thread_name", "args": {"name": "GPU stream"}},
     ]
-    for span in timeline(report, name, host_ms=host_ms):
+    for span in spans:
         n = span.node
         label = n.op.removeprefix("aten.").removesuffix(".default")
         args = {"node": n.name, "module": n.module, "phase": n.phase, "model": n.pred_source.get(name),
                 "flops": n.flops, "bytes": n.bytes, "shapes": str(n.in_shapes)}  # fmt: skip
         events.append({"ph": "X", "pid": 0, "tid": 0, "name": label, "cat": n.phase,
-                       "ts": (span.issued_ms - host_ms) * 1e3, "dur": host_ms * 1e3})  # fmt: skip
+                       "ts": (span.issued_ms - issue_ms) * 1e3, "dur": issue_ms * 1e3})  # fmt: skip
         events.append({"ph": "X", "pid": 0, "tid": 1, "name": label, "cat": n.phase, "args": args,
                        "ts": span.start_ms * 1e3, "dur": (span.end_ms - span.start_ms) * 1e3})  # fmt: skip
     return {"traceEvents": events, "displayTimeUnit": "ms"}
