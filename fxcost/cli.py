@@ -8,7 +8,6 @@ import contextlib
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -401,8 +400,6 @@ def _train(args: argparse.Namespace) -> None:
     exclude = {get_device(d).name for d in args.exclude_devices}
     if not args.include_held_out:
         exclude |= HELD_OUT_DEVICES
-        for name, files in sorted(_held_out_files(args.data).items()):
-            print(f"leaving out {name} ({files} files): held out by DESIGN.md (--include-held-out keeps it)")
     with _progress_bars() as (_, on_progress):
 
         def on_epoch(head: str, epoch: int, epochs: int) -> None:
@@ -411,27 +408,15 @@ def _train(args: argparse.Namespace) -> None:
         manifest = train(args.data, args.out, heads=args.ops or HEADS, exclude=exclude, config=config,
                          progress=on_epoch)  # fmt: skip
     for head, facts in manifest["heads"].items():
+        for name, rows in facts.get("left_out_rows", {}).items():
+            held_out = name in HELD_OUT_DEVICES
+            why = "held out by DESIGN.md (--include-held-out keeps it)" if held_out else "as asked"
+            print(f"{head}: leaving out {name} ({rows} rows): {why}")
         test = facts["test_mape"].get("all", float("nan"))
         train_mape = facts["train_mape"]["all"]
         print(f"{head:8s} train rows {facts['train_rows']:6d}  train MAPE {train_mape:6.1f}%  "
               f"test rows {facts['test_rows']:5d}  test MAPE {test:6.1f}%")  # fmt: skip
     print(f"heads and manifest written to {args.out}")
-
-
-def _held_out_files(data: Sequence[str]) -> dict[str, int]:
-    """Measurement files under ``data`` per GPU that shipped heads never train on."""
-    from fxcost.devices import UnknownDeviceError, get_device
-    from fxcost.training import HELD_OUT_DEVICES
-
-    found: dict[str, int] = {}
-    for path in (p for d in data for p in Path(d).glob("**/ops/*/*.csv")):
-        try:
-            name = get_device(path.stem.replace("_", " ")).name
-        except UnknownDeviceError:
-            continue
-        if name in HELD_OUT_DEVICES:
-            found[name] = found.get(name, 0) + 1
-    return found
 
 
 def _devices(args: argparse.Namespace) -> None:

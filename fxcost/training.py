@@ -211,8 +211,11 @@ def split(
     else:
         test = pd.concat(_each(data, lambda d: read_ops_test(d, test_files)), ignore_index=True)
         test = test[test["OPName"].isin(train_ops)]
-    excluded = set(exclude)
-    return train[~train["device"].isin(excluded)], test[~test["device"].isin(excluded)]
+    return _without(train, exclude), _without(test, exclude)
+
+
+def _without(rows: Any, devices: Iterable[str]) -> Any:
+    return rows[~rows["device"].isin(set(devices))]
 
 
 def train(
@@ -239,7 +242,9 @@ def train(
     manifest.setdefault("heads", {})
     trained = dict(_load_existing(out))
     for head in heads:
-        train_rows, test_rows = split(data, head, exclude)
+        every_row, every_test = split(data, head, exclude=())
+        train_rows, test_rows = _without(every_row, exclude), _without(every_test, exclude)
+        left_out = every_row.loc[every_row["device"].isin(set(exclude)), "device"].value_counts()
         if train_rows.empty:
             raise ValueError(f"no training rows for head {head!r} in {', '.join(map(str, data))}")
         train_ex = examples(train_rows, head)
@@ -251,6 +256,7 @@ def train(
         manifest["heads"][head] = {
             "config": asdict(config),
             "devices": sorted(set(train_ex.device)),
+            "left_out_rows": {str(device): int(rows) for device, rows in sorted(left_out.items())},
             "train_rows": len(train_ex.y),
             "test_rows": 0 if test_ex is None else len(test_ex.y),
             "train_mape": mape_by_device(model, train_ex),

@@ -169,7 +169,7 @@ def test_train_leaves_held_out_gpus_out_unless_asked(tmp_path, data_dir, capsys)
     rows.to_csv(mine / "NVIDIA_H100_80GB_HBM3.csv", index=False)
     argv = ["train", "--data", str(data), "--data", str(tmp_path / "mine"), "--ops", "ln", "--epochs", "1"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
-    assert "leaving out H100-SXM (1 files)" in capsys.readouterr().out
+    assert "ln: leaving out H100-SXM (120 rows): held out" in capsys.readouterr().out
     assert json.loads((tmp_path / "a" / "manifest.json").read_text())["heads"]["ln"]["devices"] == [
         "P4",
         "T4",
