@@ -120,13 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         for target, (meta, _) in gpus.items():
             measured = float(meta["step_ms"])
             truth = reports[target]
-            busy, isolated = recorded_gpu_ms(truth) / measured, (truth.origin_ms() or 0.0) / measured
+            recorded = recorded_gpu_ms(truth)  # 0 for a trace recorded without the profiler
+            target_host_ms = origin_pipeline(truth).host_ms
+            busy, isolated = recorded / measured, (truth.origin_ms() or 0.0) / measured
             fidelity_rows.append((case, precision, slug(target), measured, busy, isolated))
             errors["fidelity"].append(abs(busy - 1) * 100)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 blind_ms = origin_free(truth).predict([target]).eager_ms(target)
-            errors["origin_free"].append(abs(_pct(blind_ms, measured)))
+            blind_error = _pct(blind_ms, measured)
+            errors["origin_free"].append(abs(blind_error))
             for origin, report in reports.items():
                 if origin == target:
                     continue
@@ -134,17 +137,17 @@ def main(argv: list[str] | None = None) -> int:
                     warnings.simplefilter("ignore")
                     predicted = report.predict([target])
                 runtime = predicted.eager_ms(target)
-                same_host = predicted.eager_ms(target, host_ms=origin_pipeline(truth).host_ms)
-                recorded = recorded_gpu_ms(truth)  # 0 for a trace recorded without the profiler
+                same_host = predicted.eager_ms(target, host_ms=target_host_ms)
+                runtime_error, same_host_error = _pct(runtime, measured), _pct(same_host, measured)
                 gpu_error = _pct(gpu_ms(predicted, target), recorded) if recorded else math.nan
-                errors[f"runtime_{slug(origin)}_to_{slug(target)}"].append(abs(_pct(runtime, measured)))
-                errors[f"runtime_{precision}"].append(abs(_pct(runtime, measured)))
-                errors[f"same_host_{precision}"].append(abs(_pct(same_host, measured)))
+                errors[f"runtime_{slug(origin)}_to_{slug(target)}"].append(abs(runtime_error))
+                errors[f"runtime_{precision}"].append(abs(runtime_error))
+                errors[f"same_host_{precision}"].append(abs(same_host_error))
                 if recorded:
                     errors[f"gpu_{precision}"].append(abs(gpu_error))
-                cells = (f"{measured:9.2f}", f"{runtime:9.2f}", f"{_pct(runtime, measured):+9.1f}",
-                         f"{same_host:9.2f}", f"{_pct(same_host, measured):+9.1f}", f"{gpu_error:+9.1f}",
-                         f"{blind_ms:11.2f}", f"{_pct(blind_ms, measured):+9.1f}")  # fmt: skip
+                cells = (f"{measured:9.2f}", f"{runtime:9.2f}", f"{runtime_error:+9.1f}", f"{same_host:9.2f}",
+                         f"{same_host_error:+9.1f}", f"{gpu_error:+9.1f}", f"{blind_ms:11.2f}",
+                         f"{blind_error:+9.1f}")  # fmt: skip
                 print(f"{case:20s} {precision:4s} {slug(origin):>6s} {slug(target):>6s} " + " ".join(cells))
 
     print("\ncapture fidelity (recorded kernel time / measured step; isolated node times / step)")
