@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "Cost",
     "as_call",
     "batch_of",
+    "batch_of_leaves",
     "captured_report",
     "cost",
     "default_loss",
@@ -329,7 +330,12 @@ def _run_step(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
 
 def batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """The leading dimension of the step's first tensor input: its batch size, by convention."""
-    first = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim()), None)
+    return batch_of_leaves(tree_leaves((args, kwargs)))
+
+
+def batch_of_leaves(leaves: Iterable[Any]) -> int | None:
+    """:func:`batch_of` from the inputs' flattened leaves."""
+    first = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim()), None)
     return int(first.shape[0]) if first is not None else None
 
 

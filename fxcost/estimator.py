@@ -35,6 +35,7 @@ from fxcost.capture import (
     LossFn,
     as_call,
     batch_of,
+    batch_of_leaves,
     captured_report,
     default_loss,
     map_batched,
@@ -167,9 +168,10 @@ class Estimator:
         """The capture that holds at ``batch_size`` (else at the inputs' own batch), and that batch."""
         _check_batch(batch_size)
         args, kwargs = as_call(example_inputs)
-        batch = batch_of(args, kwargs)
+        leaves, spec = tree_flatten((args, kwargs))  # once: this is every call's path
+        batch = batch_of_leaves(leaves)
         priced = batch_size if batch_size is not None else batch
-        key = self._model_key(model) + inputs_key(args, kwargs, train, loss_fn, batch, self._model_key)
+        key = self._model_key(model) + _inputs_key(leaves, spec, train, loss_fn, batch, self._model_key)
         captured = self._lookup(key) or self._trace(key, model, args, kwargs, train, loss_fn)
         if priced is None or batch is None or captured.holds_at(priced):
             return captured, priced
@@ -471,7 +473,13 @@ def inputs_key(
 ) -> str:  # fmt: skip
     """A hash of the step's inputs (shapes but the batch, dtypes, structure), ``train`` and loss (a
     module the loss calls counts by ``module_key``, as in :func:`model_key`)."""
-    leaves, spec = tree_flatten((args, kwargs))
+    return _inputs_key(*tree_flatten((args, kwargs)), train, loss_fn, batch, module_key)
+
+
+def _inputs_key(
+    leaves: list[Any], spec: Any, train: bool, loss_fn: LossFn, batch: int | None,
+    module_key: Callable[[torch.nn.Module], str] | None,
+) -> str:  # fmt: skip
     parts: list[Any] = [train, _code_identity(loss_fn, module_key or model_key), str(spec)]
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
