@@ -31,7 +31,7 @@ from fxcost.cost_models import NodeBatch, register
 from fxcost.cost_models.roofline import Roofline
 from fxcost.cost_models.wave_scaling import dram_traffic_factor, kernels_of
 from fxcost.devices import Device
-from fxcost.lowering import itemsize
+from fxcost.lowering import recorded_bytes
 from fxcost.lowering.rnn import RNN_OPS, lower_rnn
 from fxcost.records import NodeCost, Shape
 
@@ -392,8 +392,7 @@ def _as_fp32(node: NodeCost) -> NodeCost:
     def growth(shapes: list[Shape], dtypes: list[str]) -> float:
         """How much the tensors' bytes grow when their half-precision ones widen (bool masks and
         integer indices do not)."""
-        now = sum(math.prod(s) * itemsize(d) for s, d in zip(shapes, dtypes, strict=False))
-        wide = sum(math.prod(s) * itemsize(w) for s, w in zip(shapes, widened(dtypes), strict=False))
+        now, wide = recorded_bytes(shapes, dtypes), recorded_bytes(shapes, widened(dtypes))
         return wide / now if now else 2.0
 
     read = growth(node.in_shapes, node.in_dtypes)

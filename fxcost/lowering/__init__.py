@@ -5,7 +5,7 @@ FLOPs, bytes read and written, and whether the op launches a kernel at all.
 
 from fxcost.lowering.flops import count_flops, is_matmul_class, register_flops
 from fxcost.lowering.kernels import KernelSpec, lower, resolve_op
-from fxcost.lowering.traffic import has_kernel, itemsize, size_hint, tensor_bytes
+from fxcost.lowering.traffic import has_kernel, itemsize, recorded_bytes, size_hint, tensor_bytes
 
 __all__ = [
     "KernelSpec",
@@ -14,6 +14,7 @@ __all__ = [
     "is_matmul_class",
     "itemsize",
     "lower",
+    "recorded_bytes",
     "register_flops",
     "resolve_op",
     "size_hint",

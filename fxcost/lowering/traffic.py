@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import math
 import operator
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["has_kernel", "itemsize", "size_hint", "tensor_bytes"]
+__all__ = ["has_kernel", "itemsize", "recorded_bytes", "size_hint", "tensor_bytes"]
 
 aten = torch.ops.aten
 
@@ -72,6 +74,11 @@ def size_hint(x: int | torch.SymInt) -> int:
             raise ValueError(f"symbolic size {x} has no concrete hint")
         return int(hint)
     return int(x)
+
+
+def recorded_bytes(shapes: Iterable[Sequence[int]], dtypes: Iterable[str]) -> int:
+    """Bytes of tensors known by their recorded shapes and dtype names (dense, no broadcast)."""
+    return sum(math.prod(s) * itemsize(d) for s, d in zip(shapes, dtypes, strict=False))
 
 
 @functools.cache

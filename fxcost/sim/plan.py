@@ -382,8 +382,8 @@ def _on_shapes(node: NodeCost, in_shapes: list[Shape], out_shapes: list[Shape]) 
     ratio = math.prod(new[0]) / max(math.prod(old[0]), 1) if old and new else 1.0
     return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
                         flops=None if node.flops is None else round(node.flops * ratio),
-                        bytes_read=_bytes(node, in_shapes, node.in_dtypes),
-                        bytes_written=_bytes(node, out_shapes, node.out_dtypes))  # fmt: skip
+                        bytes_read=lowering.recorded_bytes(in_shapes, node.in_dtypes),
+                        bytes_written=lowering.recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
 
 
 def _split(shape: Shape, tp: int, hidden: int) -> Shape:
@@ -420,12 +420,8 @@ def _shard_matmul(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
         out = [(m2, n2)]
     return node.replace(in_shapes=shapes, out_shapes=out,
                         flops=None if node.flops is None else node.flops // tp,
-                        bytes_read=_bytes(node, shapes, node.in_dtypes),
-                        bytes_written=_bytes(node, out, node.out_dtypes))  # fmt: skip
-
-
-def _bytes(node: NodeCost, shapes: Sequence[Shape], dtypes: Sequence[str]) -> int:
-    return sum(math.prod(s) * lowering.itemsize(d) for s, d in zip(shapes, dtypes, strict=False))
+                        bytes_read=lowering.recorded_bytes(shapes, node.in_dtypes),
+                        bytes_written=lowering.recorded_bytes(out, node.out_dtypes))  # fmt: skip
 
 
 def host_bound(segment: Segment) -> float:
