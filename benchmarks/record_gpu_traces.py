@@ -34,6 +34,7 @@ from torch.utils._pytree import tree_map
 
 import fxcost
 from fxcost import zoo
+from fxcost.collect import device_label
 
 Case = Callable[[], tuple[torch.nn.Module, Any]]
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
@@ -83,8 +84,8 @@ def environment(device: torch.device) -> dict[str, Any]:
                            "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
                            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                            "tf32_cudnn": torch.backends.cudnn.allow_tf32}  # fmt: skip
+    env["gpu"], env["driver"] = device_label(device), None
     if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
         try:
             query = [
                 "nvidia-smi",
@@ -96,16 +97,15 @@ def environment(device: torch.device) -> dict[str, Any]:
                 subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or None
             )
         except (OSError, subprocess.SubprocessError):
-            env["driver"] = None
-    else:
-        env["gpu"], env["driver"] = device.type, None
+            pass
     return env
 
 
 def record(
     name: str, build: Case, precision: str, device: torch.device, env: dict[str, Any], out: Path
-) -> Path:
-    """Capture and measure one case; returns the meta file written (``env``: :func:`environment`)."""
+) -> dict[str, Any]:
+    """Capture and measure one case; returns the meta it wrote beside the trace (``env``:
+    :func:`environment`)."""
     model, inputs = build()
     model = model.to(device)
     inputs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, inputs)
@@ -122,7 +122,7 @@ def record(
             "capture_s": round(time.perf_counter() - started, 1)}  # fmt: skip
     path = out / f"{stem}.meta.json"
     path.write_text(json.dumps(meta, indent=1) + "\n")  # last: its presence marks the case done
-    return path
+    return meta
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 counts["skipped"] += 1
                 continue
             try:
-                meta = json.loads(record(name, available[name], precision, device, env, out).read_text())
+                meta = record(name, available[name], precision, device, env, out)
             except Exception as e:  # one case failing should not lose the others
                 counts["failed"] += 1
                 print(f"{name} {precision}: FAILED {type(e).__name__}: {e}", flush=True)
