@@ -134,7 +134,7 @@ def softmax(x: torch.Tensor) -> tuple[torch.Tensor, Launch]:
     rows = x.numel() // max(cols, 1)
     out = torch.empty_like(x)
     launch = row_launch(rows, cols)
-    _softmax_kernel[launch.grid](x, out, cols, ROW=_row_block(cols), num_warps=_row_warps(cols))
+    _softmax_kernel[launch.grid](x, out, cols, ROW=_row_block(cols), num_warps=launch.block[0] // 32)
     return out, launch
 
 
@@ -150,7 +150,7 @@ def layer_norm(
     out = torch.empty_like(x)
     launch = row_launch(rows, cols)
     _layer_norm_kernel[launch.grid](
-        x, weight, bias, out, cols, eps, ROW=_row_block(cols), num_warps=_row_warps(cols)
+        x, weight, bias, out, cols, eps, ROW=_row_block(cols), num_warps=launch.block[0] // 32
     )
     return out, launch
 
