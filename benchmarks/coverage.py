@@ -4,14 +4,17 @@ Captures a zoo of models on this CPU — the built-in ones and, when ``transform
 small Hugging Face models built from configs (GPT-2, BERT, T5, ViT, a Llama-style decoder, OPT, a
 Mixtral mixture-of-experts layer) — in training and inference, fp32 and bf16 autocast, predicts them
 on one GPU with the default policy and counts per model: nodes, nodes with a kernel, nodes predicted
-by a learned or wave-scaling model, nodes left to the roofline fallback, nodes nothing predicted.
+by a learned or wave-scaling model (and among them, the memory-bound ops the heads price as the
+elementwise passes they lower to, which ``benchmarks/lowered_ops.py`` checks on real GPU traces),
+nodes left to the roofline fallback, nodes nothing predicted.
 A model that fails to capture is reported and counted, never fatal.
 
     python benchmarks/coverage.py [--device A100-SXM4-80GB] [--out rows.csv]
 
-Last line: ``models=N failed_models=N fallback_node_pct=.. fallback_all_nodes_pct=..``: nodes on the
-roofline or unpredicted, over the nodes that launch a kernel (the figure to watch: views cost nothing
-and are predicted trivially), and over all nodes (the denominator of issue 11's wording).
+Last line: ``models=N failed_models=N fallback_node_pct=.. fallback_all_nodes_pct=.. lowered_node_pct=..``:
+nodes on the roofline or unpredicted, over the nodes that launch a kernel (the figure to watch: views
+cost nothing and are predicted trivially), and over all nodes (the denominator of issue 11's
+wording); then the lowered nodes over the nodes that launch a kernel.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 
 import fxcost
 from fxcost import zoo
+from fxcost.cost_models.heads import LOWERED, head_of
 
 LEARNED = {"mlp", "mlp_ratio", "wave_scaling", "justus"}
 Builder = Callable[[], tuple[torch.nn.Module, Any]]
@@ -58,10 +62,12 @@ def main() -> int:
     ok = table[table["status"] == "ok"]
     kernels, nodes = int(ok["kernel_nodes"].sum()), int(ok["nodes"].sum())
     fallback = int(ok["roofline"].sum() + ok["unpredicted"].sum())
+    lowered = int(ok["lowered"].sum())
     print(f"({time.perf_counter() - start:.0f} s)")
     print(f"models={len(table)} failed_models={int((table['status'] != 'ok').sum())} "
           f"fallback_node_pct={100 * fallback / max(kernels, 1):.2f} "
-          f"fallback_all_nodes_pct={100 * fallback / max(nodes, 1):.2f}")  # fmt: skip
+          f"fallback_all_nodes_pct={100 * fallback / max(nodes, 1):.2f} "
+          f"lowered_node_pct={100 * lowered / max(kernels, 1):.2f}")  # fmt: skip
     return 0
 
 
@@ -77,13 +83,17 @@ def _measure(
             report = fxcost.profile(step, inputs, devices=[device], train=train, measure=False)
     except Exception as e:  # counted and shown: the point of the benchmark
         return {"status": f"failed: {type(e).__name__}: {str(e)[:80]}"}
-    sources = [n.pred_source.get(device) for n in report.nodes if n.has_kernel]
+    kernel_nodes = [n for n in report.nodes if n.has_kernel]
+    sources = [n.pred_source.get(device) for n in kernel_nodes]
     fallback.update(n.op for n in report.nodes if n.has_kernel and n.pred_source.get(device) not in LEARNED)
     return {
         "status": "ok",
         "nodes": len(report.nodes),
         "kernel_nodes": len(sources),
         "learned": sum(s in LEARNED for s in sources),
+        "lowered": sum(
+            s == "mlp" and head_of(n) == LOWERED for n, s in zip(kernel_nodes, sources, strict=True)
+        ),
         "roofline": sum(s == "roofline" for s in sources),
         "unpredicted": sum(s not in LEARNED and s != "roofline" for s in sources),
         "ms": round(report.eager_ms(device), 3),

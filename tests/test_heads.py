@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,26 @@ def test_heads_leave_unknown_devices_and_ops_unpredicted() -> None:
                     bytes_written=4)  # fmt: skip
     out = Heads().predict(NodeBatch.of([node, gemm_node("linear", 1, 8, 8, 8)]), get_device("MI300X"))
     assert np.isnan(out[0])
+
+
+def test_memory_bound_ops_are_priced_as_the_elementwise_passes_they_lower_to() -> None:
+    """No data measures batch norm: its two kernels are priced as relu passes moving their bytes."""
+    from fxcost.cost_models.heads import LOWERED, _stream
+
+    x, c = (32, 64, 56, 56), (64,)
+    bn = NodeCost(name="bn", op="aten._native_batch_norm_legit_functional.default", phase="fw",
+                  in_shapes=[x, c, c, c, c], in_dtypes=["float32"] * 5, out_shapes=[x, c, c, c, c],
+                  out_dtypes=["float32"] * 5, args={"training": True}, bytes_read=25_690_624,
+                  bytes_written=25_690_624)  # fmt: skip
+    assert head_of(bn) == LOWERED
+    t4 = get_device("T4")
+    read = 4 * math.prod(x)
+    passes = Heads().predict(NodeBatch.of([_stream(read, "float32"), _stream(2 * read, "float32")]), t4)
+    (predicted,) = Heads().predict(NodeBatch.of([bn]), t4)
+    assert predicted == pytest.approx(passes.sum())
+    # Heads without the elementwise one cannot price the passes: no prediction rather than a guess.
+    (without,) = Heads({"linear": load_heads()["linear"]}).predict(NodeBatch.of([bn]), t4)
+    assert np.isnan(without)
 
 
 def _tiny_data(root: Path, data_dir: Path) -> Path:

@@ -81,3 +81,34 @@ def test_ops_on_empty_tensors_launch_nothing() -> None:
     assert lower(empty) == []
     (ms,) = WaveScaling().predict(NodeBatch.of([empty], origin=get_device("H100-SXM")), get_device("H200"))
     assert math.isnan(ms)  # no kernel to scale: left to the next model of the chain
+
+
+def _op(op: str, ins: list, outs: list, dtypes: list[str] | None = None, **args) -> NodeCost:
+    in_dtypes = dtypes or ["float32"] * len(ins)
+    return NodeCost(name="n", op=op, phase="fw", in_shapes=ins, in_dtypes=in_dtypes, out_shapes=outs,
+                    out_dtypes=["float32"] * len(outs), args=args)  # fmt: skip
+
+
+def test_memory_bound_ops_lower_to_the_passes_of_their_kernels() -> None:
+    x, c = (8, 16, 4, 4), (16,)  # 2048 elements, 8 KB in fp32
+    train = _op("aten._native_batch_norm_legit_functional.default", [x, c, c, c, c], [x, c, c, c, c],
+                training=True, momentum=0.1, eps=1e-5)  # fmt: skip
+    assert [(k.name, k.bytes) for k in lower(train)] == [
+        ("batch_norm_collect_statistics", 8192),  # read x for the statistics
+        ("batch_norm_transform_input", 16384),  # read it again, write y
+    ]
+    inference = train.replace(args={**train.args, "training": False})
+    assert [k.name for k in lower(inference)] == ["batch_norm_transform_input"]
+    # A gather reads the rows it copies and the indices, not the whole table.
+    embedding = _op("aten.embedding.default", [(1000, 64), (4, 8)], [(4, 8, 64)], ["float32", "int64"])
+    assert [k.bytes for k in lower(embedding)] == [2 * 4 * 8 * 64 * 4 + 4 * 8 * 8]
+    # The gradient of a slice zeroes the whole input, then copies the slice's gradient in.
+    select = _op("aten.select_backward.default", [(16,)], [(8, 16)], input_sizes=[8, 16], dim=0, index=2)
+    assert [(k.name, k.bytes) for k in lower(select)] == [("fill", 512), ("copy", 128)]
+    assert all(not k.exact for k in lower(select))
+
+
+def test_every_memory_bound_op_is_an_aten_op() -> None:
+    from fxcost.lowering import MEMORY_BOUND, resolve_op
+
+    assert MEMORY_BOUND and all(resolve_op(op) is not None for op in MEMORY_BOUND)

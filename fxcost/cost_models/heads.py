@@ -31,13 +31,14 @@ from fxcost.cost_models import NodeBatch, register
 from fxcost.cost_models.roofline import Roofline
 from fxcost.cost_models.wave_scaling import dram_traffic_factor, kernels_of
 from fxcost.devices import Device
-from fxcost.lowering import recorded_bytes
+from fxcost.lowering import MEMORY_BOUND, itemsize, lower, recorded_bytes
 from fxcost.lowering.rnn import RNN_OPS, lower_rnn
 from fxcost.records import NodeCost, Shape
 
 __all__ = [
     "FEATURE_VERSION",
     "HEADS",
+    "LOWERED",
     "MLP",
     "Heads",
     "HeadsRatio",
@@ -65,26 +66,34 @@ _HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "ate
          "aten._to_copy.default": "ew", "aten.copy.default": "ew", "aten.copy_.default": "ew",
          "aten.lift_fresh_copy.default": "ew",
          # Elementwise kernels of PyTorch's TensorIterator family, one pass over the output: dropout's
-         # fused mask-and-scale and the fills. (cat and the zero-then-copy slice/select gradients run
-         # other kernels and stay with the roofline until there is data for them.)
+         # fused mask-and-scale and the fills.
          "aten.native_dropout.default": "ew", "aten.arange.default": "ew", "aten.arange.start": "ew",
          "aten.ones.default": "ew", "aten.zeros.default": "ew", "aten.full.default": "ew",
-         "aten.fill.Scalar": "ew", "aten.new_zeros.default": "ew"}  # fmt: skip
+         "aten.fill.Scalar": "ew", "aten.fill.Tensor": "ew", "aten.new_zeros.default": "ew",
+         "aten.new_ones.default": "ew", "aten.new_full.default": "ew", "aten.zeros_like.default": "ew",
+         "aten.ones_like.default": "ew", "aten.full_like.default": "ew",
+         "aten.scalar_tensor.default": "ew"}  # fmt: skip
 
 # The reference roofline whose ratio to the measured time is the learned target; its 10 us floor keeps
 # the ratio of tiny ops finite.
 _REFERENCE = Roofline(launch_floor_ms=0.01)
 
 
+LOWERED = "lowered"
+"""What :func:`head_of` says of a node the heads price as the work it lowers to: a cuDNN RNN as its
+GEMMs and gate math, a memory-bound op (``lowering.MEMORY_BOUND``) as elementwise passes moving the
+bytes its kernels move."""
+
+
 def head_of(node: NodeCost) -> str | None:
-    """The head that predicts ``node``, None if none does."""
+    """The head that predicts ``node``, :data:`LOWERED` for work the heads predict, None if none does."""
     if not node.has_kernel:
         return None
     head = _HEAD_OF_OP.get(node.op)
     if head is not None:
         return head
-    if node.op in RNN_OPS:
-        return "rnn"
+    if node.op in RNN_OPS or node.op in MEMORY_BOUND:
+        return LOWERED
     return "ew" if node.out_shapes and _pointwise(node.op) else None
 
 
@@ -319,29 +328,29 @@ class Heads:
             device_features(device)
         except ValueError:  # a device without the spec values the heads need
             return out
-        groups, rnns = batch.derived("heads", lambda: _groups(batch))
+        groups, lowered = batch.derived("heads", lambda: _groups(batch))
         for head, group in groups.items():
             if head in self.heads:
                 reference = roofline_ms(group.batch, device)
                 ratio = np.exp(self.heads[head](with_device(head, group.problem, device)))
                 out[group.index] = reference * ratio * group.repeats
-        if {"linear", "ew"} <= set(self.heads):
-            for i, (work, counts) in rnns.items():
-                out[i] = float(np.dot(self.predict(work, device), counts))
+        if lowered is not None:  # a node's time is its work's; NaN if a head its work needs is missing
+            work_ms = self.predict(lowered.work, device) * lowered.counts
+            total = np.zeros(len(batch))
+            np.add.at(total, lowered.owner, work_ms)
+            out[lowered.nodes] = total[lowered.nodes]
         return out
 
 
-def _groups(batch: NodeBatch) -> tuple[dict[str, _Group], dict[int, tuple[NodeBatch, list[int]]]]:
-    """Nodes by head with their device-independent features, and RNN nodes lowered to work (for every
-    head, so the result does not depend on which heads a model holds)."""
+def _groups(batch: NodeBatch) -> tuple[dict[str, _Group], _Lowered | None]:
+    """Nodes by head with their device-independent features, and the work of the lowered nodes (for
+    every head, so the result does not depend on which heads a model holds)."""
     members: dict[str, list[tuple[int, NodeCost, float, list[float]]]] = {}
-    rnns: dict[int, tuple[NodeBatch, list[int]]] = {}
+    work: list[tuple[int, NodeCost, int]] = []
     for i, node in enumerate(batch.nodes):
         head = head_of(node) if node.has_kernel else None
-        if head == "rnn":
-            work = _rnn_work(node)
-            if work:
-                rnns[i] = (NodeBatch.of([n for n, _ in work]), [count for _, count in work])
+        if head == LOWERED:
+            work.extend((i, sub, count) for sub, count in _work(node))
         elif head is not None:
             try:
                 # The heads learned forward convolutions: a backward runs one per gradient.
@@ -359,7 +368,16 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, _Group], dict[int, tuple[NodeBa
         )
         for head, rows in members.items()
     }
-    return groups, rnns
+    lowered = None
+    if work:
+        owner = np.array([i for i, *_ in work])
+        lowered = _Lowered(
+            nodes=np.unique(owner),
+            owner=owner,
+            work=NodeBatch.of([sub for _, sub, _ in work]),
+            counts=np.array([count for *_, count in work], dtype=float),
+        )
+    return groups, lowered
 
 
 @dataclass(frozen=True)
@@ -370,6 +388,17 @@ class _Group:
     batch: NodeBatch
     repeats: np.ndarray
     problem: list[list[float]]
+
+
+@dataclass(frozen=True)
+class _Lowered:
+    """The lowered nodes of a batch (positions), their work as one batch, and the work item's owner
+    and repetitions: the owner's time is the sum of its work's times their counts."""
+
+    nodes: np.ndarray
+    owner: np.ndarray
+    work: NodeBatch
+    counts: np.ndarray
 
 
 _HALF = ("float16", "bfloat16")
@@ -406,11 +435,39 @@ def _as_fp32(node: NodeCost) -> NodeCost:
     )
 
 
-def _rnn_work(node: NodeCost) -> list[tuple[NodeCost, int]]:
-    try:
-        return lower_rnn(node)
-    except (IndexError, KeyError, TypeError, ValueError):  # an RNN node without the arguments we read
+def _work(node: NodeCost) -> list[tuple[NodeCost, int]]:
+    """What a lowered node runs, as (node a head predicts, repetitions); empty where it cannot tell."""
+    if node.op in RNN_OPS:
+        try:
+            return lower_rnn(node)
+        except (IndexError, KeyError, TypeError, ValueError):  # an RNN node without the arguments we read
+            return []
+    dtype = next((d for d in (*node.out_dtypes, *node.in_dtypes) if d in _FLOATS), "float32")
+    kernels = lower(node) or []
+    if not all(math.isfinite(k.bytes) for k in kernels):
         return []
+    return [(_stream(k.bytes, dtype), 1) for k in kernels]
+
+
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
+
+
+def _stream(nbytes: float, dtype: str) -> NodeCost:
+    """A memory pass moving ``nbytes``, as the elementwise head knows it: a ``relu`` over ``dtype``
+    elements, half of the bytes read and half written."""
+    numel = max(round(nbytes / (2 * itemsize(dtype))), 1)
+    return NodeCost(
+        name="relu",
+        op="aten.relu.default",
+        phase="fw",
+        in_shapes=[(numel,)],
+        in_dtypes=[dtype],
+        out_shapes=[(numel,)],
+        out_dtypes=[dtype],
+        flops=numel,
+        bytes_read=numel * itemsize(dtype),
+        bytes_written=numel * itemsize(dtype),
+    )
 
 
 def _is_backward(node: NodeCost) -> bool:

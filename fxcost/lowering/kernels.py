@@ -13,9 +13,12 @@ Follows the launch heuristics of PyTorch's CUDA sources (2.1, the version of the
   2^30 / row-length rows; longer rows use one block a row with ``SoftMax_getBlockSize``: the next
   power of two of row/4/2, at least a warp, at most 512.
 
-Other kernel-alike ops get an approximation flagged ``exact=False`` (reductions, batch norm, index
-and embedding ops: one elementwise-like pass over their largest tensor). Matmul-class ops are
-kernel-varying (cuBLAS/cuDNN pick kernels per GPU) and are not lowered here.
+Memory-bound ops that are neither (reductions, concatenation, gathers, pooling, batch norm, the
+zero-then-write gradients of slicing and indexing) are lowered to the passes their kernels make over
+memory and the bytes each moves (:data:`MEMORY_BOUND`), their launches approximated as elementwise
+ones (``exact=False``). Any other kernel-alike op gets one elementwise-like pass over its largest
+tensor, also flagged ``exact=False``. Matmul-class ops are kernel-varying (cuBLAS/cuDNN pick kernels
+per GPU) and are not lowered here.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from fxcost.lowering.flops import is_matmul_class
 from fxcost.lowering.traffic import itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["KernelSpec", "lower", "resolve_op"]
+__all__ = ["MEMORY_BOUND", "KernelSpec", "lower", "resolve_op"]
 
 aten = torch.ops.aten
 
@@ -127,8 +130,7 @@ def _pieces(node: NodeCost, name: str, numel: int, exact: bool) -> list[KernelSp
 
 @_lowers(aten.native_dropout.default, aten.native_dropout_backward.default, aten.clone.default,
          aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.zeros_like.default,
-         aten.ones_like.default, aten.full_like.default, aten.cat.default,
-         aten.constant_pad_nd.default)  # fmt: skip
+         aten.ones_like.default, aten.full_like.default)  # fmt: skip
 def _copy_like(node: NodeCost) -> list[KernelSpec]:
     return _pieces(node, "elementwise_kernel", _largest_numel(node), exact=False)
 
@@ -198,6 +200,128 @@ def _softmax(node: NodeCost) -> list[KernelSpec]:
     return [KernelSpec("cunn_SpatialSoftMax", launch, _f(node.flops), _f(node.bytes), exact=False)]
 
 
+# -- memory-bound ops -------------------------------------------------------------------------------
+#
+# Each recipe names the kernels PyTorch's CUDA sources launch for the op and the bytes each moves,
+# from the node's tensors: ``_in(node, i)`` and ``_out(node, i)`` are the bytes of one input or output.
+
+MEMORY_BOUND: set[str] = set()
+"""ATen ops lowered to the memory passes of their kernels, which cost models without measurements of
+the op itself price as elementwise passes moving as many bytes."""
+
+Passes = Callable[[NodeCost], list[tuple[str, float]]]
+
+
+def _memory_bound(*ops: torch._ops.OpOverload) -> Callable[[Passes], Passes]:
+    def decorator(passes: Passes) -> Passes:
+        def lowering(node: NodeCost) -> list[KernelSpec]:
+            kernels = passes(node)
+            moved = sum(b for _, b in kernels)
+            launch = _pieces(node, "", _largest_numel(node), exact=False)[0].launch
+            return [
+                KernelSpec(name, launch, _f(node.flops) * b / moved, b, exact=False) for name, b in kernels
+            ]
+
+        _lowers(*ops)(lowering)
+        MEMORY_BOUND.update(str(op) for op in ops)
+        return passes
+
+    return decorator
+
+
+@_memory_bound(aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim, aten.amax.default,
+               aten.amin.default, aten.max.default, aten.min.default, aten.max.dim, aten.min.dim,
+               aten.argmax.default, aten.argmin.default, aten.prod.default, aten.prod.dim_int,
+               aten.var.correction, aten.var_mean.correction, aten.std.correction, aten.any.default,
+               aten.any.dim, aten.all.default, aten.all.dim, aten.linalg_vector_norm.default,
+               aten.logsumexp.default, aten.cumsum.default)  # fmt: skip
+def _reduction(node: NodeCost) -> list[tuple[str, float]]:
+    """``reduce_kernel`` (a scan for cumsum): one read of the input, one write of the result."""
+    return [("reduce_kernel", _f(node.bytes))]
+
+
+@_memory_bound(aten.cat.default, aten.stack.default, aten.triu.default, aten.tril.default,
+               aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
+               aten.avg_pool2d_backward.default, aten._adaptive_avg_pool2d.default,
+               aten._adaptive_avg_pool2d_backward.default)  # fmt: skip
+def _one_pass(node: NodeCost) -> list[tuple[str, float]]:
+    """Copies and pooling windows (``CatArrayBatchedCopy``, ``max_pool_forward_nchw``...): each input
+    read once, each output written once."""
+    return [(node.op.split(".")[1], _f(node.bytes))]
+
+
+@_memory_bound(aten.embedding.default, aten.index_select.default, aten.gather.default, aten.index.Tensor)
+def _gather(node: NodeCost) -> list[tuple[str, float]]:
+    """A gather reads the indices and only the source rows it copies, not the whole source."""
+    indices = sum(_in(node, i) for i in range(1, len(node.in_shapes)))
+    return [("gather_kernel", 2 * _out(node, 0) + indices)]
+
+
+@_memory_bound(aten.select_backward.default, aten.slice_backward.default, aten.constant_pad_nd.default)
+def _zero_then_copy(node: NodeCost) -> list[tuple[str, float]]:
+    """Fill the output, then copy the (gradient of the) slice into its place."""
+    return [("fill", _out(node, 0)), ("copy", 2 * _in(node, 0))]
+
+
+@_memory_bound(aten.slice_scatter.default, aten.select_scatter.default)
+def _copy_then_scatter(node: NodeCost) -> list[tuple[str, float]]:
+    """Copy ``self`` to the output, then the source into its slice."""
+    return [("copy", 2 * _in(node, 0)), ("copy", 2 * _in(node, 1))]
+
+
+@_memory_bound(aten.index_put.default)
+def _index_put(node: NodeCost) -> list[tuple[str, float]]:
+    """Copy ``self``, then write the values (the last input) where the indices say."""
+    indices = sum(_in(node, i) for i in range(1, len(node.in_shapes) - 1))
+    return [("copy", 2 * _in(node, 0)), ("index_put", 2 * _in(node, -1) + indices)]
+
+
+@_memory_bound(aten.embedding_dense_backward.default)
+def _embedding_backward(node: NodeCost) -> list[tuple[str, float]]:
+    """Zero the weight's gradient, then add each gradient row into the row its index names."""
+    return [("fill", _out(node, 0)), ("embedding_backward", 2 * _in(node, 0) + _in(node, 1))]
+
+
+@_memory_bound(aten.max_pool2d_with_indices_backward.default)
+def _max_pool_backward(node: NodeCost) -> list[tuple[str, float]]:
+    """Zero the input's gradient, then route each output gradient to its argmax (the indices)."""
+    return [("fill", _out(node, 0)), ("max_pool_backward", 2 * _in(node, 0) + _in(node, 2))]
+
+
+@_memory_bound(aten.nll_loss_forward.default)
+def _nll_loss(node: NodeCost) -> list[tuple[str, float]]:
+    """Reads the targets and the one log-probability each picks, not the whole input."""
+    picked = math.prod(node.in_shapes[1]) * itemsize(node.in_dtypes[0])
+    return [
+        ("nll_loss_forward", _in(node, 1) + picked + sum(_out(node, i) for i in range(len(node.out_shapes))))
+    ]
+
+
+@_memory_bound(aten.nll_loss_backward.default)
+def _nll_loss_backward(node: NodeCost) -> list[tuple[str, float]]:
+    """Zero the gradient of the log-probabilities, then write one element per target."""
+    picked = math.prod(node.in_shapes[2]) * itemsize(node.out_dtypes[0])
+    return [("fill", _out(node, 0)), ("nll_loss_backward", _in(node, 2) + picked)]
+
+
+@_memory_bound(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.default,
+               aten.native_batch_norm.default, aten._native_batch_norm_legit_no_training.default)  # fmt: skip
+def _batch_norm(node: NodeCost) -> list[tuple[str, float]]:
+    """Training: a per-channel statistics pass over the input, then the transform reading it again and
+    writing the output. Inference normalizes with the running statistics: the transform alone."""
+    transform = ("batch_norm_transform_input", _in(node, 0) + _out(node, 0))
+    if node.op.endswith("no_training.default") or not node.args.get("training", True):
+        return [transform]
+    return [("batch_norm_collect_statistics", _in(node, 0)), transform]
+
+
+@_memory_bound(aten.native_batch_norm_backward.default)
+def _batch_norm_backward(node: NodeCost) -> list[tuple[str, float]]:
+    """One kernel per channel: reduce the output gradient and ``(x - mean) * grad``, then read both
+    again to write the input's gradient."""
+    return [("batch_norm_backward", 2 * (_in(node, 0) + _in(node, 1)) + _out(node, 0))]
+
+
 # -- everything else kernel-alike -------------------------------------------------------------------
 
 
@@ -221,6 +345,14 @@ def _largest_numel(node: NodeCost) -> int:
 
 def _bytes(shape: tuple[int, ...], dtype: str) -> int:
     return math.prod(shape) * itemsize(dtype)
+
+
+def _in(node: NodeCost, i: int) -> int:
+    return _bytes(node.in_shapes[i], node.in_dtypes[i])
+
+
+def _out(node: NodeCost, i: int) -> int:
+    return _bytes(node.out_shapes[i], node.out_dtypes[i])
 
 
 def _f(x: int | None) -> float:
