@@ -124,7 +124,7 @@ def test_heads_leave_unknown_devices_and_ops_unpredicted() -> None:
 
 def test_memory_bound_ops_are_priced_as_the_elementwise_passes_they_lower_to() -> None:
     """No data measures batch norm: its two kernels are priced as relu passes moving their bytes."""
-    from fxcost.cost_models.heads import LOWERED, _stream
+    from fxcost.cost_models.heads import LOWERED, memory_pass
 
     x, c = (32, 64, 56, 56), (64,)
     bn = NodeCost(name="bn", op="aten._native_batch_norm_legit_functional.default", phase="fw",
@@ -134,7 +134,9 @@ def test_memory_bound_ops_are_priced_as_the_elementwise_passes_they_lower_to() -
     assert head_of(bn) == LOWERED
     t4 = get_device("T4")
     read = 4 * math.prod(x)
-    passes = Heads().predict(NodeBatch.of([_stream(read, "float32"), _stream(2 * read, "float32")]), t4)
+    passes = Heads().predict(
+        NodeBatch.of([memory_pass(read, "float32"), memory_pass(2 * read, "float32")]), t4
+    )
     (predicted,) = Heads().predict(NodeBatch.of([bn]), t4)
     assert predicted == pytest.approx(passes.sum())
     # Heads without the elementwise one cannot price the passes: no prediction rather than a guess.

@@ -13,6 +13,7 @@ from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.roofline import Roofline
 from fxcost.datasets import conv_node, gemm_node, kernel_alike_node
 from fxcost.devices import device_names, get_device
+from fxcost.records import NodeCost
 
 GPUS = [d for d in device_names() if get_device(d).mem_bandwidth_gbps and get_device(d).fp32_tflops]
 dims = st.integers(min_value=1, max_value=8192)
@@ -67,3 +68,32 @@ def test_roofline_never_predicts_less_time_for_more_flops(m, n, k, gpu) -> None:
     pair = NodeBatch.of([gemm_node("linear", 1, m, n, k), gemm_node("linear", 1, 2 * m, n, k)])
     times = Roofline().predict(pair, get_device(gpu))
     assert np.all(np.isfinite(times)) and times[1] >= times[0]
+
+
+def _sum_over_rows(rows: int, width: int) -> NodeCost:
+    """``x.sum(0)`` of a [rows, width] fp32 tensor: a memory-bound op the heads price through lowering."""
+    return NodeCost(name="sum", op="aten.sum.dim_IntList", phase="fw", in_shapes=[(rows, width)],
+                    in_dtypes=["float32"], out_shapes=[(width,)], out_dtypes=["float32"],
+                    args={"dim": [0], "keepdim": False}, flops=rows * width,
+                    bytes_read=4 * rows * width, bytes_written=4 * width)  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    op=st.sampled_from(["add", "mulu", "relu", "gelu", "tanh", "sum"]),
+    rows=dims,
+    width=dims,
+    growth=st.floats(min_value=1.0, max_value=64.0),
+    gpu=gpus,
+)
+def test_more_rows_of_an_elementwise_or_memory_bound_op_never_predict_less_time(  # type: ignore[no-untyped-def]
+    op, rows, width, growth, gpu
+) -> None:
+    """Default, origin-free predictions: the elementwise head is read as a running maximum over sizes,
+    and memory-bound ops are priced as its passes, so a larger tensor never comes out faster."""
+    more = max(rows, math.ceil(rows * growth))
+    make = _sum_over_rows if op == "sum" else (lambda b, h: kernel_alike_node(op, b, h))
+    small, large = make(rows, width), make(more, width)
+    cost_models.predict([small, large], [gpu])
+    name = get_device(gpu).name
+    assert large.pred_ms[name] >= small.pred_ms[name]

@@ -91,10 +91,17 @@ def test_a_module_can_run_whole_on_every_tensor_parallel_rank(gpt: tuple[object,
     s = Strategy(tp=2, modules={"blocks.0": {"tp": 1}})
     captured = default_estimator().capture(model, inputs)
     params = fxcost.sim.simulator._params_by_module(model)
-    plan = compile_plan(captured, params, s, get_device("A100-SXM4-40GB"), 8)
-    forward = {seg.layer: seg for seg in plan.stages[0].forward}
-    assert forward["blocks.0"].inside == [] and len(forward["blocks.1"].inside) == 2
-    assert forward["blocks.0"].compute_ms > forward["blocks.1"].compute_ms  # the whole layer, not half
+
+    def forward(strategy: Strategy) -> dict[str, Segment]:
+        plan = compile_plan(captured, params, strategy, get_device("A100-SXM4-40GB"), 8)
+        return {seg.layer: seg for seg in plan.stages[0].forward}
+
+    mixed, whole, split = forward(s), forward(Strategy()), forward(Strategy(tp=2))
+    assert mixed["blocks.0"].inside == [] and len(mixed["blocks.1"].inside) == 2
+    # The first layer's work is the whole layer's, the others' a tensor-parallel rank's.
+    assert mixed["blocks.0"].compute_ms == pytest.approx(whole["blocks.0"].compute_ms)
+    assert mixed["blocks.1"].compute_ms == pytest.approx(split["blocks.1"].compute_ms)
+    assert split["blocks.0"].compute_ms != pytest.approx(whole["blocks.0"].compute_ms)
     with pytest.raises(ValueError, match="split over the strategy's tp=4 ranks or runs whole"):
         Strategy(tp=4, modules={"blocks.0": {"tp": 2}})
 

@@ -10,6 +10,7 @@ are unknown has no prediction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,11 +35,17 @@ class Roofline:
         """Per-node ms; ``traffic`` scales each node's bytes to what its kernels move from DRAM."""
         if device.mem_bandwidth_gbps is None:
             return np.full(len(batch), np.nan)
-        peak_tflops = self._peak_tflops(batch, device)
-        compute_ms = np.nan_to_num(batch.flops) / (peak_tflops * 1e9)
-        memory_ms = batch.bytes * traffic / (device.mem_bandwidth_gbps * 1e6)
-        ms = np.maximum(compute_ms, memory_ms) + self.launch_floor_ms
+        ms = self.ms(
+            np.nan_to_num(batch.flops), batch.bytes * traffic, self._peak_tflops(batch, device), device
+        )
         return np.where(batch.has_kernel, ms, 0.0)
+
+    def ms(self, flops: np.ndarray, nbytes: np.ndarray, peak_tflops: Any, device: Device) -> np.ndarray:
+        """The bound of kernels of ``flops`` and DRAM ``nbytes`` at ``peak_tflops`` on ``device``, plus
+        the launch floor (NaN where the device lacks a peak or a bandwidth)."""
+        bandwidth = device.mem_bandwidth_gbps or np.nan
+        compute_ms = flops / (np.asarray(peak_tflops, dtype=np.float64) * 1e9)
+        return np.maximum(compute_ms, nbytes / (bandwidth * 1e6)) + self.launch_floor_ms
 
     @staticmethod
     def _peak_tflops(batch: NodeBatch, device: Device) -> np.ndarray:

@@ -1,0 +1,106 @@
+"""How often the origin-free heads predict a larger problem faster than a smaller one of the same op.
+
+A search loop that prices candidates with fxcost (``examples/automl_optuna.py``) would exploit such
+dips, e.g. by picking the batch size whose prediction dips. For random problems of each op class
+and every GPU in the database with the spec values the heads need, the problem is doubled along
+its batch-like dimension (GEMM rows, batched GEMM batch, convolution batch, elementwise and
+normalization rows; for a memory pass, its bytes) and both are predicted with the heads. Printed per
+class: the pairs where the larger problem is predicted faster, and the worst ratio of the larger
+problem's time to the smaller's.
+
+    python benchmarks/monotonicity.py [--pairs 300] [--seed 0]
+
+The elementwise head, and with it every memory-bound op priced as elementwise passes, is read as a
+running maximum over sizes and has no dips by construction; the others are the MLPs as trained.
+Last line: ``<class>_violation_pct=..`` per class, then ``pairs=N``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import numpy as np
+
+from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.heads import Heads, memory_pass
+from fxcost.datasets import conv_node, gemm_node, kernel_alike_node
+from fxcost.devices import device_names, get_device
+from fxcost.records import NodeCost
+
+Pair = Callable[[np.random.Generator], tuple[NodeCost, NodeCost]]
+
+
+def _dim(rng: np.random.Generator, high: int = 4096) -> int:
+    return int(rng.integers(1, high))
+
+
+def _alike(op: str) -> Pair:
+    def pair(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+        rows, width = _dim(rng), _dim(rng)
+        return kernel_alike_node(op, rows, width), kernel_alike_node(op, 2 * rows, width)
+
+    return pair
+
+
+def _linear(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+    m, n, k = _dim(rng), _dim(rng), _dim(rng)
+    return gemm_node("linear", 1, m, n, k), gemm_node("linear", 1, 2 * m, n, k)
+
+
+def _bmm(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+    b, m, n, k = _dim(rng, 32), _dim(rng, 1024), _dim(rng, 1024), _dim(rng, 1024)
+    return gemm_node("bmm", b, m, n, k), gemm_node("bmm", 2 * b, m, n, k)
+
+
+def _conv(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+    b, c, o, size = _dim(rng, 32), _dim(rng, 256), _dim(rng, 256), int(rng.integers(4, 64))
+    return conv_node(b, c, o, 3, size, 1, 1), conv_node(2 * b, c, o, 3, size, 1, 1)
+
+
+def _memory_pass(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+    elements = int(2 ** rng.uniform(0, 26))
+    return memory_pass(8 * elements, "float32"), memory_pass(16 * elements, "float32")
+
+
+CLASSES: dict[str, Pair] = {
+    "linear": _linear,
+    "bmm": _bmm,
+    "conv": _conv,
+    "gelu": _alike("gelu"),
+    "add": _alike("add"),
+    "ln": _alike("ln"),
+    "softmax": _alike("softmax"),
+    "memory_pass": _memory_pass,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=300, help="random problems per class")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    gpus = [get_device(d) for d in device_names()]
+    gpus = [g for g in gpus if g.fp32_tflops and g.mem_bandwidth_gbps and g.num_sms and g.l2_cache_mb]
+    heads = Heads()
+    print(f"{len(gpus)} GPUs, {args.pairs} random problems per class, each doubled")
+    print(f"{'class':12s} {'pairs':>6s} {'larger faster':>13s} {'worst ratio':>11s}")
+    summary = []
+    total = 0
+    for name, make in CLASSES.items():
+        pairs = [node for _ in range(args.pairs) for node in make(rng)]
+        batch = NodeBatch.of(pairs)
+        ratios = np.concatenate([heads.predict(batch, g)[1::2] / heads.predict(batch, g)[0::2] for g in gpus])
+        ratios = ratios[np.isfinite(ratios)]
+        faster = int((ratios < 1.0).sum())
+        total += len(ratios)
+        print(f"{name:12s} {len(ratios):6d} {100 * faster / len(ratios):12.1f}% {ratios.min():11.3f}")
+        summary.append(f"{name}_violation_pct={100 * faster / len(ratios):.1f}")
+    print(" ".join(summary) + f" pairs={total}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
