@@ -11,7 +11,8 @@ problem's time to the smaller's.
     python benchmarks/monotonicity.py [--pairs 300] [--seed 0]
 
 The elementwise head, and with it every memory-bound op priced as elementwise passes, is read as a
-running maximum over sizes and has no dips by construction; the others are the MLPs as trained.
+non-decreasing curve over sizes (isotonic regression) and has no dips by construction; the others
+are the MLPs as trained.
 Last line: ``<class>_violation_pct=..`` per class, then ``pairs=N``.
 """
 

@@ -144,6 +144,15 @@ def test_memory_bound_ops_are_priced_as_the_elementwise_passes_they_lower_to() -
     assert np.isnan(without)
 
 
+def test_isotonic_pools_a_dip_with_the_values_before_it() -> None:
+    from fxcost.cost_models.heads import _isotonic
+
+    np.testing.assert_allclose(_isotonic(np.array([1.0, 3.0, 2.0, 4.0])), [1.0, 2.5, 2.5, 4.0])
+    np.testing.assert_allclose(_isotonic(np.array([3.0, 2.0, 1.0])), [2.0, 2.0, 2.0])
+    rising = np.array([0.0, 1.0, 1.0, 5.0])
+    np.testing.assert_array_equal(_isotonic(rising), rising)
+
+
 def _tiny_data(root: Path, data_dir: Path) -> Path:
     """A data directory of the shared layout holding a few layer-norm rows of two GPUs."""
     for sub in ("ops/ln", "ops_test"):

@@ -89,8 +89,8 @@ def _sum_over_rows(rows: int, width: int) -> NodeCost:
 def test_more_rows_of_an_elementwise_or_memory_bound_op_never_predict_less_time(  # type: ignore[no-untyped-def]
     op, rows, width, growth, gpu
 ) -> None:
-    """Default, origin-free predictions: the elementwise head is read as a running maximum over sizes,
-    and memory-bound ops are priced as its passes, so a larger tensor never comes out faster."""
+    """Default, origin-free predictions: the elementwise head is read as a non-decreasing curve over
+    sizes, and memory-bound ops are priced as its passes, so a larger tensor never comes out faster."""
     more = max(rows, math.ceil(rows * growth))
     make = _sum_over_rows if op == "sum" else (lambda b, h: kernel_alike_node(op, b, h))
     small, large = make(rows, width), make(more, width)

@@ -444,7 +444,7 @@ _TABLES: weakref.WeakKeyDictionary[MLP, dict[tuple[str, _SizeClass], _SizeTable]
 
 @dataclass(frozen=True)
 class _SizeTable:
-    """Log sizes, and the running maximum of a class's log ms over them."""
+    """Log sizes, and a class's log ms at them made non-decreasing."""
 
     sizes: np.ndarray
     log_ms: np.ndarray
@@ -457,10 +457,10 @@ def _elementwise_ms(mlp: MLP, group: _Group, device: Device) -> np.ndarray:
     doublings of elementwise ops and 40% of the relu passes memory-bound ops are priced as, by up
     to 19%, at sizes where its training rows are noise around a fixed cost; a search loop would
     exploit that (``benchmarks/monotonicity.py``). So each class of node is read on a grid of sizes
-    across the span where the MLP sees its size, the running maximum of those times taken, and a
-    node's time interpolated at its size (log-log). Below the span the MLP's ratio is constant and
-    the time the roofline's, which only grows; above it the time is the larger of the two. Monotone
-    by construction, and the MLP's own value wherever it does not dip.
+    across the span where the MLP sees its size, the closest non-decreasing curve to those times
+    taken (isotonic regression, in log ms), and a node's time interpolated at its size (log-log).
+    Below the span the MLP's ratio is constant and the time the roofline's, which only grows; above
+    it too. Monotone by construction, and the MLP's own value wherever it does not dip.
     """
     raw = roofline_ms(group.batch, device) * np.exp(mlp(with_device("ew", group.problem, device)))
     members: dict[_SizeClass, list[int]] = {}
@@ -479,8 +479,9 @@ def _elementwise_ms(mlp: MLP, group: _Group, device: Device) -> np.ndarray:
     for c, index in members.items():
         table, size, alone = tables[device.name, c], sizes[index], raw[index]
         inside = np.exp(np.interp(size, table.sizes, table.log_ms))
+        below = np.minimum(alone, math.exp(table.log_ms[0]))
         above = np.maximum(alone, math.exp(table.log_ms[-1]))
-        out[index] = np.where(size > table.sizes[-1], above, np.where(size >= table.sizes[0], inside, alone))
+        out[index] = np.where(size > table.sizes[-1], above, np.where(size >= table.sizes[0], inside, below))
     return out * group.repeats
 
 
@@ -498,8 +499,23 @@ def _size_tables(mlp: MLP, classes: list[_SizeClass], device: Device) -> list[_S
     for c, sizes, ratio in zip(classes, grids, ratios, strict=True):
         numel = np.exp(sizes)
         reference = _REFERENCE.ms(c.flops * numel, c.own_bytes * numel, device.fp32_tflops, device)
-        tables.append(_SizeTable(sizes, np.log(np.maximum.accumulate(reference * ratio))))
+        tables.append(_SizeTable(sizes, _isotonic(np.log(reference * ratio))))
     return tables
+
+
+def _isotonic(y: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence closest to ``y`` in least squares (pooling adjacent violators):
+    a dip and the values before it become their mean."""
+    means: list[float] = []
+    counts: list[int] = []
+    for value in y.tolist():
+        means.append(value)
+        counts.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            mean, count = means.pop(), counts.pop()
+            means[-1] = (means[-1] * counts[-1] + mean * count) / (counts[-1] + count)
+            counts[-1] += count
+    return np.repeat(means, counts)
 
 
 @dataclass(frozen=True)
