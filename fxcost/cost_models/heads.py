@@ -240,10 +240,24 @@ class MLP:
     biases: tuple[np.ndarray, ...]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        h = (np.clip(x, self.low, self.high) - self.mean) / self.std
-        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+        return self._forward(x, list(zip(self.weights, self.biases, strict=True)))
+
+    def single(self, x: np.ndarray) -> np.ndarray:
+        """The head in float32: three times faster on many rows, within 1e-6 of :meth:`__call__`."""
+        return self._forward(x, self._float32).astype(np.float64)
+
+    @functools.cached_property
+    def _float32(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [
+            (w.astype(np.float32), b.astype(np.float32))
+            for w, b in zip(self.weights, self.biases, strict=True)
+        ]
+
+    def _forward(self, x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        h = ((np.clip(x, self.low, self.high) - self.mean) / self.std).astype(layers[0][0].dtype, copy=False)
+        for i, (w, b) in enumerate(layers):
             h = h @ w + b
-            if i < len(self.weights) - 1:
+            if i < len(layers) - 1:
                 h = np.maximum(h, 0.0)
         return h[:, 0]
 
@@ -476,12 +490,14 @@ def _elementwise_ms(mlp: MLP, group: _Group, device: Device) -> np.ndarray:
         )
     sizes = np.array([problem[0] for problem in group.problem])
     out = raw.copy()
-    for c, index in members.items():
-        table, size, alone = tables[device.name, c], sizes[index], raw[index]
-        inside = np.exp(np.interp(size, table.sizes, table.log_ms))
-        below = np.minimum(alone, math.exp(table.log_ms[0]))
-        above = np.maximum(alone, math.exp(table.log_ms[-1]))
-        out[index] = np.where(size > table.sizes[-1], above, np.where(size >= table.sizes[0], inside, below))
+    for c, index in members.items():  # in log ms, exponentiated once: equal values stay equal
+        table, size, alone = tables[device.name, c], sizes[index], np.log(raw[index])
+        inside = np.interp(size, table.sizes, table.log_ms)
+        below = np.minimum(alone, table.log_ms[0])
+        above = np.maximum(alone, table.log_ms[-1])
+        out[index] = np.exp(
+            np.where(size > table.sizes[-1], above, np.where(size >= table.sizes[0], inside, below))
+        )
     return out * group.repeats
 
 
@@ -493,7 +509,7 @@ def _size_tables(mlp: MLP, classes: list[_SizeClass], device: Device) -> list[_S
         grids.append(_STEP * np.arange(math.floor(low / _STEP), math.ceil(high / _STEP) + 1))
     features = np.concatenate([c.features(sizes) for c, sizes in zip(classes, grids, strict=True)])
     ratios = np.split(
-        np.exp(mlp(with_device("ew", features, device))), np.cumsum([len(g) for g in grids])[:-1]
+        np.exp(mlp.single(with_device("ew", features, device))), np.cumsum([len(g) for g in grids])[:-1]
     )
     tables = []
     for c, sizes, ratio in zip(classes, grids, ratios, strict=True):
