@@ -4,8 +4,9 @@ Captures a zoo of models on this CPU — the built-in ones and, when ``transform
 small Hugging Face models built from configs (GPT-2, BERT, T5, ViT, a Llama-style decoder, OPT, a
 Mixtral mixture-of-experts layer) — in training and inference, fp32 and bf16 autocast, predicts them
 on one GPU with the default policy and counts per model: nodes, nodes with a kernel, nodes predicted
-by a learned or wave-scaling model (and among them, the memory-bound ops the heads price as the
-elementwise passes they lower to, which ``benchmarks/lowered_ops.py`` checks on real GPU traces),
+by a learned or wave-scaling model (and among them, the nodes the heads price as the work they
+lower to: memory-bound ops as elementwise passes, which ``benchmarks/lowered_ops.py`` checks on real
+GPU traces, and cuDNN RNNs as their GEMMs),
 nodes left to the roofline fallback, nodes nothing predicted.
 A model that fails to capture is reported and counted, never fatal.
 

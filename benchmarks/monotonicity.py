@@ -11,8 +11,10 @@ problem's time to the smaller's.
     python benchmarks/monotonicity.py [--pairs 300] [--seed 0]
 
 The elementwise head, and with it every memory-bound op priced as elementwise passes, is read as a
-non-decreasing curve over sizes (isotonic regression) and has no dips by construction; the others
-are the MLPs as trained.
+non-decreasing curve over sizes (isotonic regression): no dips by construction among ops of the same
+bytes per element. A broadcasting op changes its bytes per element as it grows, so each size is its
+own curve: a bias over more rows (``bias_add``) changes little, [rows, 1] plus [1, width]
+(``outer_add``) changes a lot and can still dip, slightly. The other heads are the MLPs as trained.
 Last line: ``<class>_violation_pct=..`` per class, then ``pairs=N``.
 """
 
@@ -60,6 +62,25 @@ def _conv(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
     return conv_node(b, c, o, 3, size, 1, 1), conv_node(2 * b, c, o, 3, size, 1, 1)
 
 
+def _broadcast(a: tuple[int, int], b: tuple[int, int]) -> NodeCost:
+    """``x + y`` of fp32 tensors of shapes ``a`` and ``b`` broadcast together."""
+    out = (max(a[0], b[0]), max(a[1], b[1]))
+    return NodeCost(name="add", op="aten.add.Tensor", phase="fw", in_shapes=[a, b],
+                    in_dtypes=["float32"] * 2, out_shapes=[out], out_dtypes=["float32"],
+                    flops=out[0] * out[1], bytes_read=4 * (a[0] * a[1] + b[0] * b[1]),
+                    bytes_written=4 * out[0] * out[1])  # fmt: skip
+
+
+def _bias_add(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+    rows, width = _dim(rng), _dim(rng)
+    return _broadcast((rows, width), (1, width)), _broadcast((2 * rows, width), (1, width))
+
+
+def _outer_add(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+    rows, width = _dim(rng), _dim(rng)
+    return _broadcast((rows, 1), (1, width)), _broadcast((2 * rows, 1), (1, width))
+
+
 def _memory_pass(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
     elements = int(2 ** rng.uniform(0, 26))
     return memory_pass(8 * elements, "float32"), memory_pass(16 * elements, "float32")
@@ -71,6 +92,8 @@ CLASSES: dict[str, Pair] = {
     "conv": _conv,
     "gelu": _alike("gelu"),
     "add": _alike("add"),
+    "bias_add": _bias_add,
+    "outer_add": _outer_add,
     "ln": _alike("ln"),
     "softmax": _alike("softmax"),
     "memory_pass": _memory_pass,
@@ -93,12 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, make in CLASSES.items():
         pairs = [node for _ in range(args.pairs) for node in make(rng)]
         batch = NodeBatch.of(pairs)
-        ratios = np.concatenate([heads.predict(batch, g)[1::2] / heads.predict(batch, g)[0::2] for g in gpus])
+        ms = [heads.predict(batch, g) for g in gpus]
+        ratios = np.concatenate([m[1::2] / m[0::2] for m in ms])
         ratios = ratios[np.isfinite(ratios)]
-        faster = int((ratios < 1.0).sum())
+        if not len(ratios):
+            print(f"{name:12s} no predictions")
+            continue
+        pct = 100 * float((ratios < 1.0).mean())
         total += len(ratios)
-        print(f"{name:12s} {len(ratios):6d} {100 * faster / len(ratios):12.1f}% {ratios.min():11.3f}")
-        summary.append(f"{name}_violation_pct={100 * faster / len(ratios):.1f}")
+        print(f"{name:12s} {len(ratios):6d} {pct:12.1f}% {ratios.min():11.3f}")
+        summary.append(f"{name}_violation_pct={pct:.1f}")
     print(" ".join(summary) + f" pairs={total}")
     return 0
 

@@ -25,7 +25,7 @@ def _load(name: str) -> ModuleType:
 def test_optuna_search_finds_a_model_within_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("optuna")
     example = _load("automl_optuna")
-    budget = 3.0
+    budget = 3.0  # a 1-2 layer candidate costs 2.7-4.6 ms on H100: the fixed costs of its ops dominate
     best = example.main(["--device", "H100-SXM", "--budget-ms", str(budget), "--trials", "8",
                          "--seq", "16", "--vocab", "256", "--max-layers", "2"])  # fmt: skip
     assert 0 < best.step_ms <= budget and best.trials == 8

@@ -144,6 +144,25 @@ def test_memory_bound_ops_are_priced_as_the_elementwise_passes_they_lower_to() -
     assert np.isnan(without)
 
 
+def test_a_lowered_op_that_launches_nothing_costs_nothing() -> None:
+    empty = NodeCost(name="cat", op="aten.cat.default", phase="fw", in_shapes=[(0, 4), (0, 4)],
+                     in_dtypes=["float32"] * 2, out_shapes=[(0, 4)], out_dtypes=["float32"], bytes_read=0,
+                     bytes_written=0)  # fmt: skip
+    assert Heads().predict(NodeBatch.of([empty]), get_device("T4"))[0] == 0.0
+
+
+def test_elementwise_tables_follow_the_device_not_its_name() -> None:
+    """A device file may change a known GPU's specs under the same name: its tables are its own."""
+    import dataclasses
+
+    a100 = get_device("A100-SXM4-40GB")
+    faster = dataclasses.replace(a100, mem_bandwidth_gbps=4 * a100.mem_bandwidth_gbps)
+    relu = NodeBatch.of([kernel_alike_node("relu", 4096, 4096)])
+    (before,) = Heads().predict(relu, a100)
+    (after,) = Heads().predict(NodeBatch.of(relu.nodes), faster)
+    assert after < before / 2
+
+
 def test_isotonic_pools_a_dip_with_the_values_before_it() -> None:
     from fxcost.cost_models.heads import _isotonic
 

@@ -112,3 +112,13 @@ def test_every_memory_bound_op_is_an_aten_op() -> None:
     from fxcost.lowering import MEMORY_BOUND, resolve_op
 
     assert MEMORY_BOUND and all(resolve_op(op) is not None for op in MEMORY_BOUND)
+
+
+def test_batch_norm_backward_writes_the_input_gradient_only_when_asked() -> None:
+    x, c = (8, 16, 4, 4), (16,)  # 8 KB tensors
+    both = _op("aten.native_batch_norm_backward.default", [x, x, c, c, c, c, c], [x, c, c],
+               train=True, eps=1e-5, output_mask=[True, True, True])  # fmt: skip
+    assert [k.bytes for k in lower(both)] == [2 * (8192 + 8192) + 8192]
+    weights_only = both.replace(out_shapes=[c, c], out_dtypes=["float32"] * 2,
+                                args={**both.args, "output_mask": [False, True, True]})  # fmt: skip
+    assert [k.bytes for k in lower(weights_only)] == [2 * (8192 + 8192)]

@@ -20,6 +20,7 @@ import functools
 import json
 import math
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -353,9 +354,9 @@ class Heads:
                 ratio = np.exp(self.heads[head](with_device(head, group.problem, device)))
                 out[group.index] = reference * ratio * group.repeats
         if lowered is not None:  # a node's time is its work's; NaN if a head its work needs is missing
-            work_ms = self.predict(lowered.work, device) * lowered.counts
             total = np.zeros(len(batch))
-            np.add.at(total, lowered.owner, work_ms)
+            if len(lowered.work):
+                np.add.at(total, lowered.owner, self.predict(lowered.work, device) * lowered.counts)
             out[lowered.nodes] = total[lowered.nodes]
         return out
 
@@ -365,10 +366,14 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, _Group], _Lowered | None]:
     every head, so the result does not depend on which heads a model holds)."""
     members: dict[str, list[tuple[int, NodeCost, float, list[float]]]] = {}
     work: list[tuple[int, NodeCost, int]] = []
+    lowered_nodes: list[int] = []
     for i, node in enumerate(batch.nodes):
         head = head_of(node) if node.has_kernel else None
         if head == LOWERED:
-            work.extend((i, sub, count) for sub, count in _work(node))
+            runs = _work(node)
+            if runs is not None:  # an empty list: it launches nothing, and costs nothing
+                lowered_nodes.append(i)
+                work.extend((i, sub, count) for sub, count in runs)
         elif head is not None:
             try:
                 # The heads learned forward convolutions: a backward runs one per gradient.
@@ -387,11 +392,10 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, _Group], _Lowered | None]:
         for head, rows in members.items()
     }
     lowered = None
-    if work:
-        owner = np.array([i for i, *_ in work])
+    if lowered_nodes:
         lowered = _Lowered(
-            nodes=np.unique(owner),
-            owner=owner,
+            nodes=np.array(lowered_nodes),
+            owner=np.array([i for i, *_ in work], dtype=int),
             work=NodeBatch.of([sub for _, sub, _ in work]),
             counts=np.array([count for *_, count in work], dtype=float),
         )
@@ -421,7 +425,7 @@ class _SizeClass:
 
     @classmethod
     def of(cls, problem: Sequence[float], node: NodeCost) -> _SizeClass:
-        numel = math.exp(problem[0])
+        numel = max(math.prod(node.out_shapes[0]), 1)  # as node_features counts it
 
         def per_element(x: float) -> float:
             return float(f"{x / numel:.9g}")  # equal classes at any size get equal keys
@@ -451,9 +455,12 @@ class _SizeClass:
 
 # The elementwise head is read every quarter octave of size inside a class's span.
 _STEP = math.log(2.0) / 4
-_TABLES: weakref.WeakKeyDictionary[MLP, dict[tuple[str, _SizeClass], _SizeTable]] = (
+# Size tables per head, LRU-bounded: a broadcasting op (a bias over more rows) is a new class at
+# every size, and a sweep over batch sizes would otherwise grow them without end.
+_TABLES: weakref.WeakKeyDictionary[MLP, OrderedDict[tuple[Device, _SizeClass], _SizeTable]] = (
     weakref.WeakKeyDictionary()
 )
+_MAX_TABLES = 4096
 
 
 @dataclass(frozen=True)
@@ -482,16 +489,19 @@ def _elementwise_ms(mlp: MLP, group: _Group, device: Device) -> np.ndarray:
         c = _SizeClass.of(problem, node)
         if math.isfinite(c.own_bytes):  # else the roofline, and the time, is unknown
             members.setdefault(c, []).append(i)
-    tables = _TABLES.setdefault(mlp, {})
-    missing = [c for c in members if (device.name, c) not in tables]
+    tables = _TABLES.setdefault(mlp, OrderedDict())
+    missing = [c for c in members if (device, c) not in tables]
     if missing:
-        tables.update(
-            zip([(device.name, c) for c in missing], _size_tables(mlp, missing, device), strict=True)
-        )
+        tables.update(zip([(device, c) for c in missing], _size_tables(mlp, missing, device), strict=True))
+    found = {c: tables[device, c] for c in members}
+    for c in members:
+        tables.move_to_end((device, c))
+    while len(tables) > _MAX_TABLES:
+        tables.popitem(last=False)
     sizes = np.array([problem[0] for problem in group.problem])
     out = raw.copy()
     for c, index in members.items():  # in log ms, exponentiated once: equal values stay equal
-        table, size, alone = tables[device.name, c], sizes[index], np.log(raw[index])
+        table, size, alone = found[c], sizes[index], np.log(raw[index])
         inside = np.interp(size, table.sizes, table.log_ms)
         below = np.minimum(alone, table.log_ms[0])
         above = np.maximum(alone, table.log_ms[-1])
@@ -514,7 +524,9 @@ def _size_tables(mlp: MLP, classes: list[_SizeClass], device: Device) -> list[_S
     tables = []
     for c, sizes, ratio in zip(classes, grids, ratios, strict=True):
         numel = np.exp(sizes)
-        reference = _REFERENCE.ms(c.flops * numel, c.own_bytes * numel, device.fp32_tflops, device)
+        reference = _REFERENCE.ms(
+            c.flops * numel, c.own_bytes * numel, device.fp32_tflops or math.nan, device
+        )
         tables.append(_SizeTable(sizes, _isotonic(np.log(reference * ratio))))
     return tables
 
@@ -579,17 +591,18 @@ def _as_fp32(node: NodeCost) -> NodeCost:
     )
 
 
-def _work(node: NodeCost) -> list[tuple[NodeCost, int]]:
-    """What a lowered node runs, as (node a head predicts, repetitions); empty where it cannot tell."""
+def _work(node: NodeCost) -> list[tuple[NodeCost, int]] | None:
+    """What a lowered node runs, as (node a head predicts, repetitions): empty if it launches nothing,
+    None where it cannot tell."""
     if node.op in RNN_OPS:
         try:
-            return lower_rnn(node)
+            return lower_rnn(node) or None
         except (IndexError, KeyError, TypeError, ValueError):  # an RNN node without the arguments we read
-            return []
+            return None
     dtype = next((d for d in (*node.out_dtypes, *node.in_dtypes) if d in _FLOATS), "float32")
-    kernels = lower(node) or []
-    if not all(math.isfinite(k.bytes) for k in kernels):
-        return []
+    kernels = lower(node)
+    if kernels is None or not all(math.isfinite(k.bytes) for k in kernels):
+        return None
     return [(memory_pass(k.bytes, dtype), 1) for k in kernels]
 
 

@@ -10,7 +10,6 @@ are unknown has no prediction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -40,7 +39,9 @@ class Roofline:
         )
         return np.where(batch.has_kernel, ms, 0.0)
 
-    def ms(self, flops: np.ndarray, nbytes: np.ndarray, peak_tflops: Any, device: Device) -> np.ndarray:
+    def ms(
+        self, flops: np.ndarray, nbytes: np.ndarray, peak_tflops: np.ndarray | float, device: Device
+    ) -> np.ndarray:
         """The bound of kernels of ``flops`` and DRAM ``nbytes`` at ``peak_tflops`` on ``device``, plus
         the launch floor (NaN where the device lacks a peak or a bandwidth)."""
         bandwidth = device.mem_bandwidth_gbps or np.nan

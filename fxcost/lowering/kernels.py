@@ -123,9 +123,12 @@ def _pieces(node: NodeCost, name: str, numel: int, exact: bool) -> list[KernelSp
     pieces = 1
     while (math.ceil(elements / pieces) - 1) * item + 1 > INT32_MAX:
         pieces *= 2
-    per_piece = math.ceil(numel / pieces)
-    launch = Launch(grid=(math.ceil(per_piece / EW_BLOCK_WORK), 1, 1), block=(EW_THREADS, 1, 1))
+    launch = _elementwise_launch(math.ceil(numel / pieces))
     return [KernelSpec(name, launch, _share(node.flops, pieces), _share(node.bytes, pieces), exact)] * pieces
+
+
+def _elementwise_launch(numel: int) -> Launch:
+    return Launch(grid=(math.ceil(numel / EW_BLOCK_WORK), 1, 1), block=(EW_THREADS, 1, 1))
 
 
 @_lowers(aten.native_dropout.default, aten.native_dropout_backward.default, aten.clone.default,
@@ -209,15 +212,15 @@ MEMORY_BOUND: set[str] = set()
 """ATen ops lowered to the memory passes of their kernels, which cost models without measurements of
 the op itself price as elementwise passes moving as many bytes."""
 
-Passes = Callable[[NodeCost], list[tuple[str, float]]]
+_Passes = Callable[[NodeCost], list[tuple[str, float]]]
 
 
-def _memory_bound(*ops: torch._ops.OpOverload) -> Callable[[Passes], Passes]:
-    def decorator(passes: Passes) -> Passes:
+def _memory_bound(*ops: torch._ops.OpOverload) -> Callable[[_Passes], _Passes]:
+    def decorator(passes: _Passes) -> _Passes:
         def lowering(node: NodeCost) -> list[KernelSpec]:
             kernels = passes(node)
-            moved = sum(b for _, b in kernels)
-            launch = _pieces(node, "", _largest_numel(node), exact=False)[0].launch
+            moved = sum(b for _, b in kernels) or 1.0
+            launch = _elementwise_launch(_largest_numel(node))  # their launch logic is not modelled
             return [
                 KernelSpec(name, launch, _f(node.flops) * b / moved, b, exact=False) for name, b in kernels
             ]
@@ -234,7 +237,7 @@ def _memory_bound(*ops: torch._ops.OpOverload) -> Callable[[Passes], Passes]:
                aten.argmax.default, aten.argmin.default, aten.prod.default, aten.prod.dim_int,
                aten.var.correction, aten.var_mean.correction, aten.std.correction, aten.any.default,
                aten.any.dim, aten.all.default, aten.all.dim, aten.linalg_vector_norm.default,
-               aten.logsumexp.default, aten.cumsum.default)  # fmt: skip
+               aten.cumsum.default)  # fmt: skip
 def _reduction(node: NodeCost) -> list[tuple[str, float]]:
     """``reduce_kernel`` (a scan for cumsum): one read of the input, one write of the result."""
     return [("reduce_kernel", _f(node.bytes))]
@@ -242,12 +245,18 @@ def _reduction(node: NodeCost) -> list[tuple[str, float]]:
 
 @_memory_bound(aten.cat.default, aten.stack.default, aten.triu.default, aten.tril.default,
                aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
-               aten.avg_pool2d_backward.default, aten._adaptive_avg_pool2d.default,
-               aten._adaptive_avg_pool2d_backward.default)  # fmt: skip
+               aten._adaptive_avg_pool2d.default)  # fmt: skip
 def _one_pass(node: NodeCost) -> list[tuple[str, float]]:
     """Copies and pooling windows (``CatArrayBatchedCopy``, ``max_pool_forward_nchw``...): each input
-    read once, each output written once."""
+    read once, each output written once. Kernels are named after their op."""
     return [(node.op.split(".")[1], _f(node.bytes))]
+
+
+@_memory_bound(aten.avg_pool2d_backward.default, aten._adaptive_avg_pool2d_backward.default)
+def _pool_backward(node: NodeCost) -> list[tuple[str, float]]:
+    """Each input gradient gathers the output gradients of its windows; the forward input (the second
+    argument) gives only the shape."""
+    return [(node.op.split(".")[1], _in(node, 0) + _out(node, 0))]
 
 
 @_memory_bound(aten.embedding.default, aten.index_select.default, aten.gather.default, aten.index.Tensor)
@@ -259,8 +268,9 @@ def _gather(node: NodeCost) -> list[tuple[str, float]]:
 
 @_memory_bound(aten.select_backward.default, aten.slice_backward.default, aten.constant_pad_nd.default)
 def _zero_then_copy(node: NodeCost) -> list[tuple[str, float]]:
-    """Fill the output, then copy the (gradient of the) slice into its place."""
-    return [("fill", _out(node, 0)), ("copy", 2 * _in(node, 0))]
+    """Fill the output, then copy the (gradient of the) slice into its place; a negative pad copies
+    only what is kept."""
+    return [("fill", _out(node, 0)), ("copy", 2 * min(_in(node, 0), _out(node, 0)))]
 
 
 @_memory_bound(aten.slice_scatter.default, aten.select_scatter.default)
@@ -299,9 +309,10 @@ def _nll_loss(node: NodeCost) -> list[tuple[str, float]]:
 
 @_memory_bound(aten.nll_loss_backward.default)
 def _nll_loss_backward(node: NodeCost) -> list[tuple[str, float]]:
-    """Zero the gradient of the log-probabilities, then write one element per target."""
+    """Zero the gradient of the log-probabilities, then write one element per target, reading the
+    targets and the output's gradient (one per target without reduction)."""
     picked = math.prod(node.in_shapes[2]) * itemsize(node.out_dtypes[0])
-    return [("fill", _out(node, 0)), ("nll_loss_backward", _in(node, 2) + picked)]
+    return [("fill", _out(node, 0)), ("nll_loss_backward", _in(node, 0) + _in(node, 2) + picked)]
 
 
 @_memory_bound(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.default,
@@ -317,9 +328,15 @@ def _batch_norm(node: NodeCost) -> list[tuple[str, float]]:
 
 @_memory_bound(aten.native_batch_norm_backward.default)
 def _batch_norm_backward(node: NodeCost) -> list[tuple[str, float]]:
-    """One kernel per channel: reduce the output gradient and ``(x - mean) * grad``, then read both
-    again to write the input's gradient."""
-    return [("batch_norm_backward", 2 * (_in(node, 0) + _in(node, 1)) + _out(node, 0))]
+    """Training: one kernel reduces the output gradient and ``(x - mean) * grad`` per channel, then
+    reads both again to write the input's gradient (when asked for, ``output_mask[0]``). With the
+    running statistics: an elementwise pass for the input's gradient and a reduction for the
+    weight's."""
+    grad, x = _in(node, 0), _in(node, 1)
+    grad_input = grad if (node.args.get("output_mask") or [True])[0] else 0
+    if not node.args.get("train", True):
+        return [("batch_norm_backward_elemt", grad + grad_input), ("batch_norm_backward_reduce", grad + x)]
+    return [("batch_norm_backward", 2 * (grad + x) + grad_input)]
 
 
 # -- everything else kernel-alike -------------------------------------------------------------------
