@@ -347,9 +347,11 @@ class Heads:
             return out
         groups, lowered = batch.derived("heads", lambda: _groups(batch))
         for head, group in groups.items():
-            if head == "ew" and head in self.heads:
+            if head not in self.heads:
+                continue
+            if head == "ew":
                 out[group.index] = _elementwise_ms(self.heads[head], group, device)
-            elif head in self.heads:
+            else:
                 reference = roofline_ms(group.batch, device)
                 ratio = np.exp(self.heads[head](with_device(head, group.problem, device)))
                 out[group.index] = reference * ratio * group.repeats
@@ -484,11 +486,7 @@ def _elementwise_ms(mlp: MLP, group: _Group, device: Device) -> np.ndarray:
     it too. Monotone by construction, and the MLP's own value wherever it does not dip.
     """
     raw = roofline_ms(group.batch, device) * np.exp(mlp(with_device("ew", group.problem, device)))
-    members: dict[_SizeClass, list[int]] = {}
-    for i, (problem, node) in enumerate(zip(group.problem, group.batch.nodes, strict=True)):
-        c = _SizeClass.of(problem, node)
-        if math.isfinite(c.own_bytes):  # else the roofline, and the time, is unknown
-            members.setdefault(c, []).append(i)
+    members = group.batch.derived("heads.size_classes", lambda: _size_classes(group))
     tables = _TABLES.setdefault(mlp, OrderedDict())
     missing = [c for c in members if (device, c) not in tables]
     if missing:
@@ -509,6 +507,17 @@ def _elementwise_ms(mlp: MLP, group: _Group, device: Device) -> np.ndarray:
             np.where(size > table.sizes[-1], above, np.where(size >= table.sizes[0], inside, below))
         )
     return out * group.repeats
+
+
+def _size_classes(group: _Group) -> dict[_SizeClass, list[int]]:
+    """The positions in ``group`` of each class's nodes (nodes of unknown bytes, whose roofline and
+    time are unknown, in none)."""
+    members: dict[_SizeClass, list[int]] = {}
+    for i, (problem, node) in enumerate(zip(group.problem, group.batch.nodes, strict=True)):
+        c = _SizeClass.of(problem, node)
+        if math.isfinite(c.own_bytes):
+            members.setdefault(c, []).append(i)
+    return members
 
 
 def _size_tables(mlp: MLP, classes: list[_SizeClass], device: Device) -> list[_SizeTable]:

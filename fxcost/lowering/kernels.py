@@ -238,17 +238,13 @@ def _memory_bound(*ops: torch._ops.OpOverload) -> Callable[[_Passes], _Passes]:
                aten.var.correction, aten.var_mean.correction, aten.std.correction, aten.any.default,
                aten.any.dim, aten.all.default, aten.all.dim, aten.linalg_vector_norm.default,
                aten.cumsum.default)  # fmt: skip
-def _reduction(node: NodeCost) -> list[tuple[str, float]]:
-    """``reduce_kernel`` (a scan for cumsum): one read of the input, one write of the result."""
-    return [("reduce_kernel", _f(node.bytes))]
-
-
 @_memory_bound(aten.cat.default, aten.stack.default, aten.triu.default, aten.tril.default,
                aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
                aten._adaptive_avg_pool2d.default)  # fmt: skip
 def _one_pass(node: NodeCost) -> list[tuple[str, float]]:
-    """Copies and pooling windows (``CatArrayBatchedCopy``, ``max_pool_forward_nchw``...): each input
-    read once, each output written once. Kernels are named after their op."""
+    """Reductions (``reduce_kernel``; a scan for cumsum), copies (``CatArrayBatchedCopy``) and pooling
+    windows (``max_pool_forward_nchw``...): each input read once, each output written once. Kernels are
+    named after their op."""
     return [(node.op.split(".")[1], _f(node.bytes))]
 
 
