@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fxcost.datasets import ELEMENTWISE, read_ops
-from fxcost.devices import get_device
+from fxcost.data.datasets import ELEMENTWISE, read_ops
+from fxcost.gpus import get_device
 
 HELD_OUT = {"H100-SXM", "H100-PCIE", "L4", "A100-PCIE-80GB", "A100-SXM4-80GB"}
 LARGE, TINY = 2**20, 4096
@@ -74,7 +74,7 @@ def main() -> int:
 def _fit_l2_ramp(data: str) -> tuple[float, float]:
     from fxcost.cost_models import NodeBatch
     from fxcost.cost_models import wave_scaling as ws
-    from fxcost.datasets import kernel_alike_node
+    from fxcost.data.datasets import kernel_alike_node
 
     rows = read_ops(data, ["ln", "softmax"]).query("B >= 8192 and numel >= 2**22")
     rows = rows[~rows["device"].isin(HELD_OUT)]

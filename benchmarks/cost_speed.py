@@ -40,10 +40,9 @@ from unittest import mock
 import torch
 
 from fxcost import zoo
-from fxcost.backend import FxcostBackend
-from fxcost.capture import default_loss, trace_step
-from fxcost.devices import Device, get_device
+from fxcost.capture import CaptureOptions, FxcostBackend, default_loss, trace_step
 from fxcost.estimator import Estimator
+from fxcost.gpus import Device, get_device
 
 # (zoo name, batch, config): the issue's sizes, and smaller ones for a fast check. Tracing time grows
 # with the layers, not the sizes.
@@ -165,8 +164,8 @@ def time_fxcost(
 def time_sweep(points: int) -> tuple[int, float]:
     """Wall time of ``fxcost.sweep`` over ``points`` points: four transformer-block widths (a trace
     each), batches 2 and up, ten GPUs, five precisions, in a fresh process-wide estimator."""
-    from fxcost.devices import device_names
-    from fxcost.estimator import _default
+    from fxcost.estimator.estimator import _default
+    from fxcost.gpus import device_names
     from fxcost.sweeps import Point, sweep
 
     _default.clear()  # the traces are part of what a sweep costs
@@ -264,7 +263,7 @@ def time_inductor_roofline(
     from torch._inductor.fx_passes.overlap_scheduling import estimate_roofline_runtime_ms
 
     model, inputs = zoo.build(name, batch, **config)
-    backend = FxcostBackend([], measure=False, run_graphs=False)
+    backend = FxcostBackend(CaptureOptions(devices=(), measure=False), run_graphs=False)
     trace_step(model, inputs, {}, backend, train=True)
     nodes = [n for gm in backend.graph_modules() for n in gm.graph.nodes if n.op == "call_function"]
     estimate: Callable[[torch.fx.Node], float] = estimate_roofline_runtime_ms

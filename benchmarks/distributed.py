@@ -31,8 +31,8 @@ import sys
 import time
 import warnings
 
-from fxcost.datasets import data_root
-from fxcost.devices import get_device
+from fxcost.data.datasets import data_root
+from fxcost.gpus import get_device
 from fxcost.sim import simulate
 
 _RUN = re.compile(r"^(?P<model>.+)-train-(?P<seqlen>\d+)-(?P<batch>\d+)-(?P<plan>dp4|tp4|pp4_\d+)$")

@@ -40,9 +40,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fxcost.devices import get_device
+from fxcost.cost_models.eager import kernel_ms
+from fxcost.gpus import get_device
 from fxcost.report import Report
-from fxcost.report.eager import kernel_ms, origin_pipeline
 
 # What --check allows: the figures measured when the fixtures were recorded, with some room.
 LIMITS = {
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             measured = float(meta["step_ms"])
             truth = reports[target]
             recorded = recorded_gpu_ms(truth)  # 0 for a trace recorded without the profiler
-            target_host_ms = origin_pipeline(truth).host_ms
+            target_host_ms = truth.pipeline().host_ms
             busy, isolated = recorded / measured, (truth.origin_ms() or 0.0) / measured
             fidelity_rows.append((case, precision, slug(target), measured, busy, isolated))
             errors["fidelity"].append(abs(busy - 1) * 100)

@@ -27,12 +27,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from fxcost.cost_models import predict
+from fxcost.cost_models.eager import kernel_ms
 from fxcost.cost_models.heads import LOWERED, head_of
-from fxcost.devices import get_device
+from fxcost.gpus import get_device
 from fxcost.lowering import MEMORY_BOUND
 from fxcost.records import NodeCost
 from fxcost.report import Report
-from fxcost.report.eager import kernel_ms
 
 MODELS = ("mlp", "roofline")
 

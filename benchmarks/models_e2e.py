@@ -27,10 +27,10 @@ from pathlib import Path
 import pandas as pd
 
 import fxcost
-from fxcost.datasets import data_root, read_model_runs
-from fxcost.devices import get_device
-from fxcost.hf import hf_step
+from fxcost.data.datasets import data_root, read_model_runs
+from fxcost.gpus import get_device
 from fxcost.report import Report
+from fxcost.zoo.hf import hf_step
 
 # Models whose step depends on the data: the expert a token goes to (Switch's top-1 routing) decides
 # the shapes, and meta tensors carry no data.

@@ -28,8 +28,9 @@ import numpy as np
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import Heads, memory_pass
-from fxcost.datasets import conv_node, gemm_node, kernel_alike_node
-from fxcost.devices import device_names, get_device
+from fxcost.data.datasets import kernel_alike_node
+from fxcost.gpus import device_names, get_device
+from fxcost.lowering.nodes import conv_node, gemm_node
 from fxcost.records import NodeCost
 
 Pair = Callable[[np.random.Generator], tuple[NodeCost, NodeCost]]

@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fxcost.compare import habitat_mlp_ms
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import HEADS, load_heads
 from fxcost.cost_models.roofline import Roofline
-from fxcost.devices import get_device
-from fxcost.training import HELD_OUT_DEVICES, TrainConfig, examples, fit, split, train
+from fxcost.gpus import HELD_OUT_DEVICES, get_device
+from fxcost.train.compare import habitat_mlp_ms
+from fxcost.train.heads import TrainConfig, examples, fit, split, train
 
 NAMES = {"linear": "fc", "bmm": "bmm", "conv": "conv", "ew": "ew", "softmax": "softmax", "ln": "ln"}
 
@@ -112,7 +112,7 @@ def _mape(frame: pd.DataFrame, method: str) -> float:
 
 def _roofline(rows: pd.DataFrame, head: str) -> np.ndarray:
     """fxcost's roofline model on the rows, in the device order :func:`examples` uses."""
-    from fxcost.datasets import row_node
+    from fxcost.data.datasets import row_node
 
     parts = []
     for device_name, group in rows.groupby("device", sort=True):

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_map
 
 import fxcost
 from fxcost import zoo
-from fxcost.collect import device_label
+from fxcost.data.collect import device_label
 
 Case = Callable[[], tuple[torch.nn.Module, Any]]
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}

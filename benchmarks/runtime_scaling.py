@@ -1,7 +1,7 @@
 """Runtime-based prediction across GPUs: one GPU's per-node trace predicts another GPU's iteration.
 
 For each (model, mode, seqlen, batch) measured on two or more GPUs, every GPU's NeuSight trace
-(``DIR/models/<Device>/<run>.csv``, read by :func:`fxcost.neusight.read_trace`) is the origin for every
+(``DIR/models/<Device>/<run>.csv``, read by :func:`fxcost.data.neusight.read_trace`) is the origin for every
 other GPU: kernel-alike nodes are wave-scaled from their measured time, kernel-varying ones scaled by
 the MLP heads' ratio between the GPUs (the default ``auto`` policy with an origin). The prediction is
 compared with the other GPU's measured ``e2e_latency``.
@@ -25,9 +25,9 @@ import warnings
 
 import pandas as pd
 
-from fxcost.datasets import read_model_runs
-from fxcost.devices import get_device
-from fxcost.neusight import read_trace
+from fxcost.data.datasets import read_model_runs
+from fxcost.data.neusight import read_trace
+from fxcost.gpus import get_device
 from fxcost.report import Report
 
 

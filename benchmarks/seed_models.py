@@ -37,11 +37,12 @@ from models_e2e import _capture
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import load_heads
-from fxcost.cost_models.justus import JustusConfig, JustusPredictor, examples
+from fxcost.cost_models.justus import JustusPredictor
 from fxcost.cost_models.lattuada import LattuadaRegression
-from fxcost.datasets import data_root, read_model_runs, row_node
-from fxcost.devices import get_device
-from fxcost.training import HELD_OUT_DEVICES, TrainConfig, split, train
+from fxcost.data.datasets import data_root, read_model_runs, row_node
+from fxcost.gpus import HELD_OUT_DEVICES, get_device
+from fxcost.train.heads import TrainConfig, split, train
+from fxcost.train.justus import JustusConfig, examples, train_justus
 
 LAYERS = ("linear", "conv")
 
@@ -63,7 +64,7 @@ def main() -> int:
     cache.mkdir(parents=True, exist_ok=True)
     config = dataclasses.replace(JustusConfig(), epochs=args.epochs)
     saved = cache / f"justus-{args.epochs}-without-{holdout}.npz"
-    justus_out = JustusPredictor.train_on(args.data, exclude=[holdout], config=config, out=saved)
+    justus_out = train_justus(args.data, exclude=[holdout], config=config, out=saved)
     work = cache / f"heads-without-{holdout}"
     train([args.data], work, heads=LAYERS, exclude=set(HELD_OUT_DEVICES) | {holdout},
           config=dataclasses.replace(TrainConfig(), epochs=20))  # fmt: skip

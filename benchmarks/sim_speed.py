@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from fxcost import zoo
-from fxcost.datasets import data_root
+from fxcost.data.datasets import data_root
 from fxcost.sim import simulate
 
 GPUS = (1, 2, 4, 8, 16, 32)

@@ -31,8 +31,8 @@ import pandas as pd
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.wave_scaling import WaveScaling
-from fxcost.datasets import KERNEL_ALIKE, kernel_alike_node, op_class, read_ops, read_ops_test
-from fxcost.devices import get_device
+from fxcost.data.datasets import KERNEL_ALIKE, kernel_alike_node, op_class, read_ops, read_ops_test
+from fxcost.gpus import get_device
 from fxcost.lowering import lower
 from fxcost.records import KernelRecord, NodeCost
 

@@ -14,60 +14,46 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from fxcost._version import __version__
 
-__all__ = [
-    "Cost",
-    "Estimator",
-    "NodeCost",
-    "Report",
-    "Trace",
-    "at_batch",
-    "cost",
-    "devices",
-    "estimate",
-    "get_device",
-    "last_report",
-    "profile",
-    "simulate",
-    "sweep",
-]
-
-_EXPORTS = {
-    "Cost": "fxcost.capture",
-    "profile": "fxcost.capture",
-    "cost": "fxcost.capture",
-    "Estimator": "fxcost.estimator",
-    "sweep": "fxcost.sweeps",
-    "simulate": "fxcost.sim",
-    "estimate": "fxcost.backend",
-    "last_report": "fxcost.backend",
-    "Report": "fxcost.report",
-    "at_batch": "fxcost.report.batch",
-    "NodeCost": "fxcost.records",
-    "get_device": "fxcost.devices",
+# The public names, each from its module under its name there. The TYPE_CHECKING imports below say
+# the same for type checkers; tests/test_layout.py keeps the two equal.
+_EXPORTS: dict[str, tuple[str, str]] = {
+    "Cost": ("fxcost.estimator", "Cost"),
+    "Estimator": ("fxcost.estimator", "Estimator"),
+    "NodeCost": ("fxcost.records", "NodeCost"),
+    "Report": ("fxcost.report", "Report"),
+    "at_batch": ("fxcost.report.batch", "at_batch"),
+    "cost": ("fxcost.estimator", "cost"),
+    "devices": ("fxcost.gpus", "device_names"),
+    "estimate": ("fxcost.capture", "estimate"),
+    "get_device": ("fxcost.gpus", "get_device"),
+    "last_report": ("fxcost.capture", "last_report"),
+    "profile": ("fxcost.capture", "profile"),
+    "simulate": ("fxcost.sim", "simulate"),
+    "sweep": ("fxcost.sweeps", "sweep"),
 }
 
-if TYPE_CHECKING:
-    from fxcost.backend import estimate, last_report
-    from fxcost.capture import Cost, cost, profile
-    from fxcost.devices import device_names as devices
-    from fxcost.devices import get_device
-    from fxcost.estimator import Estimator
-    from fxcost.records import NodeCost
-    from fxcost.report import Report
-    from fxcost.report.batch import at_batch
-    from fxcost.sim import simulate
-    from fxcost.sweeps import sweep
+__all__ = ["__version__", *_EXPORTS]
 
-    Trace = Report
+if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
+    from fxcost.capture import estimate as estimate
+    from fxcost.capture import last_report as last_report
+    from fxcost.capture import profile as profile
+    from fxcost.estimator import Cost as Cost
+    from fxcost.estimator import Estimator as Estimator
+    from fxcost.estimator import cost as cost
+    from fxcost.gpus import device_names as devices  # noqa: F401 (re-exported as fxcost.devices)
+    from fxcost.gpus import get_device as get_device
+    from fxcost.records import NodeCost as NodeCost
+    from fxcost.report import Report as Report
+    from fxcost.report.batch import at_batch as at_batch
+    from fxcost.sim import simulate as simulate
+    from fxcost.sweeps import sweep as sweep
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Trace":  # DESIGN.md's name for the serialized form: the same class as Report
-        name = "Report"
-    if name == "devices":  # the callable fxcost.devices package: fxcost.devices() lists GPU names
-        return importlib.import_module("fxcost.devices")
     if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
+        module, attribute = _EXPORTS[name]
+        return getattr(importlib.import_module(module), attribute)
     raise AttributeError(f"module 'fxcost' has no attribute {name!r}")

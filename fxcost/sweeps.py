@@ -24,10 +24,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from fxcost.devices import get_device
+from fxcost._progress import progress_bars
+from fxcost.gpus import get_device
+from fxcost.precision import Precision, PrecisionName, parse_precision
 
 if TYPE_CHECKING:
-    from fxcost.estimator import Estimator, Precision
+    from fxcost.estimator import Estimator
 
 __all__ = ["Point", "Result", "evaluate_group", "sweep"]
 
@@ -45,7 +47,8 @@ class Point:
         batch: the batch size to price the step at.
         device: the GPU (``fxcost.devices()``).
         config: keyword arguments of the model builder (width, depth, sequence length).
-        precision: ``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, or None for the model's dtypes.
+        precision: ``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, or None for the model's dtypes;
+            kept as the :class:`~fxcost.precision.Precision` it names.
         train: a training step (forward, loss, backward) or a forward pass.
         strategy: a parallel plan (``"dp=2,tp=4,pp=2,mb=8"``): the point is a simulated multi-GPU
             iteration (:func:`fxcost.simulate`, training only) on ``cluster``, by default one node of
@@ -57,14 +60,19 @@ class Point:
     batch: int
     device: str
     config: Mapping[str, Any] = field(default_factory=dict)
-    precision: Precision | None = None
+    precision: PrecisionName | Precision | None = None
     train: bool = True
     strategy: str | None = None
     cluster: str | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", parse_precision(self.precision))
+
     def key(self) -> str:
         """A stable identity of the point (for resuming): its fields as JSON, callables by name."""
-        fields = asdict(self) | {"model": _spec_name(self.model), "config": dict(self.config)}
+        precision = None if self.precision is None else str(self.precision)
+        fields = asdict(self) | {"model": _spec_name(self.model), "config": dict(self.config),
+                                 "precision": precision}  # fmt: skip
         return json.dumps(fields, sort_keys=True, default=repr)
 
 
@@ -243,9 +251,6 @@ def _as_point(p: Point | Mapping[str, Any]) -> Point:
             raise ValueError("a sweep point with a strategy simulates training; it needs train=True")
     elif p.cluster is not None:
         raise ValueError("a sweep point's cluster is only used with a strategy")
-    from fxcost.estimator import check_precision
-
-    check_precision(p.precision)
     return p
 
 
@@ -320,12 +325,14 @@ def _finite(x: Any) -> Any:
 
 @contextlib.contextmanager
 def _progress(total: int, done: int, show: bool) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar over the points (or nothing), advanced by the number of new results."""
-    if not show or done >= total:
-        yield lambda n: None
-        return
-    from rich.progress import Progress
+    """A progress bar over the points (or nothing), advanced by the number of new results."""
+    with progress_bars(show and done < total) as update:
+        count = done
+        update("sweep", count, total)
 
-    with Progress(transient=True) as bar:
-        task = bar.add_task("sweep", total=total, completed=done)
-        yield lambda n: bar.advance(task, n)
+        def advance(n: int) -> None:
+            nonlocal count
+            count += n
+            update("sweep", count, total)
+
+        yield advance

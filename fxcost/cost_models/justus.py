@@ -20,24 +20,25 @@ predictions add up to a batch's time and times the number of batches to an epoch
 :meth:`JustusPredictor.batch_ms`, :meth:`JustusPredictor.epoch_ms`.
 
 The paper's initial learning rate, 0.1, makes Adam diverge on these features; 1e-3 is used, with the
-paper's schedule shape (x0.5 every 40 epochs).
+paper's schedule shape (x0.5 every 40 epochs). Training is :func:`fxcost.train.justus.train_justus`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from fxcost.cost_models import NodeBatch, register
-from fxcost.devices import Device
+from fxcost.cost_models.heads import head_of
+from fxcost.cost_models.interface import NodeBatch, register
+from fxcost.cost_models.mlp import MLP, read_mlps, save_mlps
+from fxcost.gpus import Device
+from fxcost.lowering.nodes import conv_dims, conv_gradients, forward_conv, gemm_dims, is_conv_backward
 from fxcost.records import NodeCost
 
-__all__ = ["ARCHITECTURES", "JustusConfig", "JustusPredictor", "hardware_features", "layer_features"]
+__all__ = ["ARCHITECTURES", "LAYERS", "JustusPredictor", "hardware_features", "layer_features", "layer_of"]
 
 LAYERS = ("linear", "conv")
 ARCHITECTURES = ("Maxwell", "Pascal", "Volta", "Turing", "Ampere", "Ada", "Hopper", "Blackwell")
@@ -65,14 +66,10 @@ def layer_features(layer: str, node: NodeCost) -> list[float]:
     op with no activation and no optimiser step."""
     implementation = [float(a == "none") for a in ACTIVATIONS] + [0.0] * len(OPTIMISERS)
     if layer == "linear":
-        from fxcost.cost_models.heads import _gemm_dims
-
-        b, m, n, k = _gemm_dims(node)
+        b, m, n, k = gemm_dims(node)
         return [float(b * m), float(k), float(n), *implementation]
     if layer == "conv":
-        from fxcost.cost_models.heads import _conv_dims
-
-        batch, c_in, c_out, kernel, size, stride = _conv_dims(node)
+        batch, c_in, c_out, kernel, size, stride = conv_dims(node)
         padding = float((node.args.get("padding") or [0])[0])
         bias = float(len(node.in_shapes) > 2 and bool(node.in_shapes[2]))
         return [float(batch), float(size), float(kernel), float(c_in), float(c_out), float(stride), padding,
@@ -82,82 +79,23 @@ def layer_features(layer: str, node: NodeCost) -> list[float]:
 
 def layer_of(node: NodeCost) -> str | None:
     """The Justus layer type that predicts ``node`` (GEMMs as fully connected layers), if any."""
-    from fxcost.cost_models.heads import head_of
-
     head = head_of(node)
     return head if head in LAYERS else None
-
-
-@dataclass(frozen=True)
-class JustusConfig:
-    """Network and schedule (§VI-E: 300 epochs, batch 128, L2 on every layer, one dropout layer)."""
-
-    hidden: tuple[int, ...] = (128, 128, 64)
-    dropout: float = 0.2
-    l2: float = 1e-4
-    epochs: int = 300
-    batch: int = 128
-    lr: float = 1e-3
-    lr_halving_epochs: int = 40
-    seed: int = 0
-
-
-@dataclass
-class _Network:
-    mean: np.ndarray
-    std: np.ndarray
-    weights: list[np.ndarray]
-    biases: list[np.ndarray]
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        h = (x - self.mean) / self.std
-        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
-            h = h @ w + b
-            if i < len(self.weights) - 1:
-                h = np.maximum(h, 0.0)
-        return np.logaddexp(0.0, h[:, 0])  # softplus: positive ms
 
 
 class JustusPredictor:
     """Per-layer time predictor of Justus et al.; usable as a cost model (``"justus"``).
 
     Example:
-        >>> justus = JustusPredictor.train_on("../shared/data", epochs=30)  # doctest: +SKIP
+        >>> from fxcost.train.justus import JustusConfig, train_justus
+        >>> justus = train_justus("../shared/data", config=JustusConfig(epochs=30))  # doctest: +SKIP
         >>> justus.predict(batch, get_device("V100-PCIE-32GB"))  # doctest: +SKIP
     """
 
     name = "justus"
 
-    def __init__(self, networks: dict[str, _Network] | None = None) -> None:
+    def __init__(self, networks: dict[str, MLP] | None = None) -> None:
         self.networks = networks or {}
-
-    # -- training --------------------------------------------------------------------------------
-
-    @classmethod
-    def train_on(
-        cls,
-        data: str | Path,
-        exclude: Sequence[str] = (),
-        config: JustusConfig = JustusConfig(),
-        progress: Callable[[str, int, int], None] | None = None,
-        out: str | Path | None = None,
-    ) -> JustusPredictor:
-        """Train both layer networks on ``data``'s training rows (``ops/linear``, ``ops/conv``), GPUs
-        held out by DESIGN.md and ``exclude`` left out. With ``out`` (an ``.npz`` path) each finished
-        network is saved at once, and a rerun keeps the networks already there."""
-        from fxcost.training import HELD_OUT_DEVICES, split
-
-        done = cls.load(out).networks if out is not None and Path(out).exists() else {}
-        networks = dict(done)
-        for layer in LAYERS:
-            if layer in networks:
-                continue
-            rows, _ = split([data], layer, exclude=set(HELD_OUT_DEVICES) | set(exclude))
-            x, y = examples(rows, layer)
-            networks[layer] = fit(x, y, config, _labelled(progress, layer))
-            if out is not None:
-                cls(networks).save(out)
-        return cls(networks)
 
     # -- the cost-model interface ----------------------------------------------------------------
 
@@ -186,108 +124,31 @@ class JustusPredictor:
 
     def save(self, path: str | Path) -> None:
         """Write the networks to ``path`` (``.npz``), atomically."""
-        from fxcost._io import atomic_write
-
-        arrays: dict[str, np.ndarray] = {}
-        for layer, net in self.networks.items():
-            arrays[f"{layer}/mean"], arrays[f"{layer}/std"] = net.mean, net.std
-            for i, (w, b) in enumerate(zip(net.weights, net.biases, strict=True)):
-                arrays[f"{layer}/w{i}"], arrays[f"{layer}/b{i}"] = w, b
-        atomic_write(path, lambda f: np.savez_compressed(f, **arrays))  # type: ignore[arg-type]
+        save_mlps(path, self.networks)
 
     @classmethod
     def load(cls, path: str | Path) -> JustusPredictor:
         with np.load(path) as arrays:
-            networks = {}
-            for layer in sorted({k.split("/")[0] for k in arrays.files}):
-                depth = sum(1 for k in arrays.files if k.startswith(f"{layer}/w"))
-                weights = [arrays[f"{layer}/w{i}"] for i in range(depth)]
-                biases = [arrays[f"{layer}/b{i}"] for i in range(depth)]
-                networks[layer] = _Network(arrays[f"{layer}/mean"], arrays[f"{layer}/std"], weights, biases)
-        return cls(networks)
-
-
-def examples(rows: Any, layer: str) -> tuple[np.ndarray, np.ndarray]:
-    """Feature rows and measured ms of data-set ``rows`` (see :mod:`fxcost.datasets`)."""
-    from fxcost.datasets import row_node
-    from fxcost.devices import get_device
-
-    x, y = [], []
-    for device_name, group in rows.groupby("device", sort=True):
-        hardware = hardware_features(get_device(device_name))
-        for row in group.itertuples(index=False):
-            x.append([*layer_features(layer, row_node(row)), *hardware])
-            y.append(float(row.Latency))
-    return np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-
-
-def fit(
-    x: np.ndarray, y: np.ndarray, config: JustusConfig, progress: Callable[[int, int], Any] | None = None
-) -> _Network:
-    """Train one layer network with RMSLE, L2 on every layer, dropout after the last hidden layer."""
-    import torch
-
-    torch.manual_seed(config.seed)
-    generator = torch.Generator().manual_seed(config.seed)
-    mean, std = x.mean(axis=0), x.std(axis=0) + 1e-9
-    xs = torch.tensor((x - mean) / std, dtype=torch.float32)
-    ys = torch.tensor(y, dtype=torch.float32)
-    layers: list[torch.nn.Module] = []
-    width = xs.shape[1]
-    for i, hidden in enumerate(config.hidden):
-        layers += [torch.nn.Linear(width, hidden), torch.nn.ReLU()]
-        if i == len(config.hidden) - 1:
-            layers.append(torch.nn.Dropout(config.dropout))
-        width = hidden
-    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
-    optimizer = torch.optim.Adam(net.parameters(), lr=config.lr)
-    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=config.lr_halving_epochs, gamma=0.5)
-    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
-    for epoch in range(config.epochs):
-        net.train()
-        order = torch.randperm(len(ys), generator=generator)
-        for start in range(0, len(ys), config.batch):
-            index = order[start : start + config.batch]
-            predicted = torch.nn.functional.softplus(net(xs[index])[:, 0])
-            rmsle = torch.sqrt(torch.mean((torch.log1p(predicted) - torch.log1p(ys[index])) ** 2) + 1e-12)
-            l2 = sum(m.weight.pow(2).sum() for m in linears)
-            optimizer.zero_grad()
-            (rmsle + config.l2 * l2).backward()
-            optimizer.step()
-        schedule.step()
-        if progress is not None:
-            progress(epoch + 1, config.epochs)
-    return _Network(mean, std, [m.weight.detach().double().numpy().T.copy() for m in linears],
-                    [m.bias.detach().double().numpy().copy() for m in linears])  # fmt: skip
-
-
-def _labelled(
-    progress: Callable[[str, int, int], None] | None, label: str
-) -> Callable[[int, int], None] | None:
-    if progress is None:
-        return None
-    return lambda done, total: progress(label, done, total)
+            return cls(read_mlps(arrays, output="softplus"))
 
 
 def _layer_groups(nodes: Sequence[NodeCost]) -> dict[str, tuple[list[int], list[list[float]], list[int]]]:
     """Nodes by layer type with their layer features; a backward convolution is its forward
     convolution once per gradient it computes (the training data times forward layers only)."""
-    from fxcost.cost_models.heads import _conv_gradients, _forward_conv, _is_backward
-
     groups: dict[str, tuple[list[int], list[list[float]], list[int]]] = {}
     for i, node in enumerate(nodes):
         layer = layer_of(node) if node.has_kernel else None
         if layer is None:
             continue
-        backward = _is_backward(node)
+        backward = is_conv_backward(node)
         try:
-            features = layer_features(layer, _forward_conv(node) if backward else node)
+            features = layer_features(layer, forward_conv(node) if backward else node)
         except (IndexError, KeyError, TypeError, ValueError):
             continue  # shapes the layer type does not expect: left to the next model in the chain
         index, problem, repeats = groups.setdefault(layer, ([], [], []))
         index.append(i)
         problem.append(features)
-        repeats.append(_conv_gradients(node) if backward else 1)
+        repeats.append(conv_gradients(node) if backward else 1)
     return groups
 
 
@@ -297,7 +158,7 @@ def _justus() -> JustusPredictor:
 
 
 @functools.cache
-def _shipped_networks() -> dict[str, _Network]:
+def _shipped_networks() -> dict[str, MLP]:
     """The shipped networks, read from the package once per process."""
     from importlib import resources
 

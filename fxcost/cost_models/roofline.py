@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fxcost.cost_models import NodeBatch, register
-from fxcost.devices import Device
+from fxcost.cost_models.interface import NodeBatch, register
+from fxcost.gpus import Device
 
 __all__ = ["LAUNCH_FLOOR_MS", "Roofline"]
 

@@ -52,9 +52,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fxcost.cost_models import NodeBatch, register
-from fxcost.devices import Device
-from fxcost.devices.occupancy import Launch, wave_size
+from fxcost.cost_models.interface import NodeBatch, register
+from fxcost.gpus import Device
+from fxcost.gpus.occupancy import Launch, wave_size
 from fxcost.lowering import KernelSpec, is_matmul_class, lower
 from fxcost.records import NodeCost
 

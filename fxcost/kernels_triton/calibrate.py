@@ -2,10 +2,10 @@
 
 Measures achieved DRAM bandwidth (STREAM copy and triad over several sizes), fp32 FMA throughput,
 fp16 and bf16 ``tl.dot`` (tensor-core) throughput, the launch floor (an empty kernel) and L2
-bandwidth (a small working set re-read), all through :func:`fxcost.timing.bench_ms`. :func:`to_yaml`
-writes the calibration columns of the device database
-(``achieved_bandwidth_gbps``, ``kernel_overhead_ms``, ``launch_floor_ms``) in the format
-:func:`fxcost.devices.load_devices` reads.
+bandwidth (a small working set re-read), all through :func:`fxcost.bench.bench_ms`.
+:func:`fxcost.kernels_triton.device_profile.to_yaml` writes the calibration columns of the device
+database (``achieved_bandwidth_gbps``, ``kernel_overhead_ms``, ``launch_floor_ms``) in the format
+:func:`fxcost.gpus.load_devices` reads.
 
 The database's overhead and floor are those of a PyTorch op timed alone, as its measurements were
 taken: the intercept of an elementwise op's time over its bytes, and the time of one on a tiny
@@ -17,19 +17,18 @@ Without a GPU the same code runs on CPU tensors under Triton's interpreter (``TR
 result is then marked ``on_gpu=False`` and its numbers mean nothing.
 
 Example:
+    >>> from fxcost.kernels_triton.device_profile import to_yaml
     >>> cal = calibrate()  # doctest: +SKIP
     >>> to_yaml(cal, "device.yaml")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,9 +38,7 @@ __all__ = [
     "DEFAULT_SIZES",
     "Calibration",
     "SizeTiming",
-    "add_calibrate_parser",
     "calibrate",
-    "to_yaml",
     "torch_copy_bandwidth_gbps",
     "torch_op_costs",
 ]
@@ -139,7 +136,7 @@ def _kernels(dev: torch.device) -> Any:
 
 
 def _bench(fn: Callable[[], Any], dev: torch.device, repeats: int, budget_ms: float) -> float:
-    from fxcost.timing import bench_ms
+    from fxcost.bench.timing import bench_ms
 
     return bench_ms(fn, dev, budget_ms=budget_ms, min_reps=repeats, max_reps=max(repeats, 1000))
 
@@ -201,7 +198,7 @@ def calibrate(
         device: ``"cuda"`` (or ``"cuda:N"``); ``"cpu"`` runs the Triton interpreter (simulated).
         sizes: fp32 elements per buffer for copy and triad.
         repeats: at least this many timed runs per measurement (more while within ``budget_ms``).
-        budget_ms: time to spend per measurement (see :func:`fxcost.timing.bench_ms`).
+        budget_ms: time to spend per measurement (see :func:`fxcost.bench.bench_ms`).
         fma_elements, fma_iters: size of the FMA benchmark (elements, FMAs per chain).
         dot_size: M = N = K of the ``tl.dot`` benchmark (a multiple of the dot kernel's 128 tile).
         l2: also measure L2 bandwidth (CUDA only: ``l2_bandwidth_gbps`` is ``None`` on the CPU).
@@ -351,141 +348,3 @@ def torch_op_costs(
 
     large = [SizeTiming("torch_add", n, 3 * 4 * n, time_ms(n)) for n in OP_SIZES]
     return _intercept_ms(large), statistics.median(time_ms(n) for n in OP_TINY)
-
-
-def _sig(value: float) -> float:
-    return float(f"{value:.4g}")
-
-
-def to_yaml(
-    calibration: Calibration, path: str | Path, *, name: str | None = None, base: str | None = None
-) -> Path:
-    """Write ``calibration`` as a device file for :func:`fxcost.devices.load_devices` (atomically).
-
-    The entry is named ``name`` (default: the calibration's ``device_name``). A name the database knows
-    overrides that device's calibration columns; a new name needs ``base``, the known device it starts
-    from. FMA throughput, triad and L2 bandwidth have no database column and are written as comments.
-
-    Raises:
-        ValueError: the calibration is simulated (not from a GPU), or a new name comes without ``base``.
-    """
-    import yaml
-
-    from fxcost._io import atomic_write
-    from fxcost.devices import UnknownDeviceError, get_device
-
-    if not calibration.on_gpu:
-        raise ValueError("refusing to write a simulated calibration (on_gpu=False) as a device profile")
-    name = name or calibration.device_name
-    entry: dict[str, Any] = {}
-    try:
-        name = get_device(name).name
-    except UnknownDeviceError:
-        if base is None:
-            raise ValueError(
-                f"{name!r} is not in the device database; give the known device it starts from (base)"
-            ) from None
-        entry["base"] = get_device(base).name
-    entry["achieved_bandwidth_gbps"] = _sig(calibration.achieved_bandwidth_gbps)
-    if calibration.op_overhead_ms is not None:
-        entry["kernel_overhead_ms"] = _sig(calibration.op_overhead_ms)
-    entry["launch_floor_ms"] = _sig(calibration.op_floor_ms)
-    l2 = (
-        "not measured"
-        if calibration.l2_bandwidth_gbps is None
-        else f"{calibration.l2_bandwidth_gbps:.4g} GB/s"
-    )
-    copy_intercept = (
-        "negative"
-        if calibration.kernel_overhead_ms is None
-        else f"{calibration.kernel_overhead_ms * 1e3:.3g} us"
-    )
-    dots = ", ".join(f"{dtype} {tflops:.4g}" for dtype, tflops in calibration.dot_tflops.items())
-    header = (
-        f"# fxcost calibrate on {calibration.device_name} ({calibration.dtype})\n"
-        f"# triad {calibration.triad_bandwidth_gbps:.4g} GB/s, fp32 FMA {calibration.fma_tflops:.4g} TFLOPS, "
-        f"L2 {l2}\n"
-        f"# tl.dot {dots} TFLOPS\n"
-        f"# Triton: empty kernel {calibration.launch_overhead_ms * 1e3:.3g} us, "
-        f"copy intercept {copy_intercept}\n"
-    )
-    body = yaml.safe_dump({name: entry}, sort_keys=False)
-    return atomic_write(path, (header + body).encode())
-
-
-def _format(calibration: Calibration) -> str:
-    lines = [
-        f"{calibration.device_name}" + ("" if calibration.on_gpu else " (simulated: numbers mean nothing)")
-    ]
-    lines.append(f"{'kernel':<8} {'elements':>12} {'MB moved':>10} {'ms':>10} {'GB/s':>10}")
-    for t in calibration.timings:
-        mb = t.bytes_moved / 1e6
-        lines.append(
-            f"{t.kernel:<8} {t.elements:>12} {mb:>10.1f} {t.time_ms:>10.4f} {t.bandwidth_gbps:>10.1f}"
-        )
-    summary = {
-        "achieved_bandwidth_gbps": calibration.achieved_bandwidth_gbps,
-        "triad_bandwidth_gbps": calibration.triad_bandwidth_gbps,
-        "fma_tflops": calibration.fma_tflops,
-        **{f"dot_tflops_{dtype}": v for dtype, v in calibration.dot_tflops.items()},
-        "launch_overhead_ms": calibration.launch_overhead_ms,
-        "kernel_overhead_ms": calibration.kernel_overhead_ms,
-        "op_overhead_ms (torch)": calibration.op_overhead_ms,
-        "op_floor_ms (torch)": calibration.op_floor_ms,
-        "l2_bandwidth_gbps": calibration.l2_bandwidth_gbps,
-    }
-    lines += [f"{key:<24} {'-' if v is None else f'{v:.4g}'}" for key, v in summary.items()]
-    return "\n".join(lines)
-
-
-def _check(calibration: Calibration, torch_copy_gbps: float) -> str:
-    """How the calibrated bandwidth compares with PyTorch's own copy and with the spec sheet."""
-    from fxcost.devices import UnknownDeviceError, get_device
-
-    ratio = calibration.achieved_bandwidth_gbps / torch_copy_gbps
-    lines = [f"{'torch_copy_gbps':<24} {torch_copy_gbps:.4g}  (calibrated / torch copy = {ratio:.3f})"]
-    try:
-        spec = get_device(calibration.device_name).mem_bandwidth_gbps
-    except UnknownDeviceError:
-        spec = None
-    if spec:
-        lines.append(f"{'spec_bandwidth_gbps':<24} {spec:.4g}  (calibrated / spec = "
-                     f"{calibration.achieved_bandwidth_gbps / spec:.3f})")  # fmt: skip
-    return "\n".join(lines)
-
-
-def _run(args: argparse.Namespace) -> int:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "no CUDA GPU: `fxcost calibrate` measures a GPU and needs one (none is visible here)"
-        )
-    cal = calibrate(args.device, sizes=args.sizes, repeats=args.repeats)
-    print(_format(cal))
-    print(_check(cal, torch_copy_bandwidth_gbps(args.device, sizes=args.sizes, repeats=args.repeats)))
-    if args.out:
-        print(f"device profile written to {to_yaml(cal, args.out, name=args.name, base=args.base)}")
-    return 0
-
-
-def add_calibrate_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``fxcost calibrate`` on ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "calibrate",
-        help="measure this GPU's bandwidth, FMA and tensor-core rates, launch floor; write a device profile",
-        description="Times Triton copy/triad (several sizes), FMA, tl.dot, empty and L2 kernels on the GPU "
-        "and prints them; --out writes a YAML device file (load it with FXCOST_DEVICES or "
-        "fxcost.devices.load_devices).",
-    )
-    parser.add_argument("--out", metavar="YAML", help="write the device profile here")
-    parser.add_argument(
-        "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), metavar="N",
-        help="fp32 elements per buffer for copy and triad (default: 2^22 2^24 2^26 2^28)",
-    )  # fmt: skip
-    parser.add_argument("--repeats", type=int, default=10, help="minimum timed runs per kernel (default 10)")
-    parser.add_argument("--device", default="cuda", help="CUDA device (default: cuda)")
-    parser.add_argument("--name", help="device name in the profile (default: the GPU's name)")
-    parser.add_argument("--base", help="known device a new --name starts from")
-    parser.set_defaults(run=_run)
-    return parser

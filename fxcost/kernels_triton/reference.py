@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fxcost.devices.occupancy import Launch
+from fxcost.gpus.occupancy import Launch
 from fxcost.records import KernelRecord
 
 __all__ = [

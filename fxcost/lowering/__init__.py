@@ -1,11 +1,13 @@
 """Lowering: what an ATen op costs before any model looks at it.
 
-FLOPs, bytes read and written, and whether the op launches a kernel at all.
+FLOPs, bytes read and written, whether the op launches a kernel at all, the kernels it launches
+(``kernels``), the GEMMs a cuDNN RNN runs (``rnn``), and the synthetic nodes cost models price in
+place of a recorded one (``nodes``).
 """
 
 from fxcost.lowering.flops import count_flops, is_matmul_class, register_flops
 from fxcost.lowering.kernels import MEMORY_BOUND, KernelSpec, lower, resolve_op
-from fxcost.lowering.traffic import has_kernel, itemsize, recorded_bytes, size_hint, tensor_bytes
+from fxcost.lowering.traffic import has_kernel, recorded_bytes, size_hint, tensor_bytes
 
 __all__ = [
     "MEMORY_BOUND",
@@ -13,7 +15,6 @@ __all__ = [
     "count_flops",
     "has_kernel",
     "is_matmul_class",
-    "itemsize",
     "lower",
     "recorded_bytes",
     "register_flops",

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fxcost.devices.occupancy import Launch
+from fxcost.gpus.occupancy import Launch
 from fxcost.lowering.flops import is_matmul_class
-from fxcost.lowering.traffic import itemsize
+from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 
 __all__ = ["MEMORY_BOUND", "KernelSpec", "lower", "resolve_op"]

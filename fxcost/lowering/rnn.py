@@ -9,6 +9,7 @@ pointwise work again. Those sub-nodes are predicted by the GEMM and elementwise 
 
 from __future__ import annotations
 
+from fxcost.lowering.nodes import gemm_node, synthetic_node
 from fxcost.records import NodeCost
 
 __all__ = ["RNN_OPS", "lower_rnn"]
@@ -23,8 +24,6 @@ _POINTWISE_PASSES = 3
 
 def lower_rnn(node: NodeCost) -> list[tuple[NodeCost, int]]:
     """The (sub-node, repetitions) an RNN node performs; empty if ``node`` is not a cuDNN RNN."""
-    from fxcost.datasets import gemm_node, kernel_alike_node
-
     if node.op not in RNN_OPS or not node.in_shapes:
         return []
     args = node.args
@@ -39,6 +38,6 @@ def lower_rnn(node: NodeCost) -> list[tuple[NodeCost, int]]:
         width = features if layer == 0 else hidden * directions
         work.append((gemm_node("linear", 1, steps * batch, gates, width), directions * passes))
         work.append((gemm_node("linear", 1, batch, gates, hidden), steps * directions * passes))
-        pointwise = kernel_alike_node("mul", batch, gates)
+        pointwise = synthetic_node("aten.mul.Tensor", [(batch, gates)] * 2, [(batch, gates)])
         work.append((pointwise, steps * directions * passes * _POINTWISE_PASSES))
     return work

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Iterable, Sequence
@@ -10,7 +9,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["has_kernel", "itemsize", "recorded_bytes", "size_hint", "tensor_bytes"]
+from fxcost.precision import itemsize
+
+__all__ = ["has_kernel", "recorded_bytes", "size_hint", "tensor_bytes"]
 
 aten = torch.ops.aten
 
@@ -79,10 +80,3 @@ def size_hint(x: int | torch.SymInt) -> int:
 def recorded_bytes(shapes: Iterable[Sequence[int]], dtypes: Iterable[str]) -> int:
     """Bytes of tensors known by their recorded shapes and dtype names (dense, no broadcast)."""
     return sum(math.prod(s) * itemsize(d) for s, d in zip(shapes, dtypes, strict=False))
-
-
-@functools.cache
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a dtype by its name in the records (``"bfloat16"``: 2); 4 if unknown."""
-    found = getattr(torch, dtype, None)
-    return found.itemsize if isinstance(found, torch.dtype) else 4

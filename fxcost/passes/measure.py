@@ -21,9 +21,9 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_map
 
-from fxcost.profiling import kernel_range, recording_kernels
+from fxcost.bench.profiling import kernel_range, recording_kernels
+from fxcost.bench.timing import bench_ms
 from fxcost.records import META_KEY, GraphRecord, NodeCost
-from fxcost.timing import bench_ms
 
 __all__ = ["NODE_REPS", "Progress", "run"]
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 
 import torch.fx
 
-from fxcost import cost_models
-from fxcost.cost_models import CostModel
-from fxcost.devices import Device
+from fxcost.cost_models import ModelSpec
+from fxcost.cost_models import predict as predict_nodes
+from fxcost.gpus import Device
 from fxcost.records import META_KEY
 
 __all__ = ["run"]
@@ -17,9 +17,9 @@ __all__ = ["run"]
 def run(
     gm: torch.fx.GraphModule,
     devices: Sequence[str | Device],
-    model: str | CostModel = "auto",
+    model: ModelSpec = "auto",
     origin: str | None = None,
-    overrides: Mapping[str, str | CostModel] | None = None,
+    overrides: Mapping[str, ModelSpec] | None = None,
 ) -> torch.fx.GraphModule:
     """Fill ``pred_ms`` and ``pred_source`` of each node's record for every device in ``devices``.
 
@@ -29,5 +29,5 @@ def run(
     (runtime-based models scale from it), ``"cpu"`` or None when there is none.
     """
     nodes = [n.meta[META_KEY] for n in gm.graph.nodes if META_KEY in n.meta]
-    cost_models.predict(nodes, devices, model, origin=origin, overrides=overrides)
+    predict_nodes(nodes, devices, model, origin=origin, overrides=overrides)
     return gm

@@ -6,19 +6,19 @@ close to linear in the batch size once kernels fill the GPU. :func:`at_batch` do
 of the same model at two or more batch sizes.
 
 Example:
-    >>> reports = {b: fxcost.profile(model, inputs(b), devices=["A100-SXM4-80GB"]) for b in (8, 16, 32)}
+    >>> reports = [fxcost.profile(model, inputs(b), devices=["A100-SXM4-80GB"]) for b in (8, 16, 32)]
     >>> fit = at_batch(reports, 256)  # doctest: +SKIP
     >>> fit.total_ms("A100-SXM4-80GB")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from fxcost.devices import Device, get_device
+from fxcost.gpus import Device, get_device
 from fxcost.records import Phase
-from fxcost.report import Report
+from fxcost.report.trace import Report
 
 __all__ = ["BatchFit", "at_batch"]
 
@@ -46,14 +46,24 @@ class BatchFit:
         return slope, mean_t - slope * mean_b
 
 
-def at_batch(reports: Mapping[int, Report], batch: int) -> BatchFit:
-    """Predictions at ``batch`` from ``reports`` of one model at two or more other batch sizes.
+def at_batch(reports: Mapping[int, Report] | Iterable[Report], batch: int) -> BatchFit:
+    """Predictions at ``batch`` from ``reports`` of one model at two or more other batch sizes: a
+    mapping ``{batch size: report}``, or reports that record their batch (``fxcost.profile``'s do).
 
     Raises:
-        ValueError: fewer than two distinct batch sizes, or a batch size that is not positive.
+        ValueError: fewer than two distinct batch sizes, a batch size that is not positive, or a
+            report that records no batch size.
     """
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    if not isinstance(reports, Mapping):
+        reports = list(reports)
+        if any(r.batch is None for r in reports):
+            raise ValueError(
+                "at_batch needs each report's batch size; reports from fxcost.profile record it, "
+                "others can set report.batch, or pass a mapping {batch: report}"
+            )
+        reports = {r.batch: r for r in reports if r.batch is not None}
     sizes = sorted(reports)
     if len(sizes) < 2 or any(not isinstance(b, int) or b < 1 for b in sizes):
         raise ValueError(

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 import onnx
 from onnx import TensorProto, helper
 
+from fxcost._version import __version__
 from fxcost.records import NodeCost
 
 if TYPE_CHECKING:
-    from fxcost.report import Report
+    from fxcost.report.trace import Report
 
 __all__ = ["onnx_model"]
 
@@ -68,8 +69,6 @@ def onnx_model(report: Report, devices: Sequence[str]) -> onnx.ModelProto:
         >>> model = onnx_model(report, ["T4"])
         >>> onnx.save(model, "step.onnx")  # or report.to_onnx("step.onnx"), which writes atomically
     """
-    from fxcost import __version__
-
     outputs: dict[tuple[int, str], list[str]] = {}  # (graph, node name) -> its output value names
     read: set[str] = set()
     nodes, typed = [], []

@@ -11,7 +11,7 @@ from rich.table import Table
 from fxcost.records import NodeCost
 
 if TYPE_CHECKING:
-    from fxcost.report import Report
+    from fxcost.report.trace import Report
 
 __all__ = ["console_for", "print_report"]
 

@@ -73,7 +73,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from fxcost.devices import Device, UnknownDeviceError, get_device
+from fxcost.gpus import Device, UnknownDeviceError, get_device
 
 __all__ = [
     "COLLECTIVES",

@@ -10,12 +10,9 @@ collectives the strategy implies, priced on the cluster's GPU:
   the first stage, what comes after (final norm, head, loss) on the last. Backward nodes follow the
   module they differentiate.
 - **Tensor parallelism** (Megatron-LM): inside a layer, nodes of its attention and MLP children are
-  split over ``tp`` ranks. A matmul is sharded along its wider non-token dimension (the 3H of QKV,
-  the 4H of the MLP; the contraction of the output projections), a batched matmul along its
-  batch-times-heads dimension, other ops along their head or feature dimension. Tensors as wide as
-  the model (the row-parallel outputs, the residual stream) stay whole. The sharded nodes are priced
-  at their sharded shapes, not as a fraction of the whole. Each exit from a sharded region is an
-  all-reduce of the activations (forward) or their gradients (backward), two per layer each way.
+  split over ``tp`` ranks (:mod:`fxcost.sim.shard`) and priced at their sharded shapes. Each exit
+  from a sharded region is an all-reduce of the activations (forward) or their gradients
+  (backward), two per layer each way.
 - **Data parallelism and ZeRO.** Each layer's gradients are all-reduced over ``dp`` once its last
   micro-batch's backward is done (reduce-scattered from ZeRO 2); with ZeRO 3 (FSDP) each layer's
   parameters are all-gathered before its forward and its backward.
@@ -25,8 +22,8 @@ collectives the strategy implies, priced on the cluster's GPU:
   keeps only its input, not its activations.
 
 Per-node times are kernel times: the heads' isolated-op predictions less the device's per-op
-overhead, which an eager step hides (:mod:`fxcost.report.eager`); a segment never takes less than
-the host needs to issue its ops.
+overhead, which an eager step hides (:mod:`fxcost.cost_models.eager`); a segment never takes less
+than the host needs to issue its ops (:func:`fxcost.propagate.issue_bound_ms`).
 """
 
 from __future__ import annotations
@@ -39,27 +36,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fxcost import cost_models, lowering
-from fxcost.devices import Device
-from fxcost.estimator import PRECISIONS, Captured, Precision
-from fxcost.records import NodeCost, Shape
-from fxcost.report.eager import HOST_MS, kernel_ms
+from fxcost.cost_models import CostModel, NodeBatch, predict_batch
+from fxcost.cost_models.eager import kernel_ms
+from fxcost.estimator import Captured
+from fxcost.gpus import Device
+from fxcost.precision import PRECISIONS, Precision
+from fxcost.propagate import issue_bound_ms
+from fxcost.records import NodeCost
+from fxcost.sim.shard import shard_node, shard_vocabulary
 from fxcost.sim.strategy import Strategy
 
-__all__ = [
-    "Comm",
-    "Plan",
-    "Segment",
-    "StagePlan",
-    "compile_plan",
-    "layers_of",
-    "shard_node",
-    "shard_vocabulary",
-]
+__all__ = ["Comm", "Plan", "Segment", "StagePlan", "compile_plan", "host_bound", "itemsize_of", "layers_of"]
 
 _LAYER = re.compile(r"^(.*?\.?\d+)(?:\.|$)")  # the first path prefix that ends in an index
 _NORM = re.compile(r"(^|\.)(ln(_\w+)?|\w*norm\w*)$", re.IGNORECASE)  # ln_1, layernorm, norm
-_MATMULS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default")
 
 
 @dataclass(frozen=True)
@@ -110,7 +100,7 @@ class Plan:
 
 def itemsize_of(precision: Precision | None) -> int:
     """Bytes per element of a step run in ``precision`` (None: fp32)."""
-    return lowering.itemsize(PRECISIONS[precision or "fp32"])
+    return (precision or PRECISIONS["fp32"]).itemsize
 
 
 def layers_of(modules: Sequence[str]) -> list[str]:
@@ -160,7 +150,7 @@ def compile_plan(
     stage_of_layer = {layer: i * s.pp // len(layers) for i, layer in enumerate(layers)}
 
     batch_nodes = captured.node_batch(micro, precision)
-    ms, source = cost_models.predict_batch(batch_nodes, chain, device)
+    ms, source = predict_batch(batch_nodes, chain, device)
     kernel = _kernel_ms(ms, source, device)
     hidden, tokens = _width_and_tokens(batch_nodes.nodes)
     vocab = _vocab(batch_nodes.nodes)
@@ -271,7 +261,7 @@ def _shards(
     nodes: Sequence[NodeCost],
     shard: Callable[[NodeCost], NodeCost | None],
     tp: int,
-    chain: Sequence[cost_models.CostModel],
+    chain: Sequence[CostModel],
     device: Device,
 ) -> tuple[dict[int, NodeCost], dict[int, float]]:
     """The nodes ``shard`` splits, by position, and their kernel ms (none when ``tp`` is 1)."""
@@ -280,7 +270,7 @@ def _shards(
     shards = {i: s for i, n in enumerate(nodes) if (s := shard(n)) is not None}
     if not shards:
         return {}, {}
-    ms, source = cost_models.predict_batch(cost_models.NodeBatch.of(list(shards.values())), chain, device)
+    ms, source = predict_batch(NodeBatch.of(list(shards.values())), chain, device)
     return shards, dict(zip(shards, _kernel_ms(ms, source, device), strict=True))
 
 
@@ -295,7 +285,7 @@ def _vocab(nodes: Sequence[NodeCost]) -> int | None:
 
 
 def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
-    """Kernel time per node (:func:`fxcost.report.eager.kernel_ms`), 0 where there is no prediction."""
+    """Kernel time per node (:func:`fxcost.cost_models.eager.kernel_ms`), 0 where there is no prediction."""
     return [kernel_ms(m, src, device) for m, src in zip(np.nan_to_num(ms).tolist(), source, strict=True)]
 
 
@@ -349,81 +339,6 @@ def _width_and_tokens(nodes: Sequence[NodeCost]) -> tuple[int, int]:
     return hidden, tokens
 
 
-def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:
-    """``node`` of a layer's attention or MLP as one of ``tp`` tensor-parallel ranks runs it: split
-    along its heads or features, or None if its result is as wide as the model (it runs whole)."""
-    if node.op in _MATMULS:
-        return _shard_matmul(node, tp, tokens)
-    outs = node.out_shapes or node.in_shapes
-    if not outs or not outs[0] or outs[0][-1] == hidden:
-        return None  # as wide as the model: a replicated tensor
-    return _on_shapes(node, [_split(s, tp, hidden) for s in node.in_shapes],
-                    [_split(s, tp, hidden) for s in node.out_shapes])  # fmt: skip
-
-
-def shard_vocabulary(node: NodeCost, tp: int, tokens: int, vocab: int) -> NodeCost | None:
-    """A node outside the layers as Megatron's vocabulary-parallel head, cross-entropy and
-    embedding run it: split along the vocabulary if its result (or a matmul operand) spans it."""
-    if node.op in _MATMULS:
-        spans = any(vocab in s for s in (*node.in_shapes, *node.out_shapes))
-        return _shard_matmul(node, tp, tokens) if spans else None
-    if not any(vocab in s for s in node.out_shapes):
-        return None
-
-    def split(shape: Shape) -> Shape:
-        return tuple(x // tp if x == vocab else x for x in shape)
-
-    return _on_shapes(node, [split(s) for s in node.in_shapes], [split(s) for s in node.out_shapes])
-
-
-def _on_shapes(node: NodeCost, in_shapes: list[Shape], out_shapes: list[Shape]) -> NodeCost:
-    """``node`` on smaller tensors: FLOPs in proportion to its result, bytes from the shapes."""
-    old, new = node.out_shapes or node.in_shapes, out_shapes or in_shapes
-    ratio = math.prod(new[0]) / max(math.prod(old[0]), 1) if old and new else 1.0
-    return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
-                        flops=None if node.flops is None else round(node.flops * ratio),
-                        bytes_read=lowering.recorded_bytes(in_shapes, node.in_dtypes),
-                        bytes_written=lowering.recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
-
-
-def _split(shape: Shape, tp: int, hidden: int) -> Shape:
-    """A tensor's shard: heads (dimension 1 of a 4-d tensor) or features (the last) split."""
-    if not shape or shape[-1] == hidden:
-        return shape
-    dim = 1 if len(shape) == 4 and shape[1] % tp == 0 else len(shape) - 1
-    if shape[dim] % tp:
-        return shape
-    return (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
-
-
-def _shard_matmul(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
-    shapes = list(node.in_shapes)
-    if node.op in ("aten.bmm.default", "aten.baddbmm.default"):
-        a, b = shapes[-2], shapes[-1]
-        if len(a) != 3 or a[0] % tp:
-            return None
-        shapes[-2], shapes[-1] = (a[0] // tp, *a[1:]), (b[0] // tp, *b[1:])
-        out = [(s[0] // tp, *s[1:]) for s in node.out_shapes]
-        if node.op == "aten.baddbmm.default" and len(shapes[0]) == 3:
-            shapes[0] = (shapes[0][0] // tp, *shapes[0][1:])
-    else:
-        (m, k), (_, n) = shapes[-2], shapes[-1]
-        candidates = {"m": m, "k": k, "n": n}
-        free = {name: size for name, size in candidates.items() if size != tokens and size % tp == 0}
-        if not free:
-            return None
-        dim = max(free, key=lambda name: (free[name], name == "k"))  # a tie: split the contraction
-        m2, k2, n2 = (x // tp if name == dim else x for name, x in candidates.items())
-        shapes[-2], shapes[-1] = (m2, k2), (k2, n2)
-        if node.op == "aten.addmm.default":
-            shapes[0] = (n2,) if len(shapes[0]) == 1 else (m2, n2)
-        out = [(m2, n2)]
-    return node.replace(in_shapes=shapes, out_shapes=out,
-                        flops=None if node.flops is None else node.flops // tp,
-                        bytes_read=lowering.recorded_bytes(shapes, node.in_dtypes),
-                        bytes_written=lowering.recorded_bytes(out, node.out_dtypes))  # fmt: skip
-
-
 def host_bound(segment: Segment) -> float:
     """A segment's compute time, at least the host's time to issue its ops."""
-    return max(segment.compute_ms, segment.ops * HOST_MS)
+    return issue_bound_ms(segment.compute_ms, segment.ops)

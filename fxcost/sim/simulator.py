@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from fxcost._io import atomic_write
-from fxcost.capture import LossFn, default_loss
-from fxcost.estimator import Captured, Estimator, Precision, default_estimator
+from fxcost.capture import LossFn, as_call, batch_of, default_loss
+from fxcost.estimator import Captured, Estimator, default_estimator
+from fxcost.precision import Precision, PrecisionName, parse_precision
 from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
@@ -94,7 +95,7 @@ def simulate(
     batch: int | None = None,
     seqlen: int | None = None,
     params: Mapping[str, int] | None = None,
-    precision: Precision | None = None,
+    precision: PrecisionName | Precision | None = None,
     gamma: float = GAMMA,
     loss_fn: LossFn = default_loss,
     estimator: Estimator | None = None,
@@ -119,6 +120,7 @@ def simulate(
     """
     strategy = Strategy.parse(strategy) if isinstance(strategy, str) else strategy
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
+    parsed = parse_precision(precision)
     if strategy.world_size != cluster.world_size:
         raise ValueError(
             f"strategy {strategy} needs {strategy.world_size} GPUs, the cluster has {cluster.world_size} "
@@ -127,7 +129,7 @@ def simulate(
     captured, params, batch = _traced(
         model, example_inputs, batch, seqlen, params, loss_fn, strategy, estimator or default_estimator()
     )
-    plan = compile_plan(captured, params, strategy, cluster.device, batch, precision)
+    plan = compile_plan(captured, params, strategy, cluster.device, batch, parsed)
     tasks, collectives = _tasks(plan, cluster)
     iteration = simulate_tasks(tasks, gamma)
     capacity = cluster.device.memory_gb or float("inf")
@@ -145,7 +147,7 @@ def _traced(
             raise ValueError("simulating a Captured step needs params= (parameter counts by module path)")
         return model, params, batch or model.batch or 1
     if isinstance(model, (str, Path, dict)):
-        from fxcost.hf import hf_step
+        from fxcost.zoo.hf import hf_step
 
         if batch is None or seqlen is None:
             raise ValueError("a Hugging Face config needs batch= and seqlen=")
@@ -153,8 +155,6 @@ def _traced(
         model, example_inputs, loss_fn = step.model, step.inputs, step.loss_fn
     if example_inputs is None:
         raise ValueError("simulate needs example_inputs= for a model (a tensor, tuple or dict)")
-    from fxcost.capture import as_call, batch_of
-
     batch = batch or batch_of(*as_call(example_inputs)) or 1
     micro = strategy.micro_batch(batch)
     captured = estimator.capture(model, example_inputs, True, loss_fn=loss_fn, batch_size=micro)

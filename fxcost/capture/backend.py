@@ -1,0 +1,341 @@
+"""The torch.compile backend: capture forward, backward and optimizer ATen graphs, annotate, measure, predict.
+
+``torch.compile(model, backend=fxcost.estimate(devices=[...]))`` hands each Dynamo graph to
+AOTAutograd, which splits it into a forward and a backward ATen graph (an optimizer step, run without
+grad, gives one inference graph). fxcost annotates each graph when it is compiled, measures it on its
+first call, and predicts it for the requested GPUs. The graphs themselves run unchanged, so outputs and
+gradients are those of eager PyTorch; any failure inside fxcost is reported once as a warning and the
+step goes on without it.
+
+``torch.compile(model, backend="fxcost")`` uses a process-wide backend with default devices; the name
+is registered through the ``torch_dynamo_backends`` entry point of the installed package (or
+:func:`register` where the package is not installed).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from fxcost.capture.options import CaptureOptions
+from fxcost.cost_models import chain_name, model_chain
+from fxcost.gpus import DEFAULT_DEVICES, Device
+from fxcost.lowering import size_hint
+from fxcost.passes import annotate, measure, predict
+from fxcost.records import META_KEY, PHASES, GraphRecord, Phase
+from fxcost.report import Report
+
+__all__ = ["FxcostBackend", "estimate", "fxcost_backend", "last_report", "register"]
+
+log = logging.getLogger(__name__)
+
+_last_backend: FxcostBackend | None = None
+_default_backend: FxcostBackend | None = None
+_globals_lock = threading.Lock()
+
+
+@dataclass
+class _CapturedGraph:
+    gm: torch.fx.GraphModule
+    record: GraphRecord
+    measure_pending: bool = True
+
+
+class FxcostBackend:
+    """A torch.compile backend that records the cost of every ATen node it compiles.
+
+    Build it with :func:`estimate`. One backend gathers all graphs it compiles (graph breaks give
+    several) into one report; when Dynamo recompiles a frame, its new graphs replace the old ones.
+    """
+
+    def __init__(self, options: CaptureOptions | None = None, *, run_graphs: bool = True) -> None:
+        """See :func:`estimate` and :class:`~fxcost.capture.options.CaptureOptions`. ``run_graphs=False``
+        is for captures whose results are thrown away (``fxcost.cost``, ``fxcost.profile(measure=False)``):
+        the compiled graphs then compute nothing and return uninitialized tensors of the right shapes,
+        so capturing a big model costs the time of tracing it, not of running it. Never use it on a
+        step whose results matter."""
+        self.options = options or CaptureOptions()
+        if not run_graphs and self.options.measure:
+            raise ValueError("run_graphs=False captures without running anything: it needs measure=False")
+        self.devices = self.options.device_names
+        self.run_graphs = run_graphs
+        self.origin = "cpu"
+        self.failures: list[str] = []
+        self.compiled_code: set[types.CodeType] = set()
+        # The graphs of the latest compile of each Dynamo frame, by frame id.
+        self._frames: dict[int, list[_CapturedGraph]] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"fxcost.estimate(devices={self.devices!r}, measure={self.options.measure})"
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        global _last_backend
+        with _globals_lock:
+            _last_backend = self
+        try:
+            from torch._dynamo.backends.common import aot_autograd
+
+            frame: list[_CapturedGraph] = []
+            frame_id = _frame_id()
+            code = _code_being_compiled()
+            if code is not None:
+                self.compiled_code.add(code)
+            with self._lock:
+                # A recompile of a frame replaces its graphs; graphs of other frames (breaks) stay.
+                key = frame_id if frame_id is not None else -len(self._frames) - 1
+                self._frames[key] = frame
+            origin = _origin_name(example_inputs)
+            if origin != "cpu":  # a graph with only CPU inputs (after a break) measures nothing on the GPU
+                self.origin = origin
+            no_grad_phase: Phase = "opt" if _is_optimizer_graph(gm) else "fw"
+            compiler = aot_autograd(
+                fw_compiler=self._compiler(frame, frame_id, "fw"),
+                bw_compiler=self._compiler(frame, frame_id, "bw"),
+                inference_compiler=self._compiler(frame, frame_id, no_grad_phase),
+            )
+            return compiler(gm, example_inputs)
+        except Exception as e:
+            self._warn("capture", e)
+            return gm.forward
+
+    def report(self, copy_nodes: bool = True) -> Report:
+        """The report of every graph captured so far (forward graphs, then backward, then optimizer).
+
+        Its records are copies, so later predictions by this backend do not change it; a caller that
+        owns the backend alone (``fxcost.profile``) may take the records themselves.
+        """
+        captured = self._captured()
+        model = self.options.cost_model
+        report = Report(
+            devices=list(self.devices),
+            origin=self.origin,
+            model=model if isinstance(model, str) else chain_name(model_chain(model)),
+            torch_version=torch.__version__,
+        )
+        for index, graph in enumerate(captured):
+            record = copy.copy(graph.record)
+            record.index = index
+            report.graphs.append(record)
+            for node in graph.gm.graph.nodes:
+                if META_KEY in node.meta:
+                    cost = copy.deepcopy(node.meta[META_KEY]) if copy_nodes else node.meta[META_KEY]
+                    cost.graph = index
+                    report.nodes.append(cost)
+        return report
+
+    def graph_modules(self) -> list[torch.fx.GraphModule]:
+        """The captured ATen graphs, in the order of ``report().graphs``."""
+        return [g.gm for g in self._captured()]
+
+    def _captured(self) -> list[_CapturedGraph]:
+        """The latest graphs of every frame: forward graphs, then backward, then optimizer."""
+        with self._lock:
+            captured = [g for frame in self._frames.values() for g in frame]
+        rank = {p: i for i, p in enumerate(PHASES)}
+        return sorted(captured, key=lambda g: rank[g.record.phase])
+
+    # -- compile and run -------------------------------------------------------------------------
+
+    def _compiler(
+        self, frame: list[_CapturedGraph], frame_id: int | None, phase: Phase
+    ) -> Callable[..., Any]:
+        from functorch.compile import make_boxed_func
+
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+            try:
+                annotate.run(gm, phase)
+            except Exception as e:
+                self._warn("annotate", e)
+                return make_boxed_func(gm.forward)
+            calls = sum(n.op == "call_function" for n in gm.graph.nodes)
+            record = GraphRecord(index=-1, phase=phase, frame=frame_id, num_nodes=calls)
+            graph = _CapturedGraph(gm, record, measure_pending=self.options.measure)
+            with self._lock:
+                frame.append(graph)
+            self._predict(gm)
+            return make_boxed_func(self._runner(graph))
+
+        return compile_graph
+
+    def _predict(self, gm: torch.fx.GraphModule) -> None:
+        try:
+            predict.run(gm, self.devices, self.options.cost_model, origin=self.origin,
+                        overrides=self.options.overrides)  # fmt: skip
+        except Exception as e:
+            self._warn("predict", e)
+
+    def _runner(self, graph: _CapturedGraph) -> Callable[..., Any]:
+        gm = graph.gm
+        if not self.run_graphs:
+            return _placeholder_outputs(gm)
+
+        def run(*args: Any) -> Any:
+            if graph.measure_pending:
+                graph.measure_pending = False
+                try:
+                    measure.run(
+                        gm,
+                        args,
+                        graph.record,
+                        budget_ms=self.options.budget_ms,
+                        profile_kernels=self.options.profile_kernels,
+                        progress=self._progress_of(graph.record.phase),
+                    )
+                except Exception as e:
+                    self._warn("measure", e)
+                else:
+                    self._predict(gm)  # models that scale origin measurements can use them now
+            return gm(*args)
+
+        return run
+
+    def _progress_of(self, phase: Phase) -> measure.Progress | None:
+        report = self.options.progress
+        if report is None:
+            return None
+        return lambda done, total: report(phase, done, total)
+
+    def _warn(self, stage: str, error: Exception) -> None:
+        """Report a failure once per stage and error type; training goes on without fxcost there."""
+        message = f"{stage}: {type(error).__name__}: {error}"
+        cause = error.__cause__
+        if cause is not None:
+            message += f" (caused by {type(cause).__name__}: {cause})"
+        log.debug("fxcost %s failed", stage, exc_info=error)
+        first = not any(f.startswith(f"{stage}: {type(error).__name__}") for f in self.failures)
+        self.failures.append(message)
+        if first:
+            warnings.warn(
+                f"fxcost {message}. The graph runs unchanged; its costs are missing from the report.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def estimate(devices: Sequence[str | Device] = DEFAULT_DEVICES, **options: Any) -> FxcostBackend:
+    """A torch.compile backend that predicts each node's time on ``devices``.
+
+    Args:
+        devices: GPUs to predict for: canonical names (``fxcost.devices()``), aliases, or
+            ``torch.cuda.get_device_name()`` strings.
+        options: the other fields of :class:`~fxcost.capture.options.CaptureOptions`: ``measure``
+            (time every node on the device the model runs on, at the first call of each graph),
+            ``cost_model`` (``"auto"``, the prediction policy, a model name or a fallback chain),
+            ``overrides``, ``budget_ms``, ``profile_kernels``, ``progress``.
+
+    Raises:
+        UnknownDeviceError: a device name is unknown (raised here, before any training runs).
+
+    Example:
+        >>> backend = estimate(devices=["H100-SXM", "T4"])
+        >>> compiled = torch.compile(model, backend=backend)  # doctest: +SKIP
+        >>> compiled(x).sum().backward()  # doctest: +SKIP
+        >>> fxcost.last_report().print(top=20)  # doctest: +SKIP
+    """
+    return FxcostBackend(CaptureOptions.of(devices=devices, **options))
+
+
+def fxcost_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    """The backend behind ``torch.compile(..., backend="fxcost")``: default devices, measuring on."""
+    global _default_backend
+    with _globals_lock:
+        if _default_backend is None:
+            _default_backend = FxcostBackend()
+        backend = _default_backend
+    return backend(gm, example_inputs)
+
+
+def register() -> None:
+    """Register ``"fxcost"`` with Dynamo by hand, for a source tree not installed with pip."""
+    from torch._dynamo.backends import registry
+
+    if "fxcost" not in registry._COMPILER_FNS:
+        registry.register_backend(fxcost_backend, name="fxcost")
+
+
+def last_report() -> Report:
+    """The report of the backend that compiled most recently.
+
+    Raises:
+        RuntimeError: nothing has been captured in this process yet.
+    """
+    with _globals_lock:
+        backend = _last_backend
+    if backend is None:
+        raise RuntimeError(
+            "no fxcost capture yet: compile a model with backend=fxcost.estimate(...) "
+            "(or backend='fxcost') and run one step first"
+        )
+    return backend.report()
+
+
+def _frame_id() -> int | None:
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    return None if compile_id is None else compile_id.frame_id
+
+
+def _code_being_compiled() -> types.CodeType | None:
+    """The code object of the frame Dynamo is compiling, if this runs inside a Dynamo compile."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        return InstructionTranslator.current_tx().f_code
+    except (ImportError, AttributeError):
+        return None
+
+
+def _origin_name(example_inputs: Sequence[Any]) -> str:
+    """The measuring device: a CUDA device name, or ``"cpu"``."""
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            return torch.cuda.get_device_name(t.device)
+    return "cpu"
+
+
+def _placeholder_outputs(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """A stand-in for ``gm`` that computes nothing: inputs it returns come back as they are, every
+    other output as an uninitialized tensor of the traced size, stride, dtype and device (sizes at
+    the traced values under dynamic shapes)."""
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    (outputs,) = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args
+
+    def placeholder(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            size = [size_hint(s) for s in value.shape]
+            stride = [size_hint(s) for s in value.stride()]
+            return torch.empty_strided(size, stride, dtype=value.dtype, device=value.device)
+        if isinstance(value, torch.SymInt):
+            return size_hint(value)
+        return value
+
+    def run(*args: Any) -> Any:
+        given = dict(zip(inputs, args, strict=True))
+
+        def value(a: Any) -> Any:
+            if not isinstance(a, torch.fx.Node):
+                return a
+            return given[a] if a in given else placeholder(a.meta["val"])
+
+        result = torch.fx.node.map_aggregate(outputs, value)
+        return list(result) if isinstance(result, list) else result  # not FX's immutable_list
+
+    return run
+
+
+def _is_optimizer_graph(gm: torch.fx.GraphModule) -> bool:
+    """Whether a Dynamo graph was traced from ``torch.optim`` code (an optimizer step)."""
+    optim_dir = os.path.dirname(torch.optim.__file__)
+    return any(optim_dir in (n.meta.get("stack_trace") or "") for n in gm.graph.nodes)

@@ -1,0 +1,50 @@
+"""A step's inputs: how example inputs become a call, and which of their dimensions is the batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves, tree_map
+
+__all__ = ["as_call", "batch_of", "batch_of_leaves", "map_batched"]
+
+
+def as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` of a step from example inputs: a tensor, a tuple or list of positional
+    arguments, or a dict of keyword arguments."""
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    raise TypeError(
+        "example_inputs must be a tensor, a tuple/list of positional arguments or a dict of keyword "
+        f"arguments, got {type(example_inputs).__name__}"
+    )
+
+
+def batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The leading dimension of the step's first tensor input: its batch size, by convention."""
+    return batch_of_leaves(tree_leaves((args, kwargs)))
+
+
+def batch_of_leaves(leaves: Iterable[Any]) -> int | None:
+    """:func:`batch_of` from the inputs' flattened leaves."""
+    first = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim()), None)
+    return int(first.shape[0]) if first is not None else None
+
+
+def map_batched(
+    args: tuple[Any, ...], kwargs: dict[str, Any], batch: int, fn: Callable[[torch.Tensor], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The inputs with ``fn`` applied to every tensor whose leading dimension is ``batch``."""
+
+    def apply(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[0] != batch:
+            return t
+        return fn(t)
+
+    return tree_map(apply, args), tree_map(apply, kwargs)

@@ -1,0 +1,114 @@
+"""The subcommands about measurements and learned models: collect, calibrate, train, compare, fit-runs.
+
+Each function takes the parsed arguments and imports what it needs (torch among them) when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fxcost._progress import progress_bars
+
+__all__ = ["calibrate_command", "collect_command", "compare_command", "fit_runs_command", "train_command"]
+
+
+def collect_command(args: argparse.Namespace) -> int:
+    from fxcost.data.collect import collect
+
+    ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+    stats = collect(ops, args.samples, args.out, device=args.device, resume=args.resume, seed=args.seed,
+                    kernels=args.kernels)  # fmt: skip
+    for op, path in stats.paths.items():
+        done = stats.written[op] + stats.skipped_oom[op]
+        rate = f", {done / stats.seconds[op]:.1f} configs/s" if stats.seconds[op] > 0 else ""
+        print(f"{op}: {stats.existing[op]} rows kept, {stats.written[op]} measured, "
+              f"{stats.skipped_oom[op]} out of memory{rate} -> {path}")  # fmt: skip
+    return 0
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    import torch
+
+    from fxcost.kernels_triton.calibrate import calibrate, torch_copy_bandwidth_gbps
+    from fxcost.kernels_triton.device_profile import compare, describe, to_yaml
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "no CUDA GPU: `fxcost calibrate` measures a GPU and needs one (none is visible here)"
+        )
+    cal = calibrate(args.device, sizes=args.sizes, repeats=args.repeats)
+    print(describe(cal))
+    print(compare(cal, torch_copy_bandwidth_gbps(args.device, sizes=args.sizes, repeats=args.repeats)))
+    if args.out:
+        print(f"device profile written to {to_yaml(cal, args.out, name=args.name, base=args.base)}")
+    return 0
+
+
+def train_command(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    from fxcost.cost_models.heads import HEADS
+    from fxcost.gpus import HELD_OUT_DEVICES, get_device
+    from fxcost.train.heads import TrainConfig, train
+
+    config = TrainConfig(seed=args.seed)
+    if args.epochs is not None:
+        config = dataclasses.replace(config, epochs=args.epochs)
+    exclude = {get_device(d).name for d in args.exclude_devices}
+    if not args.include_held_out:
+        exclude |= HELD_OUT_DEVICES
+    with progress_bars() as on_progress:
+
+        def on_epoch(head: str, epoch: int, epochs: int) -> None:
+            on_progress(f"training {head}", epoch, epochs)
+
+        manifest = train(args.data, args.out, heads=args.ops or HEADS, exclude=exclude, config=config,
+                         progress=on_epoch)  # fmt: skip
+    for head, facts in manifest["heads"].items():
+        for name, rows in facts.get("left_out_rows", {}).items():
+            held_out = name in HELD_OUT_DEVICES
+            why = "held out by DESIGN.md (--include-held-out keeps it)" if held_out else "as asked"
+            print(f"{head}: leaving out {name} ({rows} rows): {why}")
+        test = facts["test_mape"].get("all", float("nan"))
+        train_mape = facts["train_mape"]["all"]
+        print(f"{head:8s} train rows {facts['train_rows']:6d}  train MAPE {train_mape:6.1f}%  "
+              f"test rows {facts['test_rows']:5d}  test MAPE {test:6.1f}%")  # fmt: skip
+    print(f"heads and manifest written to {args.out}")
+
+
+def compare_command(args: argparse.Namespace) -> None:
+    from fxcost.cost_models.heads import HEADS
+    from fxcost.train.compare import compare_ops
+
+    unknown = set(args.ops or ()) - set(HEADS)
+    if unknown:
+        raise ValueError(f"unknown op classes {sorted(unknown)}; accepted: {', '.join(HEADS)}")
+    with progress_bars() as on_progress:
+        ops = args.ops or list(HEADS)
+        done: list[str] = []
+
+        def step(head: str) -> None:
+            on_progress("comparing", len(done), len(ops))
+            done.append(head)
+
+        table = compare_ops(args.data, heads=ops, progress=step)
+        on_progress("comparing", len(ops), len(ops))
+    print("MAPE (%) on held-out rows, mean over devices (NaN: the predictor does not cover the op)")
+    print(table.to_string(float_format=lambda v: f"{v:8.1f}"))
+    print("\nLattuada et al. predicts whole runs: python benchmarks/seed_models.py --data DIR")
+
+
+def fit_runs_command(args: argparse.Namespace) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from fxcost.cost_models.lattuada import LattuadaRegression
+
+    runs = pd.read_csv(args.runs)
+    model = LattuadaRegression(p_enter=args.p_enter, p_remove=args.p_remove)
+    model.fit(runs, target=args.target, features=args.features)
+    predicted = model.predict(runs)
+    measured = runs[args.target].to_numpy(dtype=float)
+    print(model.summary())
+    mape = float(np.mean(np.abs(predicted - measured) / measured) * 100)
+    print(f"\n{len(runs)} runs, features {' '.join(model.features)}; in-sample MAPE {mape:.2f}%")

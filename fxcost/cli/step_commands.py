@@ -1,0 +1,217 @@
+"""The subcommands about a model's step: demo, profile, show, compare-gpus, simulate, devices.
+
+Each function takes the parsed arguments and imports what it needs (torch among them) when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fxcost._progress import progress_bars
+
+if TYPE_CHECKING:
+    from fxcost.report import Report
+
+__all__ = [
+    "DEMO_MODELS",
+    "compare_gpus_command",
+    "demo_command",
+    "devices_command",
+    "profile_command",
+    "show_command",
+    "simulate_command",
+]
+
+DEMO_MODELS: tuple[tuple[str, int, dict[str, Any]], ...] = (
+    ("resnet50", 8, {}),
+    ("gpt2", 4, {"layers": 4, "seq": 256}),
+)
+
+
+def demo_command(args: argparse.Namespace) -> None:
+    from fxcost import zoo
+
+    for name, batch, config in DEMO_MODELS:
+        model, inputs = zoo.build(name, batch, **config)
+        title = f"{name} (batch {batch}{''.join(f', {k} {v}' for k, v in config.items())}), training step"
+        report = _capture(title, model, inputs, args.devices, train=True, measure=True)
+        report.print(top=args.top)
+        print()
+
+
+def profile_command(args: argparse.Namespace) -> None:
+    device = args.device or _default_device()
+    report = _capture_spec(args, args.devices, batch=args.batch, measure=args.measure,
+                           cost_model=args.cost_model, device=device, where=f" on {device}")  # fmt: skip
+    report.print(top=args.top)
+    if args.out:
+        print(f"trace written to {report.save(args.out)}")
+
+
+def show_command(args: argparse.Namespace) -> None:
+    from fxcost.report import Report
+
+    report = Report.load(args.trace)
+    if args.devices or args.model:
+        report = report.predict(args.devices or report.devices, model=args.model)
+    report.print(top=args.top)
+
+
+def compare_gpus_command(args: argparse.Namespace) -> None:
+    from fxcost.report.gpu_choice import compare_gpus, load_prices, plot, priced_devices, print_choices
+
+    prices = load_prices(args.prices) if args.prices else {}
+    devices = args.devices or priced_devices(prices)
+    report = _compare_gpus_report(args, devices)
+    choices = compare_gpus(report, devices, prices)
+    print_choices(choices)
+    if args.plot:
+        title = f"{args.model}, batch {report.batch}"
+        print(f"plot written to {plot(choices, args.plot, title=title)}")
+
+
+def _compare_gpus_report(args: argparse.Namespace, devices: Sequence[str]) -> Report:
+    """The report of MODEL for compare-gpus: a saved trace, or one step captured as 'profile' does."""
+    import json
+    from pathlib import Path
+
+    from fxcost.report import Report
+
+    spec = args.model
+    report, config = None, None
+    if spec.endswith(".json.gz"):
+        report = Report.load(spec)
+    elif spec.endswith(".json"):  # a saved trace (it has a schema version) or a Hugging Face config.json
+        config = json.loads(Path(spec).read_text(encoding="utf-8"))
+        if "schema_version" in config:
+            report = Report.from_json(config)
+    if report is not None:
+        if None not in (args.batch, report.batch) and args.batch != report.batch:
+            raise ValueError(f"{spec} was captured at batch {report.batch}, not {args.batch}")
+        report.batch = report.batch or args.batch
+        if report.batch is None:
+            raise ValueError(f"{spec} records no batch size; give it with --batch")
+        print(f"{spec} (batch {report.batch}), trace captured on {report.origin}")
+        return report
+    if config is not None and args.measure:
+        raise ValueError("a Hugging Face config is captured on meta tensors; --measure needs a model")
+    device = _default_device() if args.measure else None
+    where = f", measured on {device}" if device else ", captured on CPU"
+    return _capture_spec(args, devices, batch=args.batch or 8, measure=args.measure, device=device,
+                         where=where, config=config)  # fmt: skip
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    from fxcost.sim import Strategy, simulate
+
+    strategy = Strategy.load(args.strategy) if args.strategy.endswith((".yaml", ".yml")) else args.strategy
+    if args.model.endswith(".json"):  # a Hugging Face config: simulate builds it at --batch and --seqlen
+        model, inputs = args.model, None
+    else:
+        from fxcost import zoo
+
+        model, inputs = zoo.load(args.model, args.batch)
+    result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
+                      seqlen=args.seqlen, precision=args.precision)  # fmt: skip
+    print(result.summary())
+    if args.trace:
+        print(f"timeline written to {result.to_chrome_trace(args.trace)}")
+    return 3 if result.oom else 0
+
+
+def devices_command(args: argparse.Namespace) -> None:
+    from rich.table import Table
+
+    from fxcost.gpus import device_names, get_device
+    from fxcost.report.table import console_for
+
+    table = Table(title="GPUs in fxcost's database (? = unconfirmed, or a default; see Device.source_of)")
+    for column in ("name", "full name", "SMs", "FP32 TFLOPS", "BF16 TFLOPS", "spec GB/s", "achieved GB/s",
+                   "memory GB", "$/h"):  # fmt: skip
+        table.add_column(column, justify="left" if "name" in column else "right")
+    for name in device_names():
+        d = get_device(name)
+        cells = [
+            (d.num_sms, "num_sms" in d.uncertain),
+            (d.fp32_tflops, "fp32_tflops" in d.uncertain),
+            (d.bf16_tflops, "bf16_tflops" in d.uncertain),
+            (d.mem_bandwidth_gbps, "mem_bandwidth_gbps" in d.uncertain),
+            (d.bandwidth_gbps, d.achieved_bandwidth_gbps is None),
+            (d.memory_gb, "memory_gb" in d.uncertain),
+            (d.price_usd_per_hr, "price_usd_per_hr" in d.uncertain),
+        ]
+        table.add_row(d.name, d.full_name, *(_cell(value, unsure) for value, unsure in cells))
+    console_for().print(table)
+
+
+def _cell(value: float | None, uncertain: bool) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}{'?' if uncertain else ''}"
+
+
+def _capture_spec(
+    args: argparse.Namespace, devices: Sequence[str], *, batch: int, measure: bool, cost_model: str = "auto",
+    device: str | None = None, where: str = "", config: dict[str, Any] | None = None,
+) -> Report:  # fmt: skip
+    """One step of MODEL (``args.model``, with ``args.train`` and ``args.seqlen``) captured and predicted
+    for ``devices``, as 'profile' and 'compare-gpus' do.
+
+    A Hugging Face config.json (``config``: its contents, if read already) is captured on meta tensors,
+    nothing measured. A zoo name or 'module:callable' is moved to the torch ``device`` (None: left on
+    the CPU it was built on) and measured there if ``measure``; ``where`` ends its title, after the mode.
+    """
+    mode = "training step" if args.train else "inference"
+    spec = args.model
+    if spec.endswith(".json"):
+        from fxcost.zoo.hf import hf_step
+
+        step = hf_step(spec if config is None else config, batch, args.seqlen, train=args.train)
+        title = f"{spec} (batch {batch}, {args.seqlen} tokens), {mode} on meta tensors"
+        return _capture(title, step.model, step.inputs, devices, train=args.train, measure=False,
+                        cost_model=cost_model, loss_fn=step.loss_fn)  # fmt: skip
+    import torch
+
+    from fxcost import zoo
+
+    model, inputs = zoo.load(spec, batch)
+    if device is not None:
+        model, inputs = _to_device(model, inputs, torch.device(device))
+    title = f"{spec} (batch {batch}), {mode}{where}"
+    return _capture(title, model, inputs, devices, train=args.train, measure=measure, cost_model=cost_model)
+
+
+def _capture(
+    title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool,
+    cost_model: str = "auto", loss_fn: Callable[[Any], Any] | None = None,
+) -> Report:  # fmt: skip
+    from fxcost.capture import default_loss, profile
+
+    with progress_bars() as update:
+        update(f"capturing {title}", 0, None)
+        report = profile(
+            model, inputs, devices=devices, train=train, measure=measure, cost_model=cost_model,
+            loss_fn=loss_fn or default_loss,
+            progress=lambda phase, done, total: update(f"  measuring {phase} graph nodes", done, total),
+        )  # fmt: skip
+        update(f"capturing {title}", 1, 1)
+    print(title)  # on stdout, with the table it heads (the progress display is on stderr)
+    return report
+
+
+def _default_device() -> str:
+    """The torch device to run on when none is named: cuda if present, else cpu."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _to_device(model: Any, inputs: Any, device: Any) -> tuple[Any, Any]:
+    import torch
+    from torch.utils._pytree import tree_map
+
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device)
+    return model, tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, inputs)

@@ -1,0 +1,42 @@
+"""MLP cost heads: origin-free predictions for GEMMs, convolutions and kernel-alike ops.
+
+``features``: which head predicts a node and what it sees; ``elementwise``: the elementwise head as a
+curve that never falls with size; ``model``: the heads as cost models (``mlp``, ``mlp_ratio``);
+``weights``: their files.
+"""
+
+from fxcost.cost_models.heads.features import (
+    EW_OPS,
+    FEATURE_VERSION,
+    HEADS,
+    LOWERED,
+    device_features,
+    feature_matrix,
+    fp32_traffic,
+    head_of,
+    node_features,
+    roofline_ms,
+    with_device,
+)
+from fxcost.cost_models.heads.model import Heads, HeadsRatio, default_heads
+from fxcost.cost_models.heads.weights import load_heads, shipped_heads, shipped_manifest
+
+__all__ = [
+    "EW_OPS",
+    "FEATURE_VERSION",
+    "HEADS",
+    "LOWERED",
+    "Heads",
+    "HeadsRatio",
+    "default_heads",
+    "device_features",
+    "feature_matrix",
+    "fp32_traffic",
+    "head_of",
+    "load_heads",
+    "node_features",
+    "roofline_ms",
+    "shipped_heads",
+    "shipped_manifest",
+    "with_device",
+]

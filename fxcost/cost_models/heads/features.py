@@ -1,0 +1,231 @@
+"""What the MLP heads see: which head predicts a node, its features, and the reference roofline.
+
+One small MLP per op class (``linear``, ``bmm``, ``conv``, ``ew``, ``ln``, ``softmax``). The target is
+``log(T / T_roofline)``, how far the op runs from the roofline bound of the target GPU (:func:`roofline_ms`);
+the features say what determines that efficiency: log problem dims, FLOPs, bytes, arithmetic intensity
+against the GPU's ridge point, GEMM tile waves per SM, and the GPU's spec-sheet facts.
+
+The heads were trained on fp32 measurements. A half-precision node takes its efficiency from its fp32
+twin: its features see the bytes the node would move in fp32 (:func:`fp32_bytes`), its roofline its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fxcost.cost_models.interface import NodeBatch
+from fxcost.cost_models.roofline import Roofline
+from fxcost.cost_models.wave_scaling import dram_traffic_factor, kernels_of
+from fxcost.gpus import Device
+from fxcost.lowering import MEMORY_BOUND, recorded_bytes, resolve_op
+from fxcost.lowering.nodes import conv_dims, gemm_dims
+from fxcost.lowering.rnn import RNN_OPS
+from fxcost.precision import HALF_DTYPES
+from fxcost.records import NodeCost
+
+__all__ = [
+    "EW_OPS",
+    "FEATURE_VERSION",
+    "HEADS",
+    "LOWERED",
+    "REFERENCE",
+    "Group",
+    "device_features",
+    "feature_matrix",
+    "fp32_bytes",
+    "fp32_traffic",
+    "head_of",
+    "node_features",
+    "roofline_ms",
+    "with_device",
+]
+
+HEADS = ("linear", "bmm", "conv", "ew", "ln", "softmax")
+
+# Bumped whenever the features change, so trained heads and checkpoints of another version are redone.
+FEATURE_VERSION = 3
+
+# Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
+EW_OPS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
+
+_HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "aten.bmm.default": "bmm",
+         "aten.baddbmm.default": "bmm", "aten.convolution.default": "conv",
+         "aten.convolution_backward.default": "conv", "aten.native_layer_norm.default": "ln",
+         "aten.native_layer_norm_backward.default": "ln", "aten._softmax.default": "softmax",
+         "aten._log_softmax.default": "softmax", "aten._softmax_backward_data.default": "softmax",
+         "aten._log_softmax_backward_data.default": "softmax",
+         # Copies and dtype casts: one elementwise pass (PyTorch does not tag them pointwise).
+         "aten._to_copy.default": "ew", "aten.copy.default": "ew", "aten.copy_.default": "ew",
+         "aten.lift_fresh_copy.default": "ew",
+         # Elementwise kernels of PyTorch's TensorIterator family, one pass over the output: dropout's
+         # fused mask-and-scale and the fills.
+         "aten.native_dropout.default": "ew", "aten.arange.default": "ew", "aten.arange.start": "ew",
+         "aten.ones.default": "ew", "aten.zeros.default": "ew", "aten.full.default": "ew",
+         "aten.fill.Scalar": "ew", "aten.fill.Tensor": "ew", "aten.new_zeros.default": "ew",
+         "aten.new_ones.default": "ew", "aten.new_full.default": "ew", "aten.zeros_like.default": "ew",
+         "aten.ones_like.default": "ew", "aten.full_like.default": "ew",
+         "aten.scalar_tensor.default": "ew"}  # fmt: skip
+
+# The reference roofline whose ratio to the measured time is the learned target; its 10 us floor keeps
+# the ratio of tiny ops finite.
+REFERENCE = Roofline(launch_floor_ms=0.01)
+
+
+LOWERED = "lowered"
+"""What :func:`head_of` says of a node the heads price as the work it lowers to: a cuDNN RNN as its
+GEMMs and gate math, a memory-bound op (``lowering.MEMORY_BOUND``) as elementwise passes moving the
+bytes its kernels move."""
+
+
+def head_of(node: NodeCost) -> str | None:
+    """The head that predicts ``node``, :data:`LOWERED` for work the heads predict, None if none does."""
+    if not node.has_kernel:
+        return None
+    head = _HEAD_OF_OP.get(node.op)
+    if head is not None:
+        return head
+    if node.op in RNN_OPS or node.op in MEMORY_BOUND:
+        return LOWERED
+    return "ew" if node.out_shapes and _pointwise(node.op) else None
+
+
+@functools.cache
+def _pointwise(op_name: str) -> bool:
+    """Whether PyTorch tags the ATen op pointwise (looked up once per op: ``head_of`` runs for every
+    node each time a step is priced at a new batch)."""
+    import torch
+
+    op = resolve_op(op_name)
+    return op is not None and torch.Tag.pointwise in op.tags
+
+
+def device_features(device: Device) -> list[float]:
+    """Spec-sheet facts of a GPU, log-scaled: peak FP32, bandwidth, SMs, L2, clock, memory."""
+    values = [device.fp32_tflops, device.mem_bandwidth_gbps, device.num_sms, device.l2_cache_mb,
+              device.boost_clock_mhz, device.memory_gb]  # fmt: skip
+    if any(v is None for v in values):
+        raise ValueError(f"{device.name} lacks a spec value the heads need")
+    return [math.log(float(v)) for v in values]  # type: ignore[arg-type]
+
+
+def node_features(head: str, node: NodeCost, nbytes: float | None = None) -> list[float]:
+    """The problem features of ``node`` for ``head`` (device features are appended separately);
+    ``nbytes`` stands for the node's bytes where given (see :func:`fp32_bytes`)."""
+    flops = max(float(node.flops or 0), 1.0)
+    traffic = max(float((node.bytes if nbytes is None else nbytes) or 0), 1.0)
+    common = [math.log(flops), math.log(traffic), math.log(flops / traffic)]
+    if head in ("linear", "bmm"):
+        b, m, n, k = gemm_dims(node)
+        dims = [math.log(b), math.log(m), math.log(n), math.log(k)]
+        # Tile quantization: the share of the output tiles' work that is real, for the tile shapes of
+        # the cuBLAS fp32 kernels in the data (128x128 down to 32x128); and the 128x128 tile count the
+        # device features turn into waves.
+        use = [math.log(m * n / (_round_up(m, tm) * _round_up(n, tn))) for tm, tn in _TILES]
+        tiles = b * math.ceil(m / 128) * math.ceil(n / 128)
+        return [*dims, *use, math.log(tiles), *common]
+    if head == "conv":
+        b, cin, cout, kernel, size, stride = conv_dims(node)
+        dims = [math.log(b), math.log(cin), math.log(cout), float(kernel), math.log(size), float(stride)]
+        return [*dims, *common]
+    if head == "ew":
+        numel = max(math.prod(node.out_shapes[0]), 1)
+        name = node.op.split(".")[1]
+        onehot = [float(name == op) for op in EW_OPS] + [float(name not in EW_OPS)]
+        return [math.log(numel), float(len(node.in_shapes)), *onehot, *common]
+    if head in ("ln", "softmax"):
+        x = node.in_shapes[0]
+        row = x[-1] if x else 1
+        rows = max(math.prod(x) // max(row, 1), 1)
+        return [math.log(rows), math.log(row), *common]
+    raise ValueError(f"unknown head {head!r}; heads: {', '.join(HEADS)}")
+
+
+_TILES = ((128, 128), (128, 64), (64, 64), (32, 128))
+
+# Position of the log 128x128 tile count in the GEMM features: after the 4 dims and the tile uses.
+_GEMM_TILES = 4 + len(_TILES)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def roofline_ms(batch: NodeBatch, device: Device) -> np.ndarray:
+    """The reference time the heads' targets are relative to: the roofline of the DRAM traffic the
+    nodes move on ``device``. Row kernels (layer norm, softmax) read rows again in later passes; the
+    re-reads that miss ``device``'s L2 count as traffic, so an op whose rows outgrow the L2 of one GPU
+    (an effect beyond the training rows' row lengths) keeps the efficiency it has on another.
+    """
+    kernels = batch.derived("heads.row_kernels", lambda: [_row_kernels(n) for n in batch.nodes])
+    traffic = np.array([dram_traffic_factor(k, device) if k else 1.0 for k in kernels])
+    return REFERENCE.predict(batch, device, traffic)
+
+
+def _row_kernels(node: NodeCost) -> list[Any]:
+    return kernels_of(node) if head_of(node) in ("ln", "softmax") else []
+
+
+@dataclass(frozen=True)
+class Group:
+    """The nodes of one head in a batch: their positions, the nodes (a backward convolution as its
+    forward one), how often each runs, and their problem features."""
+
+    index: list[int]
+    batch: NodeBatch
+    repeats: np.ndarray
+    problem: list[list[float]]
+
+
+def feature_matrix(head: str, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
+    """Rows of problem features + device features + intensity over the device's ridge point."""
+    return with_device(head, [node_features(head, n) for n in nodes], device)
+
+
+def with_device(head: str, problem: Sequence[Sequence[float]] | np.ndarray, device: Device) -> np.ndarray:
+    """Problem feature rows (see :func:`node_features`) completed with ``device``'s features, the
+    problem's arithmetic intensity over the device's ridge point and, for GEMMs, its waves of tiles."""
+    dev = device_features(device)
+    ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
+    rows = np.asarray(problem, dtype=np.float64).reshape(len(problem), -1)
+    x = np.c_[rows, np.broadcast_to(dev, (len(rows), len(dev))), rows[:, -1] - ridge]
+    if head in ("linear", "bmm"):
+        # One 128x128 tile per SM at a time: the waves of the grid, and the share of the last wave filled.
+        tiles = np.rint(np.exp(x[:, _GEMM_TILES]))
+        waves = np.ceil(tiles / float(device.num_sms))  # type: ignore[arg-type]
+        x = np.c_[x, np.log(waves), np.log(tiles / (waves * float(device.num_sms)))]  # type: ignore[arg-type]
+    return x
+
+
+def fp32_traffic(node: NodeCost) -> tuple[int | None, int | None]:
+    """(bytes read, bytes written) of ``node`` with its half-precision tensors in fp32 (bool masks and
+    integer indices stay as they are); the node's own traffic when it has none. The heads' features
+    read these: fed half-precision bytes, they would see an op twice as compute-dense as any they
+    learned and predict bf16 work slower than fp32."""
+    if not any(d in HALF_DTYPES for d in (*node.in_dtypes, *node.out_dtypes)):
+        return node.bytes_read, node.bytes_written
+    read = _growth(node.in_shapes, node.in_dtypes)
+    # In-place ops write their inputs (no outputs recorded): those grow as the inputs do.
+    written = _growth(node.out_shapes, node.out_dtypes) if node.out_shapes else read
+    return (
+        None if node.bytes_read is None else round(read * node.bytes_read),
+        None if node.bytes_written is None else round(written * node.bytes_written),
+    )
+
+
+def fp32_bytes(node: NodeCost) -> int | None:
+    """The bytes :func:`fp32_traffic` moves in all, None if unknown."""
+    read, written = fp32_traffic(node)
+    return None if read is None or written is None else read + written
+
+
+def _growth(shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> float:
+    """How much tensors' bytes grow when their half-precision ones widen to fp32."""
+    wide = ["float32" if d in HALF_DTYPES else d for d in dtypes]
+    now = recorded_bytes(shapes, dtypes)
+    return recorded_bytes(shapes, wide) / now if now else 2.0

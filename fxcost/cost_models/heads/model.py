@@ -1,0 +1,204 @@
+"""The MLP heads as cost models: origin-free (``mlp``) and scaling an origin's measurement (``mlp_ratio``).
+
+One small MLP per op class, in the spirit of Habitat §3.4 but built to generalize to GPUs never seen
+in training (:mod:`~fxcost.cost_models.heads.features`). Inference is numpy, vectorized over all
+nodes of a class at once; the elementwise head is read as a curve that never falls as tensors grow
+(:mod:`~fxcost.cost_models.heads.elementwise`). Work the heads have no measurements of is priced as
+the work it lowers to: a cuDNN RNN as its GEMMs and gate math, a memory-bound op as elementwise
+passes moving the bytes its kernels move. Weights ship in ``fxcost/cost_models/weights`` (trained by
+``fxcost train`` on the shared training data only).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fxcost.cost_models.heads.elementwise import SizeTables
+from fxcost.cost_models.heads.features import (
+    LOWERED,
+    Group,
+    device_features,
+    fp32_bytes,
+    head_of,
+    node_features,
+    roofline_ms,
+    with_device,
+)
+from fxcost.cost_models.heads.weights import shipped_heads
+from fxcost.cost_models.interface import NodeBatch, register
+from fxcost.cost_models.mlp import MLP
+from fxcost.gpus import Device
+from fxcost.lowering import lower
+from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward, memory_pass
+from fxcost.lowering.rnn import RNN_OPS, lower_rnn
+from fxcost.records import NodeCost
+
+__all__ = ["Heads", "HeadsRatio", "default_heads"]
+
+
+class Heads:
+    """Origin-free cost model: each node predicted by the head of its op class.
+
+    Each instance keeps its own elementwise size tables; :func:`default_heads` is the instance the
+    registered ``mlp`` and ``mlp_ratio`` models share.
+    """
+
+    name = "mlp"
+
+    def __init__(self, heads: dict[str, MLP] | None = None) -> None:
+        self.heads = shipped_heads() if heads is None else heads
+        self.size_tables = SizeTables()
+
+    def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+        # The same heads on the same batch and device give the same answer: computed once, whether
+        # ``mlp`` or ``mlp_ratio`` (which shares the shipped instance) asks.
+        return batch.derived(f"heads.ms.{id(self.heads)}.{device.name}", lambda: self._predict(batch, device))
+
+    def _predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+        out = np.where(batch.has_kernel, np.nan, 0.0)
+        try:
+            device_features(device)
+        except ValueError:  # a device without the spec values the heads need
+            return out
+        groups, lowered = batch.derived("heads", lambda: _groups(batch))
+        for head, group in groups.items():
+            if head not in self.heads:
+                continue
+            if head == "ew":
+                out[group.index] = self.size_tables.ms(self.heads[head], group, device)
+            else:
+                reference = roofline_ms(group.batch, device)
+                ratio = np.exp(self.heads[head](with_device(head, group.problem, device)))
+                out[group.index] = reference * ratio * group.repeats
+        if lowered is not None:  # a node's time is its work's; NaN if a head its work needs is missing
+            total = np.zeros(len(batch))
+            if len(lowered.work):
+                np.add.at(total, lowered.owner, self.predict(lowered.work, device) * lowered.counts)
+            out[lowered.nodes] = total[lowered.nodes]
+        return out
+
+
+def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
+    """Nodes by head with their device-independent features, and the work of the lowered nodes (for
+    every head, so the result does not depend on which heads a model holds)."""
+    members: dict[str, list[tuple[int, NodeCost, float, list[float]]]] = {}
+    work: list[tuple[int, NodeCost, int]] = []
+    lowered_nodes: list[int] = []
+    for i, node in enumerate(batch.nodes):
+        head = head_of(node) if node.has_kernel else None
+        if head == LOWERED:
+            runs = _work(node)
+            if runs is not None:  # an empty list: it launches nothing, and costs nothing
+                lowered_nodes.append(i)
+                work.extend((i, sub, count) for sub, count in runs)
+        elif head is not None:
+            try:
+                # The heads learned forward convolutions: a backward runs one per gradient.
+                repeats = conv_gradients(node) if is_conv_backward(node) else 1
+                node = forward_conv(node) if is_conv_backward(node) else node
+                members.setdefault(head, []).append(
+                    (i, node, repeats, node_features(head, node, fp32_bytes(node)))
+                )
+            except (IndexError, KeyError, TypeError, ValueError):
+                pass  # shapes the head does not expect: left unpredicted, not a crash
+    groups = {
+        head: Group(
+            index=[i for i, *_ in rows],
+            batch=NodeBatch.of([n for _, n, *_ in rows]),
+            repeats=np.array([r for *_, r, _ in rows], dtype=float),
+            problem=[p for *_, p in rows],
+        )
+        for head, rows in members.items()
+    }
+    lowered = None
+    if lowered_nodes:
+        lowered = _Lowered(
+            nodes=np.array(lowered_nodes),
+            owner=np.array([i for i, *_ in work], dtype=int),
+            work=NodeBatch.of([sub for _, sub, _ in work]),
+            counts=np.array([count for *_, count in work], dtype=float),
+        )
+    return groups, lowered
+
+
+@dataclass(frozen=True)
+class _Lowered:
+    """The lowered nodes of a batch (positions), their work as one batch, and the work item's owner
+    and repetitions: the owner's time is the sum of its work's times their counts."""
+
+    nodes: np.ndarray
+    owner: np.ndarray
+    work: NodeBatch
+    counts: np.ndarray
+
+
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
+
+
+def _work(node: NodeCost) -> list[tuple[NodeCost, int]] | None:
+    """What a lowered node runs, as (node a head predicts, repetitions): empty if it launches nothing,
+    None where it cannot tell."""
+    if node.op in RNN_OPS:
+        try:
+            return lower_rnn(node) or None
+        except (IndexError, KeyError, TypeError, ValueError):  # an RNN node without the arguments we read
+            return None
+    dtype = next((d for d in (*node.out_dtypes, *node.in_dtypes) if d in _FLOATS), "float32")
+    kernels = lower(node)
+    if kernels is None or not all(math.isfinite(k.bytes) for k in kernels):
+        return None
+    return [(memory_pass(k.bytes, dtype), 1) for k in kernels]
+
+
+class HeadsRatio:
+    """Runtime-based prediction for kernel-varying ops: the origin measurement scaled by the ratio of
+    the heads' predictions on the target and on the origin GPU.
+
+    The measurement carries what the heads miss about this exact shape on real hardware (a
+    well-aligned GEMM's better kernel, a harness's overhead); the heads carry how the op's time
+    changes from one GPU to another. Where the origin's profiler timed the node's kernels, the ratio
+    scales that kernel time and the target's per-op overhead is added: the event-timed ``origin_ms``
+    carries the origin machine's launch overhead, which is no part of the GPU's speed. On the origin
+    itself it returns the measurement.
+    """
+
+    name = "mlp_ratio"
+
+    def __init__(self, heads: Heads | None = None) -> None:
+        self.heads = heads or default_heads()
+
+    def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+        origin = batch.origin
+        if origin is None:
+            return np.full(len(batch), np.nan)
+        on_origin = batch.derived("mlp_ratio.origin", lambda: self.heads.predict(batch, origin))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = self.heads.predict(batch, device) / on_origin
+        if device != origin:
+            timed = np.isfinite(batch.kernel_ms)
+            scaled = np.where(timed, device.overhead_ms + batch.kernel_ms * ratio, batch.origin_ms * ratio)
+        else:
+            scaled = batch.origin_ms
+        out = np.where(on_origin > 0, scaled, np.nan)
+        return np.where(batch.has_kernel, out, 0.0)
+
+
+@functools.cache
+def default_heads() -> Heads:
+    """The shipped heads as one instance, shared by every default ``mlp`` and ``mlp_ratio`` model: one
+    set of size tables, and their predictions on a batch computed once whichever model asks."""
+    return Heads()
+
+
+@register("mlp")
+def _mlp() -> Heads:
+    return default_heads()
+
+
+@register("mlp_ratio")
+def _mlp_ratio() -> HeadsRatio:
+    return HeadsRatio()

@@ -1,0 +1,53 @@
+"""The heads' files: the ones shipped with fxcost, or a directory ``fxcost train`` wrote."""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fxcost.cost_models.heads.features import FEATURE_VERSION
+from fxcost.cost_models.mlp import MLP, read_mlps
+
+__all__ = ["load_heads", "shipped_heads", "shipped_manifest"]
+
+
+def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
+    """Heads from ``directory`` (``heads.npz``), or the ones shipped with fxcost."""
+    if directory is None:
+        return dict(shipped_heads())
+    path = Path(directory) / "heads.npz"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no trained heads (run `fxcost train --out {directory}`)")
+    with np.load(path) as arrays:
+        return _read(arrays, str(path))
+
+
+@functools.cache
+def shipped_heads() -> dict[str, MLP]:
+    """The shipped heads as one shared mapping (read-only; ``load_heads()`` hands out copies)."""
+    weights = resources.files("fxcost.cost_models").joinpath("weights", "heads.npz")
+    if not weights.is_file():
+        return {}
+    with weights.open("rb") as f, np.load(f) as arrays:
+        return _read(arrays, "the shipped heads")
+
+
+def _read(arrays: Any, source: str) -> dict[str, MLP]:
+    version = int(arrays["feature_version"]) if "feature_version" in arrays.files else None
+    if version != FEATURE_VERSION:
+        raise ValueError(
+            f"{source} were trained on feature version {version}; this fxcost computes version "
+            f"{FEATURE_VERSION}: retrain them with `fxcost train`"
+        )
+    return read_mlps(arrays)
+
+
+def shipped_manifest() -> dict[str, Any]:
+    """The training manifest of the shipped heads (data files and hashes, devices, metrics)."""
+    path = resources.files("fxcost.cost_models").joinpath("weights", "manifest.json")
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -1,0 +1,145 @@
+"""What eager execution makes of the per-node times: the host issuing kernels, the GPU running them.
+
+A node's predicted time is that of the op timed alone (see :mod:`fxcost.cost_models.eager`); run back
+to back in an eager iteration, the GPU queue hides its per-op overhead, as long as the host issues
+kernels fast enough. The host spends ``host_ms`` per op (Python, dispatcher, launch); when kernels
+are shorter, the GPU waits and the host time bounds the iteration.
+
+:func:`timeline` simulates that two-stage pipeline node by node in program order: the host issues
+node ``i`` at ``t_host += host_ms``; the GPU runs it from ``max(gpu_free, t_host)`` for its kernel time.
+Its end is the iteration time an eager run measures with events around the whole step.
+
+The host's time per op depends on the model's Python and the machine's CPU far more than on the GPU:
+on the lent H100 and H200 the steps of Hugging Face models spent 33-80 us per launched op, not 10.
+A trace measured on a GPU carries the answer: :func:`origin_pipeline` finds the host time per op with
+which the origin's own recorded kernels, replayed through the pipeline, take the measured step, and
+predictions from that trace use it (the runtime-based premise: the same host drives the other GPU).
+Where the step is GPU bound instead, its kernels ran back to back 10-24% faster than each alone
+(the lent GPUs' ResNet-50 and LSTM steps), and all kernel times are scaled by that ratio. Without a
+measured step the host costs :data:`~fxcost.cost_models.eager.HOST_MS` per op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, kernel_ms
+from fxcost.gpus import Device
+from fxcost.records import NodeCost
+
+__all__ = ["Pipeline", "Span", "issue_bound_ms", "origin_pipeline", "timeline"]
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One kernel node on the predicted eager timeline (ms from the start of the step)."""
+
+    node: NodeCost
+    issued_ms: float  # when the host finished issuing it
+    start_ms: float  # when the GPU starts it
+    end_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """What a measured step says about eager execution beyond the kernels' own times.
+
+    Attributes:
+        host_ms: host time per launched op.
+        kernel_scale: in-step kernel time over the recorded (isolated) kernel time: under 1 where
+            the kernels of a GPU-bound step ran back to back faster than each alone (their inputs
+            still in L2), else 1.
+        fitted: whether a measured step determined them (else the defaults).
+    """
+
+    host_ms: float = HOST_MS
+    kernel_scale: float = 1.0
+    fitted: bool = False
+
+
+def origin_pipeline(nodes: Sequence[NodeCost], origin: Device | None, step_ms: float | None) -> Pipeline:
+    """The :class:`Pipeline` that makes the ``origin``'s recorded kernels of ``nodes``, replayed, last
+    its measured step ``step_ms``.
+
+    Host bound (the kernels alone take less than the step): the host time per op that stretches the
+    replay to the step, by bisection (the replay grows with it). GPU bound: the step only bounds the
+    host, which issued every op within it (``min(HOST_MS, step / ops)``), and the kernels are scaled
+    to fill exactly the step. The defaults without a GPU origin, a measured step or kernel times.
+    """
+    if origin is None or not step_ms:
+        return Pipeline()
+    times = [_origin_kernel_ms(n, origin) for n in nodes if n.has_kernel]
+    kernels = np.array([t for t in times if t is not None])
+    if not len(kernels):
+        return Pipeline()
+    if _replay_ms(kernels, 0.0) >= step_ms:
+        host = min(HOST_MS, step_ms / len(kernels))  # the host alone takes at most the step
+        return Pipeline(host, _solve(lambda scale: _replay_ms(scale * kernels, host), step_ms, 1.0), True)
+    return Pipeline(
+        _solve(lambda host: _replay_ms(kernels, host), step_ms, step_ms / len(kernels)), 1.0, True
+    )
+
+
+def timeline(
+    nodes: Sequence[NodeCost], device: Device, pipeline: Pipeline, *, host_ms: float | None = None,
+    on_origin: bool = False,
+) -> list[Span]:  # fmt: skip
+    """The kernel nodes of ``nodes`` with a prediction on ``device`` on its eager timeline, in order.
+
+    ``pipeline`` scales every kernel time and gives the host time per op unless ``host_ms`` does.
+    ``on_origin``: ``device`` is the GPU the nodes were measured on, where they run for their
+    recorded kernel times.
+    """
+    if host_ms is None:
+        host_ms = pipeline.host_ms
+    if host_ms < 0:
+        raise ValueError(f"host_ms must be >= 0, got {host_ms}")
+    host = gpu = 0.0
+    spans = []
+    for node in nodes:
+        predicted = node.pred_ms.get(device.name)
+        if not node.has_kernel or predicted is None:
+            continue
+        kernel = kernel_ms(predicted, node.pred_source.get(device.name), device)
+        if on_origin and node.kernel_ms is not None:
+            kernel = node.kernel_ms
+        kernel *= pipeline.kernel_scale
+        host += host_ms
+        start = max(gpu, host)
+        gpu = start + kernel
+        spans.append(Span(node, host, start, gpu))
+    return spans
+
+
+def issue_bound_ms(kernel_ms: float, ops: int, host_ms: float = HOST_MS) -> float:
+    """A run of ``ops`` kernels taking ``kernel_ms`` on the GPU lasts at least as long as the host
+    takes to issue them."""
+    return max(kernel_ms, ops * host_ms)
+
+
+def _origin_kernel_ms(node: NodeCost, origin: Device) -> float | None:
+    """A node's kernel time on the origin: its recorded kernels, else its event time less overhead."""
+    if node.kernel_ms is not None:
+        return node.kernel_ms
+    if node.origin_ms is None:
+        return None
+    return max(node.origin_ms - origin.overhead_ms, MIN_KERNEL_MS)
+
+
+def _replay_ms(kernels: np.ndarray, host_ms: float) -> float:
+    """The pipeline's end for kernel times in issue order: op ``j`` (1-based) is issued at
+    ``j * host_ms``, so the last kernel ends at ``max_j (j * host_ms + sum(kernels[j-1:]))``."""
+    suffix = np.cumsum(kernels[::-1])[::-1]
+    return float(np.max(np.arange(1, len(kernels) + 1) * host_ms + suffix))
+
+
+def _solve(replay: Callable[[float], float], step: float, high: float) -> float:
+    """The ``x`` in ``[0, high]`` where the increasing ``replay(x)`` reaches ``step`` (bisection)."""
+    low = 0.0
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if replay(middle) < step else (low, middle)
+    return (low + high) / 2

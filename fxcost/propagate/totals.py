@@ -1,0 +1,61 @@
+"""From per-node predictions to a step's figures: totals by phase and module, coverage, critical path.
+
+Every function takes node records (``report.nodes``) and a canonical device name; they read
+``pred_ms`` and never change a record. A node without a prediction adds nothing to a total and
+counts against :func:`coverage`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from fxcost.records import PHASES, NodeCost
+
+__all__ = ["by_module", "coverage", "critical_path_ms", "phase_totals", "total_ms"]
+
+
+def total_ms(nodes: Sequence[NodeCost], device: str) -> float:
+    """The nodes' predicted ms on ``device`` added up, one after the other."""
+    return sum(n.pred_ms.get(device) or 0.0 for n in nodes)
+
+
+def phase_totals(ms: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+    """Totals per phase of distinct nodes whose predicted ``ms`` each run ``counts[i, phase]`` times
+    (phases in :data:`~fxcost.records.PHASES` order); a node no model predicts adds nothing."""
+    return dict(zip(PHASES, (float(x) for x in np.nan_to_num(ms) @ counts), strict=True))
+
+
+def critical_path_ms(nodes: Sequence[NodeCost], device: str) -> float:
+    """The longest chain of dependent nodes on ``device``, graph after graph: the step's time if every
+    independent op ran concurrently (on as many streams as it takes), a lower bound where
+    :func:`total_ms` is the one-stream sum. Nodes without recorded inputs depend on nothing."""
+    finish: dict[tuple[int, str], float] = {}  # (graph, node name) -> when the node ends
+    longest: dict[int, float] = {}  # graph -> its longest chain
+    for n in nodes:
+        start = max((finish.get((n.graph, i), 0.0) for i in n.inputs), default=0.0)
+        end = finish[n.graph, n.name] = start + (n.pred_ms.get(device) or 0.0)
+        longest[n.graph] = max(longest.get(n.graph, 0.0), end)
+    return sum(longest.values())
+
+
+def by_module(
+    nodes: Sequence[NodeCost], device: str, depth: int | None = None
+) -> dict[str, dict[str, float]]:
+    """Predicted ms on ``device`` rolled up by module path: ``{module: {"fw": ms, "bw": ms, ...}}``,
+    largest total first; ``depth`` truncates paths to their first ``depth`` components."""
+    rollup: dict[str, dict[str, float]] = {}
+    for n in nodes:
+        module = ".".join(n.module.split(".")[:depth]) if depth is not None else n.module
+        phases = rollup.setdefault(module, {})
+        phases[n.phase] = phases.get(n.phase, 0.0) + (n.pred_ms.get(device) or 0.0)
+    return dict(sorted(rollup.items(), key=lambda item: -sum(item[1].values())))
+
+
+def coverage(nodes: Sequence[NodeCost], device: str) -> float:
+    """Fraction of kernel-launching nodes that have a prediction on ``device`` (1.0 if none launches)."""
+    kernels = [n for n in nodes if n.has_kernel]
+    if not kernels:
+        return 1.0
+    return sum(n.pred_ms.get(device) is not None for n in kernels) / len(kernels)

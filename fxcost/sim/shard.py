@@ -1,0 +1,94 @@
+"""Tensor-parallel shards of nodes (Megatron-LM): what one of ``tp`` ranks runs of a node.
+
+Inside a layer's attention and MLP, a matmul is sharded along its wider non-token dimension (the 3H
+of QKV, the 4H of the MLP; the contraction of the output projections), a batched matmul along its
+batch-times-heads dimension, other ops along their head or feature dimension; tensors as wide as
+the model (the row-parallel outputs, the residual stream) stay whole. Outside the layers, the head,
+the cross-entropy and the embedding are split along the vocabulary. A shard is a node on smaller
+tensors, priced at its own shapes rather than as a fraction of the whole.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fxcost.lowering import recorded_bytes
+from fxcost.lowering.nodes import MATMULS, matmul_operands
+from fxcost.records import NodeCost, Shape
+
+__all__ = ["shard_node", "shard_vocabulary"]
+
+
+def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:
+    """``node`` of a layer's attention or MLP as one of ``tp`` tensor-parallel ranks runs it: split
+    along its heads or features, or None if its result is as wide as the model (it runs whole)."""
+    if node.op in MATMULS:
+        return _shard_matmul(node, tp, tokens)
+    outs = node.out_shapes or node.in_shapes
+    if not outs or not outs[0] or outs[0][-1] == hidden:
+        return None  # as wide as the model: a replicated tensor
+    return _on_shapes(node, [_split(s, tp, hidden) for s in node.in_shapes],
+                    [_split(s, tp, hidden) for s in node.out_shapes])  # fmt: skip
+
+
+def shard_vocabulary(node: NodeCost, tp: int, tokens: int, vocab: int) -> NodeCost | None:
+    """A node outside the layers as Megatron's vocabulary-parallel head, cross-entropy and
+    embedding run it: split along the vocabulary if its result (or a matmul operand) spans it."""
+    if node.op in MATMULS:
+        spans = any(vocab in s for s in (*node.in_shapes, *node.out_shapes))
+        return _shard_matmul(node, tp, tokens) if spans else None
+    if not any(vocab in s for s in node.out_shapes):
+        return None
+
+    def split(shape: Shape) -> Shape:
+        return tuple(x // tp if x == vocab else x for x in shape)
+
+    return _on_shapes(node, [split(s) for s in node.in_shapes], [split(s) for s in node.out_shapes])
+
+
+def _on_shapes(node: NodeCost, in_shapes: list[Shape], out_shapes: list[Shape]) -> NodeCost:
+    """``node`` on smaller tensors: FLOPs in proportion to its result, bytes from the shapes."""
+    old, new = node.out_shapes or node.in_shapes, out_shapes or in_shapes
+    ratio = math.prod(new[0]) / max(math.prod(old[0]), 1) if old and new else 1.0
+    return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
+                        flops=None if node.flops is None else round(node.flops * ratio),
+                        bytes_read=recorded_bytes(in_shapes, node.in_dtypes),
+                        bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
+
+
+def _split(shape: Shape, tp: int, hidden: int) -> Shape:
+    """A tensor's shard: heads (dimension 1 of a 4-d tensor) or features (the last) split."""
+    if not shape or shape[-1] == hidden:
+        return shape
+    dim = 1 if len(shape) == 4 and shape[1] % tp == 0 else len(shape) - 1
+    if shape[dim] % tp:
+        return shape
+    return (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
+
+
+def _shard_matmul(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
+    shapes = list(node.in_shapes)
+    a, b = matmul_operands(node)
+    if node.op in ("aten.bmm.default", "aten.baddbmm.default"):
+        if len(a) != 3 or a[0] % tp:
+            return None
+        shapes[-2], shapes[-1] = (a[0] // tp, *a[1:]), (b[0] // tp, *b[1:])
+        out = [(s[0] // tp, *s[1:]) for s in node.out_shapes]
+        if node.op == "aten.baddbmm.default" and len(shapes[0]) == 3:
+            shapes[0] = (shapes[0][0] // tp, *shapes[0][1:])
+    else:
+        (m, k), (_, n) = a, b
+        candidates = {"m": m, "k": k, "n": n}
+        free = {name: size for name, size in candidates.items() if size != tokens and size % tp == 0}
+        if not free:
+            return None
+        dim = max(free, key=lambda name: (free[name], name == "k"))  # a tie: split the contraction
+        m2, k2, n2 = (x // tp if name == dim else x for name, x in candidates.items())
+        shapes[-2], shapes[-1] = (m2, k2), (k2, n2)
+        if node.op == "aten.addmm.default":
+            shapes[0] = (n2,) if len(shapes[0]) == 1 else (m2, n2)
+        out = [(m2, n2)]
+    return node.replace(in_shapes=shapes, out_shapes=out,
+                        flops=None if node.flops is None else node.flops // tp,
+                        bytes_read=recorded_bytes(shapes, node.in_dtypes),
+                        bytes_written=recorded_bytes(out, node.out_dtypes))  # fmt: skip

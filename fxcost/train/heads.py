@@ -1,0 +1,242 @@
+"""Training the MLP heads on measurement directories: deterministic, resumable, with a manifest.
+
+``train(data_dirs, out_dir)`` fits one head per op class on the training rows (``ops/``), evaluates it
+on the held-out rows (``ops_test/``; for convolutions, which have none, on 10% of the configurations
+set aside by a hash of the configuration), and writes ``heads.npz`` and ``manifest.json`` (data files
+and their SHA-256, devices, sizes, train and test MAPE per device kept apart). Every epoch is
+checkpointed, so an interrupted run resumes where it stopped; finished heads are not trained again.
+GPUs held out by DESIGN.md (H100, L4, A100-80GB) are excluded unless asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fxcost._io import atomic_write
+from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.heads import (
+    FEATURE_VERSION,
+    HEADS,
+    load_heads,
+    node_features,
+    roofline_ms,
+    with_device,
+)
+from fxcost.cost_models.mlp import MLP, save_mlps
+from fxcost.data.datasets import ELEMENTWISE, read_ops, read_ops_test, row_node
+from fxcost.gpus import HELD_OUT_DEVICES, get_device
+from fxcost.records import NodeCost
+from fxcost.train import mlp
+from fxcost.train.mlp import Loss
+
+__all__ = ["CONFIG_COLUMNS", "Examples", "TrainConfig", "examples", "fit", "split", "train"]
+
+# Training ops and held-out files per head (None: hold out a share of the training configurations).
+SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
+    "linear": (("linear",), ("linear",)),
+    "bmm": (("bmm",), ("bmm",)),
+    "conv": (("conv",), None),
+    "ew": (tuple(ELEMENTWISE), ("elem",)),
+    "ln": (("ln",), ("ln",)),
+    "softmax": (("softmax",), ("softmax",)),
+}
+CONV_TEST_SHARE = 0.1
+CONFIG_COLUMNS = {
+    "linear": ["B", "M", "N", "K"], "bmm": ["B", "M", "N", "K"], "ew": ["OPName", "B", "H"],
+    "ln": ["B", "H"], "softmax": ["B", "H"],
+    "conv": ["B", "Input_Channel", "Output_Channel", "Kernel_Szie", "Input_Size", "Stride", "Padding"],
+}  # fmt: skip
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Size and schedule of a head. The defaults come from the layers x width study
+    (``benchmarks/ops_accuracy.py --size-study``)."""
+
+    layers: int = 3
+    width: int = 256
+    epochs: int = 40
+    batch: int = 512
+    lr: float = 2e-3
+    seed: int = 0
+
+    def recipe(self, loss: Loss = "log_l1") -> mlp.Recipe:
+        """The network and schedule for :func:`fxcost.train.mlp.fit`."""
+        hidden = (self.width,) * self.layers
+        return mlp.Recipe(hidden, self.epochs, self.batch, self.lr, self.seed, loss=loss)
+
+
+@dataclass
+class Examples:
+    """Features, targets (log of measured / reference time) and bookkeeping of one head's rows."""
+
+    x: np.ndarray
+    y: np.ndarray
+    reference_ms: np.ndarray
+    latency_ms: np.ndarray
+    device: np.ndarray
+
+
+def examples(frame: Any, head: str) -> Examples:
+    """Feature rows for ``head`` from a frame of data-set rows (see :mod:`fxcost.data.datasets`).
+
+    A configuration measured on several GPUs is built and featurized once.
+    """
+    built: dict[tuple[Any, ...], tuple[NodeCost, list[float]]] = {}
+    parts = []
+    for device_name, group in frame.groupby("device", sort=True):
+        device = get_device(device_name)
+        keys = [tuple(r) for r in group[["OPName", *CONFIG_COLUMNS[head]]].itertuples(index=False)]
+        for key, row in zip(keys, group.itertuples(index=False), strict=True):
+            if key not in built:
+                node = row_node(row)
+                built[key] = (node, node_features(head, node))
+        nodes, problem = zip(*(built[k] for k in keys), strict=True)
+        reference = roofline_ms(NodeBatch.of(nodes), device)
+        latency = group["Latency"].to_numpy(dtype=np.float64)
+        parts.append(Examples(with_device(head, problem, device), np.log(latency / reference), reference,
+                              latency, np.full(len(group), device_name, dtype=object)))  # fmt: skip
+    return Examples(*(np.concatenate([getattr(p, f) for p in parts]) for f in Examples.__dataclass_fields__))
+
+
+def fit(
+    ex: Examples, config: TrainConfig, checkpoint: Path | None = None, progress: Progress | None = None,
+    label: str = "", loss: Loss = "log_l1",
+) -> MLP:  # fmt: skip
+    """Fit a head to ``ex``; resumes from ``checkpoint``.
+
+    ``loss="log_l1"``: absolute error of ``ex.y`` (log time ratios: relative error). ``loss="mape"``: the
+    MAPE of ``ex.y`` taken as raw times (Habitat's training objective, for the baseline).
+    """
+    per_epoch = None if progress is None else (lambda done, total: progress(label, done, total))
+    return mlp.fit(ex.x, ex.y, config.recipe(loss), checkpoint=checkpoint,
+                   fingerprint={"feature_version": FEATURE_VERSION}, progress=per_epoch)  # fmt: skip
+
+
+def mape_by_device(model: MLP, ex: Examples) -> dict[str, float]:
+    """MAPE (%) of ``model`` on ``ex`` per device, and over all rows (``"all"``)."""
+    predicted = ex.reference_ms * np.exp(model(ex.x))
+    error = np.abs(predicted - ex.latency_ms) / ex.latency_ms * 100
+    result = {str(d): float(error[ex.device == d].mean()) for d in sorted(set(ex.device))}
+    result["all"] = float(error.mean()) if len(error) else math.nan
+    return result
+
+
+def _each(data: Sequence[str | Path], read: Callable[[str | Path], Any]) -> list[Any]:
+    """``read`` of every data directory that has the files; a directory of new measurements
+    (``fxcost collect``) may hold some ops and no held-out files. None having them is an error."""
+    frames, missing = [], []
+    for d in data:
+        try:
+            frames.append(read(d))
+        except FileNotFoundError as e:
+            missing.append(str(e))
+    if not frames:
+        raise FileNotFoundError("; ".join(missing))
+    return frames
+
+
+def split(
+    data: Sequence[str | Path], head: str, exclude: Iterable[str] = HELD_OUT_DEVICES
+) -> tuple[Any, Any]:
+    """(training rows, held-out rows) of ``head`` from every data directory, excluded devices dropped."""
+    import pandas as pd
+
+    train_ops, test_files = SOURCES[head]
+    train = pd.concat(_each(data, lambda d: read_ops(d, train_ops)), ignore_index=True)
+    if test_files is None:
+        key = train[CONFIG_COLUMNS[head]].astype(str).agg("/".join, axis=1)
+        held = key.map(
+            lambda k: int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) / 2**32 < CONV_TEST_SHARE
+        )
+        train, test = train[~held], train[held]
+    else:
+        test = pd.concat(_each(data, lambda d: read_ops_test(d, test_files)), ignore_index=True)
+        test = test[test["OPName"].isin(train_ops)]
+    return _without(train, exclude), _without(test, exclude)
+
+
+def _without(rows: Any, devices: Iterable[str]) -> Any:
+    return rows[~rows["device"].isin(set(devices))]
+
+
+def train(
+    data: Sequence[str | Path],
+    out: str | Path,
+    heads: Sequence[str] = HEADS,
+    exclude: Iterable[str] = HELD_OUT_DEVICES,
+    config: TrainConfig = TrainConfig(),
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Train ``heads`` on ``data``; writes ``heads.npz`` and ``manifest.json`` to ``out`` and returns the
+    manifest."""
+    unknown = set(heads) - set(HEADS)
+    if unknown:
+        raise ValueError(f"unknown heads {sorted(unknown)}; heads: {', '.join(HEADS)}")
+    out = Path(out)
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if manifest.get("feature_version") != FEATURE_VERSION:
+        manifest["heads"] = {}  # heads of other features: train again
+    manifest.update({"config": asdict(config), "excluded_devices": sorted(set(exclude)),
+                     "data": _data_files(data), "feature_version": FEATURE_VERSION})  # fmt: skip
+    manifest.setdefault("heads", {})
+    trained = dict(_load_existing(out))
+    for head in heads:
+        every_row, every_test = split(data, head, exclude=())
+        train_rows, test_rows = _without(every_row, exclude), _without(every_test, exclude)
+        left_out = every_row.loc[every_row["device"].isin(set(exclude)), "device"].value_counts()
+        if train_rows.empty:
+            raise ValueError(f"no training rows for head {head!r} in {', '.join(map(str, data))}")
+        train_ex = examples(train_rows, head)
+        done = manifest["heads"].get(head, {}).get("config") == asdict(config) and head in trained
+        if not done:
+            trained[head] = fit(train_ex, config, out / "checkpoints" / f"{head}.pt", progress, head)
+        model = trained[head]
+        test_ex = examples(test_rows, head) if not test_rows.empty else None
+        manifest["heads"][head] = {
+            "config": asdict(config),
+            "devices": sorted(set(train_ex.device)),
+            "left_out_rows": {str(device): int(rows) for device, rows in sorted(left_out.items())},
+            "train_rows": len(train_ex.y),
+            "test_rows": 0 if test_ex is None else len(test_ex.y),
+            "train_mape": mape_by_device(model, train_ex),
+            "test_mape": mape_by_device(model, test_ex) if test_ex is not None else {},
+        }
+        _save(out, trained, manifest)
+    return manifest
+
+
+def _data_files(data: Sequence[str | Path]) -> list[dict[str, str]]:
+    files = []
+    for directory in data:
+        for path in sorted(Path(directory).rglob("*.csv")):
+            if "/ops" in str(path):
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                files.append({"path": str(path.relative_to(directory)), "sha256": digest})
+    return files
+
+
+def _load_existing(out: Path) -> dict[str, MLP]:
+    try:
+        return load_heads(out)
+    except (FileNotFoundError, ValueError):  # none yet, or trained on other features: train again
+        return {}
+
+
+def _save(out: Path, heads: dict[str, MLP], manifest: dict[str, Any]) -> None:
+    save_mlps(
+        out / "heads.npz", heads, dtype=np.float32, extra={"feature_version": np.array(FEATURE_VERSION)}
+    )
+    atomic_write(out / "manifest.json", json.dumps(manifest, indent=1).encode())

@@ -1,0 +1,6 @@
+"""Models to capture: the built-in examples (``builtin``, in plain PyTorch) and Hugging Face models built
+from their config on meta tensors (``hf``, needs ``pip install 'fxcost[hf]'``)."""
+
+from fxcost.zoo.builtin import Autocast, build, load, names
+
+__all__ = ["Autocast", "build", "load", "names"]

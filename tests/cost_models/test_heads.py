@@ -1,0 +1,373 @@
+"""MLP cost heads: op classes, features, inference, shipped weights, and the training pipeline."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import fxcost
+from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.heads import HEADS, Heads, feature_matrix, head_of, load_heads, shipped_manifest
+from fxcost.data.datasets import kernel_alike_node
+from fxcost.gpus import HELD_OUT_DEVICES, get_device
+from fxcost.lowering.nodes import conv_node, gemm_node
+from fxcost.records import NodeCost
+from fxcost.train.heads import Examples, TrainConfig, fit, train
+
+WEIGHTS = Path(fxcost.__file__).parent / "cost_models" / "weights"
+
+
+def test_op_classes() -> None:
+    assert head_of(gemm_node("linear", 1, 64, 32, 16)) == "linear"
+    assert head_of(gemm_node("bmm", 4, 64, 32, 16)) == "bmm"
+    assert head_of(conv_node(2, 3, 8, 3, 32, 1, 1)) == "conv"
+    assert head_of(kernel_alike_node("gelu", 8, 8)) == "ew"
+    assert head_of(kernel_alike_node("ln", 8, 8)) == "ln"
+    assert head_of(kernel_alike_node("softmax", 8, 8)) == "softmax"
+    assert head_of(NodeCost(name="v", op="aten.view.default", phase="fw", has_kernel=False)) is None
+    assert head_of(NodeCost(name="s", op="aten.sort.default", phase="fw", out_shapes=[(4,)])) is None
+
+
+def test_features_are_finite_for_every_head() -> None:
+    nodes = {
+        "linear": gemm_node("linear", 1, 1, 1, 1),
+        "bmm": gemm_node("bmm", 7, 65, 3, 1025),
+        "conv": conv_node(1, 3, 2048, 3, 252, 1, 1),
+        "ew": kernel_alike_node("powu", 16384, 768),
+        "ln": kernel_alike_node("ln", 1, 16384),
+        "softmax": kernel_alike_node("softmax", 8, 1),
+    }
+    for head, node in nodes.items():
+        x = feature_matrix(head, [node], get_device("H100-SXM"))
+        assert x.shape[0] == 1 and np.isfinite(x).all(), head
+
+
+def test_numpy_inference_matches_the_trained_network() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 5))
+    y = x @ rng.normal(size=5) * 0.3
+    ex = Examples(x, y, np.ones(256), np.exp(y), np.array(["T4"] * 256, dtype=object))
+    model = fit(ex, TrainConfig(layers=2, width=16, epochs=3, batch=64))
+    torch.manual_seed(0)
+    assert model(x).shape == (256,)
+    inside = model(x[:3])
+    clipped = model(np.clip(x[:3] * 100, model.low, model.high))
+    np.testing.assert_allclose(model(x[:3] * 100), clipped)  # beyond the training range: saturates
+    assert np.isfinite(inside).all()
+
+
+def _tiny_examples(n: int = 300) -> Examples:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(n, 4))
+    y = np.tanh(x[:, 0]) + 0.1 * x[:, 1]
+    return Examples(x, y, np.ones(n), np.exp(y), np.array(["T4"] * n, dtype=object))
+
+
+def test_training_is_deterministic_and_resumes_after_an_interruption(tmp_path) -> None:
+    ex, config = _tiny_examples(), TrainConfig(layers=2, width=16, epochs=4, batch=64, seed=3)
+    once = fit(ex, config)
+    again = fit(ex, config)
+    for a, b in zip(once.weights, again.weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_two(head: str, epoch: int, epochs: int) -> None:
+        if epoch == 2:
+            raise Interrupted
+
+    checkpoint = tmp_path / "head.pt"
+    with pytest.raises(Interrupted):
+        fit(ex, config, checkpoint, progress=stop_after_two)
+    assert torch.load(checkpoint, weights_only=False)["epoch"] == 2
+    resumed = fit(ex, config, checkpoint)
+    for a, b in zip(once.weights, resumed.weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_shipped_heads_are_small_and_fit_only_on_training_gpus() -> None:
+    assert (WEIGHTS / "heads.npz").stat().st_size < 5 * 2**20
+    heads = load_heads()
+    assert set(heads) == set(HEADS)
+    manifest = shipped_manifest()
+    assert set(manifest["excluded_devices"]) >= {"H100-SXM", "L4", "A100-PCIE-80GB"}
+    for head, facts in manifest["heads"].items():
+        assert not set(facts["devices"]) & HELD_OUT_DEVICES, head
+        assert facts["train_rows"] > 0 and "all" in facts["train_mape"]
+    assert all(len(f["sha256"]) == 64 for f in manifest["data"])
+
+
+def test_heads_predict_captured_graph_nodes() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128))
+    report = fxcost.profile(model, torch.randn(32, 64), devices=["T4"], measure=False)
+    predicted = report.predict(["H100-SXM", "T4"], model="mlp,roofline")
+    sources = {n.pred_source["T4"] for n in predicted.nodes if n.has_kernel}
+    assert "mlp" in sources
+    mlp_nodes = [n for n in predicted.nodes if n.pred_source["T4"] == "mlp" and n.has_kernel]
+    assert all(n.pred_ms["T4"] > 0 and np.isfinite(n.pred_ms["T4"]) for n in mlp_nodes)
+    assert {n.op for n in mlp_nodes} >= {"aten.addmm.default", "aten.native_layer_norm.default"}
+    assert predicted.total_ms("T4") > predicted.total_ms("H100-SXM")
+
+
+def test_heads_leave_unknown_devices_and_ops_unpredicted() -> None:
+    node = NodeCost(name="s", op="aten.sort.default", phase="fw", out_shapes=[(4,)], flops=1, bytes_read=4,
+                    bytes_written=4)  # fmt: skip
+    out = Heads().predict(NodeBatch.of([node, gemm_node("linear", 1, 8, 8, 8)]), get_device("MI300X"))
+    assert np.isnan(out[0])
+
+
+def test_memory_bound_ops_are_priced_as_the_elementwise_passes_they_lower_to() -> None:
+    """No data measures batch norm: its two kernels are priced as relu passes moving their bytes."""
+    from fxcost.cost_models.heads import LOWERED
+    from fxcost.lowering.nodes import memory_pass
+
+    x, c = (32, 64, 56, 56), (64,)
+    bn = NodeCost(name="bn", op="aten._native_batch_norm_legit_functional.default", phase="fw",
+                  in_shapes=[x, c, c, c, c], in_dtypes=["float32"] * 5, out_shapes=[x, c, c, c, c],
+                  out_dtypes=["float32"] * 5, args={"training": True}, bytes_read=25_690_624,
+                  bytes_written=25_690_624)  # fmt: skip
+    assert head_of(bn) == LOWERED
+    t4 = get_device("T4")
+    read = 4 * math.prod(x)
+    passes = Heads().predict(
+        NodeBatch.of([memory_pass(read, "float32"), memory_pass(2 * read, "float32")]), t4
+    )
+    (predicted,) = Heads().predict(NodeBatch.of([bn]), t4)
+    assert predicted == pytest.approx(passes.sum())
+    # Heads without the elementwise one cannot price the passes: no prediction rather than a guess.
+    (without,) = Heads({"linear": load_heads()["linear"]}).predict(NodeBatch.of([bn]), t4)
+    assert np.isnan(without)
+
+
+def test_a_lowered_op_that_launches_nothing_costs_nothing() -> None:
+    empty = NodeCost(name="cat", op="aten.cat.default", phase="fw", in_shapes=[(0, 4), (0, 4)],
+                     in_dtypes=["float32"] * 2, out_shapes=[(0, 4)], out_dtypes=["float32"], bytes_read=0,
+                     bytes_written=0)  # fmt: skip
+    assert Heads().predict(NodeBatch.of([empty]), get_device("T4"))[0] == 0.0
+
+
+def test_elementwise_tables_follow_the_device_not_its_name() -> None:
+    """A device file may change a known GPU's specs under the same name: its tables are its own."""
+    import dataclasses
+
+    a100 = get_device("A100-SXM4-40GB")
+    faster = dataclasses.replace(a100, mem_bandwidth_gbps=4 * a100.mem_bandwidth_gbps)
+    relu = NodeBatch.of([kernel_alike_node("relu", 4096, 4096)])
+    (before,) = Heads().predict(relu, a100)
+    (after,) = Heads().predict(NodeBatch.of(relu.nodes), faster)
+    assert after < before / 2
+
+
+def test_isotonic_pools_a_dip_with_the_values_before_it() -> None:
+    from fxcost.cost_models.heads.elementwise import _isotonic
+
+    np.testing.assert_allclose(_isotonic(np.array([1.0, 3.0, 2.0, 4.0])), [1.0, 2.5, 2.5, 4.0])
+    np.testing.assert_allclose(_isotonic(np.array([3.0, 2.0, 1.0])), [2.0, 2.0, 2.0])
+    rising = np.array([0.0, 1.0, 1.0, 5.0])
+    np.testing.assert_array_equal(_isotonic(rising), rising)
+
+
+def _tiny_data(root: Path, data_dir: Path) -> Path:
+    """A data directory of the shared layout holding a few layer-norm rows of two GPUs."""
+    for sub in ("ops/ln", "ops_test"):
+        (root / "neusight" / sub).mkdir(parents=True)
+    for name in ("Tesla_T4.csv", "Tesla_P4.csv"):
+        rows = pd.read_csv(data_dir / "neusight" / "ops" / "ln" / name).head(120)
+        rows.to_csv(root / "neusight" / "ops" / "ln" / name, index=False)
+    test = pd.read_csv(data_dir / "neusight" / "ops_test" / "ln.csv")
+    test = test[test["Device"].isin(["Tesla T4", "Tesla P4"])].head(20)
+    test.to_csv(root / "neusight" / "ops_test" / "ln.csv", index=False)
+    return root
+
+
+def test_train_command_writes_heads_and_manifest(tmp_path, data_dir, capsys, monkeypatch) -> None:
+    from fxcost.cli import main
+
+    data = _tiny_data(tmp_path / "data", data_dir)
+    out = tmp_path / "heads"
+    argv = ["train", "--data", str(data), "--out", str(out), "--ops", "ln", "--epochs", "2", "--seed", "1"]
+    assert main(argv) == 0
+    assert "ln" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["heads"]["ln"]["devices"] == ["P4", "T4"]
+    assert manifest["heads"]["ln"]["test_rows"] == 20
+    assert set(load_heads(out)) == {"ln"}
+    before = load_heads(out)["ln"]
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished head was trained again")
+
+    monkeypatch.setattr("fxcost.train.heads.fit", no_training)
+    assert main(argv) == 0  # finished heads are kept, only re-evaluated
+    np.testing.assert_array_equal(load_heads(out)["ln"].weights[0], before.weights[0])
+
+
+def test_train_leaves_held_out_gpus_out_unless_asked(tmp_path, data_dir, capsys) -> None:
+    """Rows a user collected on an H100 are held out of training by default, and said to be."""
+    from fxcost.cli import main
+
+    data = _tiny_data(tmp_path / "data", data_dir)
+    mine = tmp_path / "mine" / "ops" / "ln"
+    mine.mkdir(parents=True)
+    rows = pd.read_csv(data / "neusight" / "ops" / "ln" / "Tesla_T4.csv").assign(
+        Device="NVIDIA H100 80GB HBM3"
+    )
+    rows.to_csv(mine / "NVIDIA_H100_80GB_HBM3.csv", index=False)
+    argv = ["train", "--data", str(data), "--data", str(tmp_path / "mine"), "--ops", "ln", "--epochs", "1"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    assert "ln: leaving out H100-SXM (120 rows): held out" in capsys.readouterr().out
+    assert json.loads((tmp_path / "a" / "manifest.json").read_text())["heads"]["ln"]["devices"] == [
+        "P4",
+        "T4",
+    ]
+    assert main([*argv, "--out", str(tmp_path / "b"), "--include-held-out"]) == 0
+    assert "leaving out" not in capsys.readouterr().out
+    devices = json.loads((tmp_path / "b" / "manifest.json").read_text())["heads"]["ln"]["devices"]
+    assert devices == ["H100-SXM", "P4", "T4"]
+
+
+def test_train_rejects_bad_input(tmp_path, data_dir) -> None:
+    with pytest.raises(ValueError, match="unknown heads"):
+        train([data_dir], tmp_path, heads=["lstm"])
+    with pytest.raises(FileNotFoundError, match="no ops/ or ops_test/"):
+        train([tmp_path / "nothing"], tmp_path / "out", heads=["ln"])
+    bad = tmp_path / "bad" / "neusight" / "ops" / "ln"
+    bad.mkdir(parents=True)
+    (bad / "Tesla_T4.csv").write_text("OPName,Device\nln,Tesla T4\n")
+    with pytest.raises(ValueError, match="missing columns"):
+        train([tmp_path / "bad"], tmp_path / "out2", heads=["ln"])
+    (bad / "Tesla_T4.csv").write_text("OPName,Latency,Device,B,H\nln,0.5,Tesla T4,8,8\nln,-1,Tesla T4,8,16\n")
+    with pytest.raises(ValueError, match=r"non-positive latencies in rows \[1\]"):
+        train([tmp_path / "bad"], tmp_path / "out3", heads=["ln"])
+
+
+def test_train_killed_mid_run_resumes_to_the_same_heads(tmp_path, data_dir) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    command = [sys.executable, "-m", "fxcost.cli", "train", "--data", str(data_dir), "--ops", "ln",
+               "--epochs", "120", "--out"]  # fmt: skip
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*command, str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = killed / "checkpoints" / "ln.pt"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["epoch"] >= 3:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    epoch = torch.load(checkpoint, weights_only=False)["epoch"]
+    assert 3 <= epoch < 120, "the run was not interrupted mid-training"
+    assert subprocess.run([*command, str(killed)], capture_output=True).returncode == 0
+    straight = tmp_path / "straight"
+    assert subprocess.run([*command, str(straight)], capture_output=True).returncode == 0
+    resumed, reference = load_heads(killed)["ln"], load_heads(straight)["ln"]
+    for a, b in zip(resumed.weights, reference.weights, strict=True):
+        np.testing.assert_array_equal(a, b)  # nothing lost, nothing trained twice
+
+
+def test_convolution_backward_is_its_forward_once_per_gradient() -> None:
+    forward = conv_node(8, 64, 64, 3, 56, 1, 1)
+    backward = NodeCost(
+        name="cb", op="aten.convolution_backward.default", phase="bw",
+        in_shapes=[forward.out_shapes[0], forward.in_shapes[0], forward.in_shapes[1]],
+        in_dtypes=["float32"] * 3, out_shapes=[forward.in_shapes[0], forward.in_shapes[1]],
+        out_dtypes=["float32"] * 2,
+        args={"stride": [1, 1], "padding": [1, 1], "output_mask": [True, True, False]},
+        flops=2 * forward.flops, bytes_read=1, bytes_written=1,
+    )  # fmt: skip
+    weight_only = NodeCost.from_json(
+        {**backward.to_json(), "args": {**backward.args, "output_mask": [False, True, False]}}
+    )
+    fw, bw, bw_weight = Heads().predict(
+        NodeBatch.of([forward, backward, weight_only]), get_device("V100-PCIE-32GB")
+    )
+    assert bw == pytest.approx(2 * fw) and bw_weight == pytest.approx(fw)
+
+
+def test_cudnn_lstm_is_lowered_to_gemms_and_pointwise_work() -> None:
+    from fxcost.lowering.rnn import lower_rnn
+
+    lstm = NodeCost(
+        name="rnn", op="aten._cudnn_rnn.default", phase="fw",
+        in_shapes=[(32, 16, 256)], in_dtypes=["float32"], out_shapes=[(32, 16, 512)], out_dtypes=["float32"],
+        args={"mode": 2, "hidden_size": 512, "num_layers": 2, "batch_first": False, "bidirectional": False},
+    )  # fmt: skip
+    work = lower_rnn(lstm)
+    gemms = [(n.in_shapes, count) for n, count in work if n.op == "aten.mm.default"]
+    assert gemms == [
+        ([(512, 256), (256, 2048)], 1),  # layer 0: the input sequence onto the four gates
+        ([(16, 512), (512, 2048)], 32),  # a recurrent step, 32 times
+        ([(512, 512), (512, 2048)], 1),  # layer 1 reads layer 0's hidden states
+        ([(16, 512), (512, 2048)], 32),
+    ]
+    backward = NodeCost.from_json({**lstm.to_json(), "op": "aten._cudnn_rnn_backward.default"})
+    fw, bw = Heads().predict(NodeBatch.of([lstm, backward]), get_device("T4"))
+    assert 0 < fw < bw == pytest.approx(2 * fw)
+
+
+def test_nodes_with_unexpected_shapes_stay_unpredicted() -> None:
+    odd = NodeCost(name="mm", op="aten.mm.default", phase="fw", in_shapes=[(4,)], in_dtypes=["float32"],
+                   out_shapes=[(4,)], out_dtypes=["float32"], flops=8, bytes_read=16)  # fmt: skip
+    good = gemm_node("linear", 1, 64, 64, 64)
+    out = Heads().predict(NodeBatch.of([odd, good]), get_device("T4"))
+    assert np.isnan(out[0]) and out[1] > 0
+
+
+def test_heads_of_other_features_are_refused_with_a_retrain_hint(tmp_path) -> None:
+    from fxcost.cost_models.heads import FEATURE_VERSION
+
+    with np.load(WEIGHTS / "heads.npz") as shipped:
+        arrays = dict(shipped)
+    assert int(arrays["feature_version"]) == FEATURE_VERSION
+    np.savez(tmp_path / "heads.npz", **{**arrays, "feature_version": np.array(FEATURE_VERSION - 1)})
+    with pytest.raises(ValueError, match=r"feature version .* retrain them with `fxcost train`"):
+        load_heads(tmp_path)
+
+
+def test_copies_and_casts_are_elementwise_passes() -> None:
+    from fxcost.records import NodeCost
+
+    cast = NodeCost(name="c", op="aten._to_copy.default", phase="fw", in_shapes=[(1024, 1024)],
+                    in_dtypes=["float32"], out_shapes=[(1024, 1024)], out_dtypes=["bfloat16"],
+                    flops=0, bytes_read=4 * 2**20, bytes_written=2 * 2**20)  # fmt: skip
+    assert head_of(cast) == "ew"
+    ms = Heads().predict(NodeBatch.of([cast]), get_device("A100-PCIE-40GB"))
+    assert np.isfinite(ms[0]) and ms[0] > 0
+
+
+def test_heads_with_different_op_classes_share_a_batch_without_interfering() -> None:
+    nodes = [gemm_node("linear", 1, 256, 256, 256), kernel_alike_node("gelu", 64, 1024)]
+    batch, t4 = NodeBatch.of(nodes), get_device("T4")
+    only_linear = Heads({"linear": load_heads()["linear"]}).predict(batch, t4)
+    everything = Heads().predict(batch, t4)  # the derived node groups must not be the first model's
+    assert np.isfinite(only_linear[0]) and np.isnan(only_linear[1])
+    assert np.all(np.isfinite(everything)) and everything[0] == only_linear[0]
+
+
+def test_the_fp32_traffic_of_a_half_node_widens_only_its_half_tensors() -> None:
+    """A bf16 dropout backward reads a bf16 gradient and a bool mask: the heads' features see the
+    traffic of an fp32 dropout backward (the mask stays one byte per element; it was doubled too)."""
+    from fxcost.cost_models.heads import fp32_traffic
+
+    def dropout_backward(dtype: str, itemsize: int) -> NodeCost:
+        return NodeCost(name="d", op="aten.native_dropout_backward.default", phase="bw", graph=0,
+                        in_shapes=[(4, 1024), (4, 1024)], in_dtypes=[dtype, "bool"],
+                        out_shapes=[(4, 1024)], out_dtypes=[dtype], flops=4096,
+                        bytes_read=4096 * (itemsize + 1), bytes_written=4096 * itemsize)  # fmt: skip
+
+    fp32 = dropout_backward("float32", 4)
+    assert fp32_traffic(dropout_backward("bfloat16", 2)) == (fp32.bytes_read, fp32.bytes_written)
+    assert fp32_traffic(fp32) == (fp32.bytes_read, fp32.bytes_written)

@@ -1,0 +1,227 @@
+"""fxcost.Estimator: one trace per structure, exact re-pricing at other batches, precisions, threads."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import fxcost
+from fxcost import zoo
+from fxcost.capture import CaptureOptions, FxcostBackend
+from fxcost.estimator import Estimator, default_estimator
+
+DEVICES = ["T4", "H100-SXM"]
+
+
+def _block(batch: int, dim: int = 64) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    return zoo.build("transformer_block", batch, seq=16, dim=dim, heads=4)
+
+
+def _profiled_ms(
+    model: nn.Module, inputs: tuple[torch.Tensor, ...], device: str, train: bool = True
+) -> float:
+    report = fxcost.profile(model, inputs, devices=[device], train=train, measure=False)
+    return report.total_ms(device)
+
+
+def test_one_trace_prices_every_batch_as_a_trace_at_that_batch_would() -> None:
+    est = Estimator(DEVICES)
+    model, inputs = _block(4)
+    for batch in (4, 7, 32):
+        fresh_model, fresh_inputs = _block(batch)
+        for device in DEVICES:
+            priced = est.cost(model, inputs, device=device, batch_size=batch)
+            assert priced.ms == pytest.approx(_profiled_ms(fresh_model, fresh_inputs, device), rel=1e-9)
+    assert est.cache_info()["captures"] == 1  # every batch came from the one symbolic trace
+
+
+def test_inputs_at_another_batch_are_priced_at_their_own_batch() -> None:
+    est = Estimator(DEVICES)
+    model, small = _block(4)
+    _, large = _block(64)
+    assert est.cost(model, small).ms < est.cost(model, large).ms
+    assert est.cost(model, large).ms == pytest.approx(_profiled_ms(model, large, DEVICES[0]), rel=1e-9)
+    assert est.cache_info()["captures"] == 1
+
+
+def test_cache_is_by_structure_not_by_object() -> None:
+    est = Estimator(DEVICES)
+    model, inputs = _block(4)
+    twin, _ = _block(4)
+    est.cost(model, inputs)
+    est.cost(twin, inputs, device="H100-SXM")
+    assert est.cache_info()["captures"] == 1
+    assert est.capture(model, inputs).graph_hash == est.capture(twin, inputs).graph_hash
+    wider, wide_inputs = _block(4, dim=128)
+    est.cost(wider, wide_inputs)
+    assert est.cache_info()["captures"] == 2
+    assert est.capture(wider, wide_inputs).graph_hash != est.capture(model, inputs).graph_hash
+    model.eval()  # dropout off: another graph, seen although the object is the same
+    est.cost(model, inputs, train=False)
+    assert est.cache_info()["captures"] == 3
+
+
+def test_closures_and_bound_methods_are_keyed_by_what_they_call() -> None:
+    """``lambda t: m(t)`` over two different modules, or ``m.forward``: two models (both once got
+    the first one's answer from the cache)."""
+    est = Estimator(DEVICES)
+    x = torch.randn(256, 64)
+
+    def calling(m: nn.Module) -> Any:
+        return lambda t: m(t)
+
+    for step in (calling, lambda m: m.forward):
+        narrow, wide = nn.Linear(64, 64), nn.Linear(64, 4096)
+        assert est.cost(step(wide), (x,)).ms == pytest.approx(Estimator(DEVICES).cost(step(wide), (x,)).ms)
+        assert est.cost(step(narrow), (x,)).ms < est.cost(step(wide), (x,)).ms
+        assert est.cost(step(nn.Linear(64, 64)), (x,)).ms == est.cost(step(narrow), (x,)).ms  # by structure
+
+
+def test_repeated_layers_are_priced_once_and_counted() -> None:
+    est = Estimator(DEVICES)
+    one = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
+    four = nn.Sequential(*(nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)))
+    x = torch.randn(8, 64)
+    c1, c4 = est.capture(one, (x,)), est.capture(four, (x,))
+    kernels = sum(n.has_kernel for n in c4.report.nodes)
+    assert c4.counts.sum() == kernels
+    # Layers 2-4 are identical (the first one's input needs no gradient): three times fewer nodes.
+    assert len(c4.nodes) < kernels / 2
+    assert len(c4.nodes) < 2 * len(c1.nodes)
+    assert est.cost(four, (x,)).ms == pytest.approx(_profiled_ms(four, (x,), "T4"), rel=1e-9)
+
+
+class _BranchesOnBatch(nn.Module):
+    """A model whose graph depends on the batch: Dynamo guards the branch it traced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.small, self.large = nn.Linear(32, 32), nn.Linear(32, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.large(x) if x.shape[0] > 16 else self.small(x)
+
+
+def test_a_graph_is_reused_only_where_its_guards_hold() -> None:
+    est = Estimator(DEVICES)
+    model = _BranchesOnBatch()
+    x = torch.randn(8, 32)
+    captured = est.capture(model, (x,))
+    assert captured.holds_at(12) and not captured.holds_at(64)
+    big = est.cost(model, (x,), batch_size=64)
+    assert big.ms == pytest.approx(_profiled_ms(model, (torch.randn(64, 32),), "T4"), rel=1e-9)
+    assert est.cache_info()["captures"] == 2  # traced again at 64, where the other branch runs
+
+
+def test_batch_one_is_traced_static_and_retraced_for_other_batches() -> None:
+    est = Estimator(DEVICES)
+    model, x = nn.Linear(32, 32), torch.randn(1, 32)
+    assert not est.capture(model, (x,)).holds_at(8)
+    c8 = est.cost(model, (x,), batch_size=8)
+    assert c8.ms == pytest.approx(_profiled_ms(model, (torch.randn(8, 32),), "T4"), rel=1e-9)
+
+
+class _GraphBreak(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(x)
+
+
+class _HalvesBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x).reshape(x.shape[0] // 2, -1)  # a size no polynomial in the batch
+
+
+@pytest.mark.parametrize("model_cls", [_GraphBreak, _HalvesBatch])
+def test_steps_the_batch_polynomials_cannot_follow_are_priced_static(model_cls: type[nn.Module]) -> None:
+    """Graph breaks (a frame's symbols of its own) and B // 2 sizes: priced at the traced sizes, and
+    traced again for another batch (both raised NotPolynomial)."""
+    est = Estimator(DEVICES)
+    model = model_cls()
+    x = torch.randn(8, 32)
+    assert est.cost(model, (x,)).ms == pytest.approx(_profiled_ms(model, (x,), "T4"), rel=1e-9)
+    assert not est.capture(model, (x,)).holds_at(16)
+    c16 = est.cost(model, (x,), batch_size=16)
+    assert c16.ms == pytest.approx(_profiled_ms(model, (torch.randn(16, 32),), "T4"), rel=1e-9)
+    assert est.cache_info()["captures"] == 2
+
+
+def test_precision_retypes_float_tensors_and_speeds_up_matmuls() -> None:
+    est = Estimator(DEVICES)
+    model, inputs = _block(64, dim=512)
+    captured = est.capture(model, inputs)
+    fp32, fp16 = captured.node_batch(precision="fp32"), captured.node_batch(precision="fp16")
+    half = [n for n in fp16.nodes if n.in_dtypes and set(n.in_dtypes) == {"float16"}]
+    assert half and all(set(n.out_dtypes) <= {"float16", "bool", "uint8"} for n in half)
+    assert fp16.bytes.sum() == pytest.approx(0.5 * fp32.bytes.sum(), rel=0.05)
+    costs = {p: est.cost(model, inputs, device="H100-SXM", precision=p).ms for p in ("fp32", "tf32", "bf16")}
+    assert costs["bf16"] < costs["tf32"] < costs["fp32"]
+
+
+def test_threads_get_the_serial_answers_from_one_trace() -> None:
+    est = Estimator(DEVICES)
+    model, inputs = _block(4)
+    points = [(d, b) for d in ("T4", "H100-SXM", "L4", "V100") for b in (4, 8, 16, 24)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        parallel = list(pool.map(lambda p: est.cost(model, inputs, device=p[0], batch_size=p[1]).ms, points))
+    serial = Estimator(DEVICES)
+    assert parallel == [serial.cost(model, inputs, device=d, batch_size=b).ms for d, b in points]
+    assert est.cache_info()["captures"] == 1
+
+
+def test_costs_prices_every_device_of_the_estimator() -> None:
+    est = Estimator(["T4", "L4", "H100-SXM"])
+    model, inputs = _block(4)
+    costs = est.costs(model, inputs)
+    assert list(costs) == ["T4", "L4", "H100-SXM"]
+    assert costs["H100-SXM"].ms < costs["T4"].ms
+    assert all(c.ms == pytest.approx(c.fw_ms + c.bw_ms) for c in costs.values())
+
+
+def test_bad_arguments_fail_before_anything_is_traced() -> None:
+    est = Estimator(DEVICES)
+    model, inputs = _block(4)
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; accepted: fp32, tf32, fp16, bf16"):
+        est.cost(model, inputs, precision="fp8")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        est.cost(model, inputs, batch_size=0)
+    with pytest.raises(fxcost.gpus.UnknownDeviceError):
+        est.cost(model, inputs, device="Z9000")
+    with pytest.raises(ValueError, match="at least one device"):
+        Estimator([])
+    with pytest.raises(ValueError, match="unknown cost model"):
+        Estimator(cost_model="nope")
+    assert est.cache_info()["captures"] == 0
+
+
+def test_a_backend_that_runs_nothing_returns_outputs_of_the_traced_shapes() -> None:
+    backend = FxcostBackend(CaptureOptions(["T4"], measure=False), run_graphs=False)
+    x = torch.randn(6, 5)
+    out = torch.compile(lambda t: (t @ t.T).relu().sum(0), backend=backend)(x)
+    assert out.shape == (6,) and out.dtype == torch.float32
+    assert backend.report().total_ms("T4") > 0
+    with pytest.raises(ValueError, match="needs measure=False"):
+        FxcostBackend(CaptureOptions(["T4"], measure=True), run_graphs=False)
+
+
+def test_fxcost_cost_uses_one_process_wide_estimator() -> None:
+    model, inputs = _block(4, dim=96)  # a width no other test prices: the process-wide cache has not seen it
+    before = default_estimator().cache_info()["captures"]
+    a = fxcost.cost(model, inputs, device="T4")
+    b = fxcost.cost(model, inputs, device="T4", batch_size=64)
+    assert default_estimator().cache_info()["captures"] == before + 1
+    assert b.ms > a.ms

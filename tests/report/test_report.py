@@ -1,0 +1,261 @@
+"""Report totals, printouts, dataframes and the JSON trace format."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import itertools
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import fxcost
+from fxcost.report import SCHEMA_VERSION, Report, TraceFormatError
+
+
+def test_totals_add_up_by_phase(report: Report) -> None:
+    for device in ("H100-SXM", "NVIDIA H100 80GB HBM3", "Tesla T4"):
+        total = report.total_ms(device)
+        assert total > 0
+        assert total == pytest.approx(report.total_ms(device, "fw") + report.total_ms(device, "bw"))
+    # Bandwidth and FLOPS favour the H100; the default heads need not (these ops are launch bound).
+    roofline = report.predict(["T4", "H100-SXM"], "roofline")
+    assert roofline.total_ms("T4") > roofline.total_ms("H100-SXM")
+    assert report.origin_ms() == pytest.approx(report.origin_ms("fw") + report.origin_ms("bw"))
+    assert report.total_ms("T4", "opt") == 0
+
+
+def test_report_rejects_bad_phase_and_unpredicted_device(report: Report) -> None:
+    with pytest.raises(ValueError, match="unknown phase 'forward'"):
+        report.total_ms("T4", "forward")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="L4 was not predicted"):
+        report.total_ms("L4")
+
+
+def test_capture_fidelity_compares_nodes_with_the_step(report: Report) -> None:
+    assert report.step_ms is not None and report.step_ms > 0
+    assert report.capture_fidelity == pytest.approx(report.origin_ms() / report.step_ms)
+    assert all(g.measured_ms is not None and g.measured_ms > 0 for g in report.graphs)
+
+
+def test_print_shows_every_node_and_the_totals(report: Report) -> None:
+    out = io.StringIO()
+    report.print(file=out)
+    text = out.getvalue()
+    for node in report.nodes:
+        assert node.name in text
+    for word in ("totals (ms)", "fw", "bw", "all", "H100-SXM", "T4", "capture fidelity"):
+        assert word in text
+
+
+def test_print_top_keeps_the_most_expensive(report: Report) -> None:
+    import re
+
+    out = io.StringIO()
+    report.print(top=3, file=out)
+    text = out.getvalue()
+    assert "the 3 most expensive" in text
+    shown = [int(m.group(1)) for m in re.finditer(r"^\s*(\d+)\s+g\d+/", text, re.MULTILINE)]
+    ranked = sorted(range(len(report.nodes)), key=lambda i: report.nodes[i].origin_ms or 0.0, reverse=True)
+    assert shown == ranked[:3]
+    with pytest.raises(ValueError, match="top must be a positive"):
+        report.print(top=0)
+
+
+def test_to_dataframe(report: Report) -> None:
+    pytest.importorskip("pandas")
+    df = report.to_dataframe()
+    assert len(df) == len(report.nodes)
+    assert {"name", "op", "phase", "flops", "bytes", "origin_ms", "pred_ms[T4]"} <= set(df.columns)
+    assert df["pred_ms[T4]"].sum() == pytest.approx(report.total_ms("T4"))
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_trace_round_trip_gives_an_identical_report(report: Report, tmp_path, suffix: str) -> None:
+    path = report.save(tmp_path / f"trace{suffix}")
+    loaded = Report.load(path)
+    assert loaded == report
+    assert loaded.to_json() == report.to_json()
+    raw = path.read_bytes()
+    data = json.loads(gzip.decompress(raw) if suffix.endswith(".gz") else raw)
+    assert data["schema_version"] == SCHEMA_VERSION
+    assert data["torch_version"] == torch.__version__
+    assert data["origin"] == "cpu"
+
+
+def test_loaded_trace_predicts_other_devices(report: Report, tmp_path) -> None:
+    loaded = Report.load(report.save(tmp_path / "t.json"))
+    other = loaded.predict(["L4", "A100-SXM4-80GB"])
+    assert other.devices == ["L4", "A100-SXM4-80GB"]
+    assert other.total_ms("L4") > 0
+    assert loaded.devices == ["H100-SXM", "T4"]  # the original is untouched
+    assert [n.origin_ms for n in other.nodes] == [n.origin_ms for n in report.nodes]
+
+
+def test_other_schema_version_is_refused(report: Report, tmp_path) -> None:
+    data = report.to_json()
+    data["schema_version"] = SCHEMA_VERSION + 1
+    path = tmp_path / "future.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TraceFormatError, match=f"this fxcost reads version {SCHEMA_VERSION}"):
+        Report.load(path)
+
+
+def test_truncated_or_foreign_json_is_refused(report: Report, tmp_path) -> None:
+    path = report.save(tmp_path / "t.json")
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(TraceFormatError, match="not a readable fxcost trace"):
+        Report.load(path)
+    path.write_text('{"hello": 1}')
+    with pytest.raises(TraceFormatError, match="no schema_version"):
+        Report.load(path)
+    data = report.to_json()
+    del data["nodes"][0]["op"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(TraceFormatError, match="malformed"):
+        Report.load(path)
+
+
+def test_save_is_atomic(report: Report, tmp_path, monkeypatch) -> None:
+    path = report.save(tmp_path / "t.json")
+    before = path.read_bytes()
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        report.save(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left behind
+
+
+def test_last_report_before_any_capture(monkeypatch) -> None:
+    from fxcost.capture import backend
+
+    monkeypatch.setattr(backend, "_last_backend", None)
+    with pytest.raises(RuntimeError, match="no fxcost capture yet"):
+        fxcost.last_report()
+
+
+def test_by_module_rolls_up_predictions(report: Report) -> None:
+    rollup = report.by_module("T4")
+    assert set(rollup) >= {"0", "1", "2", "3"}  # the Sequential's four children
+    total = sum(ms for phases in rollup.values() for ms in phases.values())
+    assert total == pytest.approx(report.total_ms("T4"))
+    assert rollup["0"]["bw"] > 0  # backward nodes count for the module they differentiate
+    assert next(iter(rollup)) == max(rollup, key=lambda m: sum(rollup[m].values()))
+    assert set(report.by_module("T4", depth=0)) == {""}
+
+
+def test_at_batch_extrapolates_a_line_through_smaller_batches() -> None:
+    model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
+
+    def captured(batch: int) -> Report:
+        return fxcost.profile(model, (torch.randn(batch, 512),), devices=["T4"], measure=False,
+                              cost_model="roofline")  # fmt: skip
+
+    reports = [captured(b) for b in (1024, 2048, 4096)]
+    assert [r.batch for r in reports] == [1024, 2048, 4096]
+    fit = fxcost.at_batch(reports, 16384)
+    assert fit.total_ms("T4") == pytest.approx(captured(16384).total_ms("T4"), rel=0.05)
+    assert fxcost.at_batch({r.batch: r for r in reports}, 16384).total_ms("T4") == fit.total_ms("T4")
+    slope, _ = fit.line("T4", "fw")
+    assert slope > 0
+    with pytest.raises(ValueError, match="two or more positive batch sizes"):
+        fxcost.at_batch({8: captured(8)}, 64)
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        fxcost.at_batch({8: captured(8), 16: captured(16)}, 0)
+
+
+def test_eager_pipeline_hides_per_op_overhead_and_waits_for_the_host() -> None:
+    from fxcost.gpus import get_device
+    from fxcost.records import NodeCost
+
+    t4 = get_device("T4")
+
+    def node(ms: float, source: str = "mlp") -> NodeCost:
+        return NodeCost(
+            name="n", op="aten.add.Tensor", phase="fw", pred_ms={"T4": ms}, pred_source={"T4": source}
+        )
+
+    # Long kernels: back to back, each without the overhead of timing it alone.
+    big = Report(nodes=[node(1.0), node(2.0)], devices=["T4"])
+    assert big.total_ms("T4") == pytest.approx(3.0)
+    assert big.eager_ms("T4") == pytest.approx(3.0 - 2 * t4.overhead_ms + 0.010)
+    # Roofline times are kernel times already: nothing to take off.
+    roofline = Report(nodes=[node(1.0, "roofline")], devices=["T4"])
+    assert roofline.eager_ms("T4", host_ms=0) == pytest.approx(1.0)
+    # Tiny kernels: the host issuing them bounds the iteration.
+    tiny = Report(nodes=[node(t4.overhead_ms + 0.001) for _ in range(100)], devices=["T4"])
+    assert tiny.eager_ms("T4", host_ms=0.05) == pytest.approx(100 * 0.05 + 0.002, rel=0.01)
+    with pytest.raises(ValueError, match="host_ms must be >= 0"):
+        tiny.eager_ms("T4", host_ms=-1)
+
+
+def test_critical_path_overlaps_independent_branches() -> None:
+    class TwoBranches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 256)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x) + self.b(x)
+
+    report = fxcost.profile(TwoBranches(), (torch.randn(64, 256),), devices=["T4"], measure=False,
+                            cost_model="roofline")  # fmt: skip
+    ms = {n.name: n.pred_ms["T4"] for n in report.nodes if n.phase == "fw"}
+    addmms = [v for k, v in ms.items() if k.startswith("addmm")]
+    assert len(addmms) == 2
+    # Both GEMMs read only x: on two streams they overlap; the add (then the loss's sum) waits for both.
+    assert report.critical_path_ms("T4", "fw") == pytest.approx(max(addmms) + ms["add"] + ms["sum_1"])
+    assert report.critical_path_ms("T4", "fw") < report.total_ms("T4", "fw")
+    assert report.critical_path_ms("T4") <= report.total_ms("T4")
+
+
+def test_chrome_trace_of_the_predicted_eager_step(report: Report, tmp_path) -> None:
+    path = report.to_chrome_trace(tmp_path / "step.json", "T4")
+    events = json.loads(path.read_text())["traceEvents"]
+    gpu = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+    host = [e for e in events if e["ph"] == "X" and e["tid"] == 0]
+    assert len(gpu) == len(host) == sum(n.has_kernel for n in report.nodes)
+    assert all(
+        b["ts"] >= a["ts"] + a["dur"] - 1e-6 for a, b in itertools.pairwise(gpu)
+    )  # one stream, in order
+    assert all(
+        g["ts"] >= h["ts"] + h["dur"] - 1e-6 for g, h in zip(gpu, host, strict=True)
+    )  # issued, then run
+    end = gpu[-1]["ts"] + gpu[-1]["dur"]
+    assert end / 1e3 == pytest.approx(report.eager_ms("T4"))
+    with pytest.raises(ValueError, match="not predicted"):
+        report.to_chrome_trace(tmp_path / "x.json", "H200")
+
+
+def test_eager_ms_of_a_device_never_predicted_is_an_error(report: Report) -> None:
+    with pytest.raises(ValueError, match="H200 was not predicted"):
+        report.eager_ms("H200")
+
+
+def test_a_measured_step_sets_the_host_time_and_in_step_kernel_scale() -> None:
+    from fxcost.cost_models.eager import HOST_MS
+    from fxcost.records import KernelRecord, NodeCost
+
+    def node(kernel_ms: float) -> NodeCost:
+        return NodeCost(name="n", op="aten.add.Tensor", phase="fw", origin_ms=kernel_ms + 0.02,
+                        kernels=[KernelRecord("k", kernel_ms)], pred_ms={"T4": kernel_ms + 0.02},
+                        pred_source={"T4": "wave_scaling"})  # fmt: skip
+
+    nodes = [node(0.01) for _ in range(100)]  # 1 ms of kernels
+    host_bound = Report(nodes=nodes, devices=["T4"], origin="T4", step_ms=5.0)
+    pipeline = host_bound.pipeline()
+    assert pipeline.fitted and pipeline.host_ms == pytest.approx(0.05 - 0.0001, rel=0.01)
+    assert pipeline.kernel_scale == 1.0
+    assert host_bound.eager_ms("T4") == pytest.approx(5.0, rel=1e-6)  # the replay is the step
+    gpu_bound = Report(nodes=nodes, devices=["T4"], origin="T4", step_ms=0.8)
+    pipeline = gpu_bound.pipeline()
+    assert pipeline.host_ms == pytest.approx(min(HOST_MS, 0.008)) and pipeline.kernel_scale < 1
+    assert gpu_bound.eager_ms("T4") == pytest.approx(0.8, rel=1e-6)
+    unmeasured = Report(nodes=nodes, devices=["T4"], origin="cpu", step_ms=5.0)
+    assert not unmeasured.pipeline().fitted and unmeasured.pipeline().host_ms == HOST_MS
