@@ -14,7 +14,7 @@ grid search on cross-GPU pairs of the training rows with many waves (B >= 8192, 
 
     python benchmarks/calibrate_devices.py --data ../shared/data [--write]
 
-With ``--write`` the values go into fxcost/devices/gpus.csv with their source.
+With ``--write`` the values go into fxcost/gpus/gpus.csv with their source.
 Last line: ``calibrated=N bandwidth_fraction_mean=..``
 """
 
@@ -28,11 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from fxcost.data.datasets import ELEMENTWISE, read_ops
-from fxcost.gpus import get_device
+from fxcost.gpus import HELD_OUT_DEVICES, get_device
 
-HELD_OUT = {"H100-SXM", "H100-PCIE", "L4", "A100-PCIE-80GB", "A100-SXM4-80GB"}
 LARGE, TINY = 2**20, 4096
-TABLE = Path(__file__).resolve().parents[1] / "fxcost" / "devices" / "gpus.csv"
+TABLE = Path(__file__).resolve().parents[1] / "fxcost" / "gpus" / "gpus.csv"
 
 
 def main() -> int:
@@ -47,7 +46,7 @@ def main() -> int:
     print(f"{'device':18s} " + " ".join(f"{c:>11s}" for c in columns))
 
     for device, group in rows.groupby("device"):
-        if device in HELD_OUT:
+        if device in HELD_OUT_DEVICES:
             print(f"{device}: held out, not calibrated")
             continue
         large = group[group["numel"] >= LARGE]
@@ -77,7 +76,7 @@ def _fit_l2_ramp(data: str) -> tuple[float, float]:
     from fxcost.data.datasets import kernel_alike_node
 
     rows = read_ops(data, ["ln", "softmax"]).query("B >= 8192 and numel >= 2**22")
-    rows = rows[~rows["device"].isin(HELD_OUT)]
+    rows = rows[~rows["device"].isin(HELD_OUT_DEVICES)]
     pairs = rows.merge(rows, on=["OPName", "B", "H"], suffixes=("_o", "_d"))
     pairs = pairs[pairs["device_o"] != pairs["device_d"]]
     batches = []

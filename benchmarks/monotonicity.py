@@ -27,10 +27,10 @@ from collections.abc import Callable
 import numpy as np
 
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import Heads, memory_pass
+from fxcost.cost_models.heads import Heads
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import device_names, get_device
-from fxcost.lowering.nodes import conv_node, gemm_node
+from fxcost.lowering.nodes import conv_node, gemm_node, memory_pass
 from fxcost.records import NodeCost
 
 Pair = Callable[[np.random.Generator], tuple[NodeCost, NodeCost]]

@@ -16,22 +16,22 @@ from typing import TYPE_CHECKING, Any
 
 from fxcost._version import __version__
 
-# The public names, each from its module under its name there. The TYPE_CHECKING imports below say
-# the same for type checkers; tests/test_layout.py keeps the two equal.
+# The public names by the module each comes from (``public=name`` where the module names it otherwise).
+# The TYPE_CHECKING imports below say the same for type checkers; tests/test_layout.py keeps them equal.
+_SOURCES = {
+    "fxcost.capture": "estimate last_report profile",
+    "fxcost.estimator": "Cost Estimator cost",
+    "fxcost.gpus": "get_device devices=device_names",
+    "fxcost.records": "NodeCost",
+    "fxcost.report": "Report",
+    "fxcost.report.batch": "at_batch",
+    "fxcost.sim": "simulate",
+    "fxcost.sweeps": "sweep",
+}
 _EXPORTS: dict[str, tuple[str, str]] = {
-    "Cost": ("fxcost.estimator", "Cost"),
-    "Estimator": ("fxcost.estimator", "Estimator"),
-    "NodeCost": ("fxcost.records", "NodeCost"),
-    "Report": ("fxcost.report", "Report"),
-    "at_batch": ("fxcost.report.batch", "at_batch"),
-    "cost": ("fxcost.estimator", "cost"),
-    "devices": ("fxcost.gpus", "device_names"),
-    "estimate": ("fxcost.capture", "estimate"),
-    "get_device": ("fxcost.gpus", "get_device"),
-    "last_report": ("fxcost.capture", "last_report"),
-    "profile": ("fxcost.capture", "profile"),
-    "simulate": ("fxcost.sim", "simulate"),
-    "sweep": ("fxcost.sweeps", "sweep"),
+    public: (module, name or public)
+    for module, names in _SOURCES.items()
+    for public, _, name in (entry.partition("=") for entry in names.split())
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -30,8 +30,10 @@ __all__ = [
     "HALF_DTYPES",
     "PRECISIONS",
     "Precision",
+    "PrecisionArg",
     "PrecisionName",
     "float_itemsize",
+    "is_float",
     "itemsize",
     "parse_precision",
 ]
@@ -63,6 +65,9 @@ class Precision:
         return self.name
 
 
+PrecisionArg = PrecisionName | Precision | None
+"""What a user may pass as a precision: a name, a :class:`Precision`, or None (the captured dtypes)."""
+
 PRECISIONS: dict[str, Precision] = {
     p.name: p
     for p in (
@@ -76,7 +81,7 @@ PRECISIONS: dict[str, Precision] = {
 HALF_DTYPES = frozenset({"float16", "bfloat16"})
 
 
-def parse_precision(value: str | Precision | None) -> Precision | None:
+def parse_precision(value: PrecisionArg | str) -> Precision | None:
     """The :class:`Precision` a user named (None stays None: the captured dtypes as they are).
 
     Raises:
@@ -95,6 +100,11 @@ def itemsize(dtype: str) -> int:
     """Bytes per element of a dtype by its name in the records (``"bfloat16"``: 2); 4 if unknown."""
     found = _torch_dtype(dtype)
     return found.itemsize if found is not None else 4
+
+
+def is_float(dtype: str) -> bool:
+    """Whether a dtype name is a floating-point dtype (``"bfloat16"``, ``"float8_e4m3fn"``)."""
+    return _float_size(dtype) is not None
 
 
 def float_itemsize(dtypes: Iterable[str]) -> int | None:

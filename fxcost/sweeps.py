@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fxcost._progress import progress_bars
 from fxcost.gpus import get_device
-from fxcost.precision import Precision, PrecisionName, parse_precision
+from fxcost.precision import PrecisionArg, parse_precision
 
 if TYPE_CHECKING:
     from fxcost.estimator import Estimator
@@ -60,7 +60,7 @@ class Point:
     batch: int
     device: str
     config: Mapping[str, Any] = field(default_factory=dict)
-    precision: PrecisionName | Precision | None = None
+    precision: PrecisionArg = None
     train: bool = True
     strategy: str | None = None
     cluster: str | None = None

@@ -51,11 +51,11 @@ def tiny_gpt2_config(tmp_path: Path) -> Path:
 def fresh_database() -> Iterator[ModuleType]:
     """The GPU database module, reloaded before and after the test: device files change the
     process-wide table."""
-    from fxcost.gpus import database
+    import fxcost.gpus
 
-    database._database.cache_clear()
-    yield database
-    database._database.cache_clear()
+    fxcost.gpus._database.cache_clear()
+    yield fxcost.gpus
+    fxcost.gpus._database.cache_clear()
 
 
 @pytest.fixture(scope="session")

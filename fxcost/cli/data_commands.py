@@ -13,6 +13,10 @@ __all__ = ["calibrate_command", "collect_command", "compare_command", "fit_runs_
 
 
 def collect_command(args: argparse.Namespace) -> int:
+    """Measure random op configurations here into CSVs of the shared-data schema.
+
+    Measure random configurations of each op on this machine and append them to
+    DIR/ops/<op>/<Device>.csv (the layout and columns of shared/data/neusight/ops)."""
     from fxcost.data.collect import collect
 
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
@@ -27,6 +31,10 @@ def collect_command(args: argparse.Namespace) -> int:
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
+    """Measure this GPU's bandwidth, FMA and tensor-core rates, launch floor; write a device profile.
+
+    Times Triton copy/triad (several sizes), FMA, tl.dot, empty and L2 kernels on the GPU and prints
+    them; --out writes a YAML device file (load it with FXCOST_DEVICES or fxcost.gpus.load_devices)."""
     import torch
 
     from fxcost.kernels_triton.calibrate import calibrate, torch_copy_bandwidth_gbps
@@ -45,6 +53,11 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 
 def train_command(args: argparse.Namespace) -> None:
+    """Train the MLP cost heads on measurement directories (resumable).
+
+    Trains one MLP head per op class on DIR/ops and evaluates it on DIR/ops_test; writes heads.npz and
+    manifest.json to --out. Interrupted runs resume from the checkpoints in --out. GPUs held out by
+    DESIGN.md (H100, L4, A100-80GB) are excluded unless --include-held-out."""
     import dataclasses
 
     from fxcost.cost_models.heads import HEADS
@@ -77,6 +90,10 @@ def train_command(args: argparse.Namespace) -> None:
 
 
 def compare_command(args: argparse.Namespace) -> None:
+    """Every op-level predictor on the same held-out rows, one table.
+
+    MAPE (%) per op class of the roofline, Justus et al., Habitat's wave scaling, and fxcost's default
+    without and with an origin GPU, on DIR's held-out rows (see fxcost.train.compare)."""
     from fxcost.cost_models.heads import HEADS
     from fxcost.train.compare import compare_ops
 
@@ -99,6 +116,11 @@ def compare_command(args: argparse.Namespace) -> None:
 
 
 def fit_runs_command(args: argparse.Namespace) -> None:
+    """Fit Lattuada et al.'s stepwise regression to a table of measured runs.
+
+    Fits a linear regression of --target on the run features present (I iterations, B batch, G GPUs,
+    P GFLOPS, T loader threads, D loading delay, N inner modules), their reciprocals and products,
+    selected stepwise (Lattuada et al. §3.3); prints the terms."""
     import numpy as np
     import pandas as pd
 

@@ -31,6 +31,7 @@ DEMO_MODELS: tuple[tuple[str, int, dict[str, Any]], ...] = (
 
 
 def demo_command(args: argparse.Namespace) -> None:
+    """Capture ResNet-50 and a GPT-2-style model, predict on several GPUs."""
     from fxcost import zoo
 
     for name, batch, config in DEMO_MODELS:
@@ -42,6 +43,7 @@ def demo_command(args: argparse.Namespace) -> None:
 
 
 def profile_command(args: argparse.Namespace) -> None:
+    """Capture one step of a model, measure it here, predict it, save the trace."""
     device = args.device or _default_device()
     report = _capture_spec(args, args.devices, batch=args.batch, measure=args.measure,
                            cost_model=args.cost_model, device=device, where=f" on {device}")  # fmt: skip
@@ -51,6 +53,7 @@ def profile_command(args: argparse.Namespace) -> None:
 
 
 def show_command(args: argparse.Namespace) -> None:
+    """Print a saved trace, predicted for any GPUs."""
     from fxcost.report import Report
 
     report = Report.load(args.trace)
@@ -60,6 +63,12 @@ def show_command(args: argparse.Namespace) -> None:
 
 
 def compare_gpus_command(args: argparse.Namespace) -> None:
+    """Which GPU to rent: predicted throughput and samples per dollar of a model's step.
+
+    Captures MODEL once (as 'profile' does; or reads a saved trace, .json with a schema_version or
+    .json.gz) and ranks GPUs by predicted samples per dollar, as in Habitat's case studies (Yu et al.
+    §5.3). The step time is the predicted eager step (the ops back to back, their launch overhead
+    hidden by the GPU queue), not the sum of ops timed alone; throughput is the batch size per step."""
     from fxcost.report.gpu_choice import compare_gpus, load_prices, plot, priced_devices, print_choices
 
     prices = load_prices(args.prices) if args.prices else {}
@@ -104,6 +113,11 @@ def _compare_gpus_report(args: argparse.Namespace, devices: Sequence[str]) -> Re
 
 
 def simulate_command(args: argparse.Namespace) -> int:
+    """Simulate a multi-GPU training iteration: data, tensor and pipeline parallel, ZeRO.
+
+    Traces one step of MODEL (no GPU needed), splits it over the cluster by the strategy, and simulates
+    one iteration (Proteus): time, throughput, per-stage peak memory and OOM verdict. Exit status 3
+    when a rank runs out of memory."""
     from fxcost.sim import Strategy, simulate
 
     strategy = Strategy.load(args.strategy) if args.strategy.endswith((".yaml", ".yml")) else args.strategy
@@ -122,6 +136,7 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 
 def devices_command(args: argparse.Namespace) -> None:
+    """List the GPUs fxcost knows."""
     from rich.table import Table
 
     from fxcost.gpus import device_names, get_device

@@ -7,6 +7,8 @@ run-level regression predicts whole runs. ``eager`` says what of an isolated-op 
 step hides.
 """
 
+# The built-in models register themselves as their modules load.
+from fxcost.cost_models import heads, justus, roofline, wave_scaling  # noqa: F401
 from fxcost.cost_models.interface import CostModel, NodeBatch, get_model, model_names, register
 from fxcost.cost_models.policy import (
     AUTO,

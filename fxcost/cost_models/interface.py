@@ -3,6 +3,7 @@
 A cost model receives a :class:`NodeBatch` (numpy columns built once from the node records) and a
 target GPU, and returns one array of milliseconds, NaN where it has no prediction. Models register
 a factory under a name with :func:`register`, which refuses duplicates; :func:`get_model` builds one.
+The built-in models register when ``fxcost.cost_models`` is imported.
 """
 
 from __future__ import annotations
@@ -106,7 +107,6 @@ def register(name: str) -> Callable[[Callable[[], CostModel]], Callable[[], Cost
 
 def model_names() -> list[str]:
     """Names of the registered cost models."""
-    _load_builtin_models()
     return _REGISTRY.names()
 
 
@@ -114,9 +114,4 @@ def get_model(name: str | CostModel) -> CostModel:
     """A cost model by registered name (or the model itself)."""
     if not isinstance(name, str):
         return name
-    _load_builtin_models()
     return _REGISTRY.get(name)()
-
-
-def _load_builtin_models() -> None:
-    from fxcost.cost_models import heads, justus, roofline, wave_scaling  # noqa: F401  (they register themselves)

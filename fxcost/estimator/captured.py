@@ -24,7 +24,7 @@ from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
 from fxcost.gpus import Device, get_device
 from fxcost.lowering import is_matmul_class
-from fxcost.precision import Precision, itemsize, parse_precision
+from fxcost.precision import Precision, PrecisionArg, itemsize, parse_precision
 from fxcost.propagate import phase_totals
 from fxcost.records import META_KEY, PHASES, NodeCost
 from fxcost.report import Report
@@ -130,7 +130,7 @@ class Captured:
         return batch == self.batch or self.symbols.valid_at(batch)
 
     def cost(
-        self, device: str | Device, batch_size: int | None = None, precision: str | Precision | None = None
+        self, device: str | Device, batch_size: int | None = None, precision: PrecisionArg | str = None
     ) -> Cost:
         """The step's predicted time on ``device`` at ``batch_size`` (the traced batch if None), in
         ``precision`` (None: the captured dtypes)."""
@@ -154,7 +154,7 @@ class Captured:
         """None for the traced batch: one cache entry, and no polynomials to evaluate there."""
         return None if batch_size == self.batch else batch_size
 
-    def node_batch(self, batch_size: int | None = None, precision: str | Precision | None = None) -> NodeBatch:
+    def node_batch(self, batch_size: int | None = None, precision: PrecisionArg | str = None) -> NodeBatch:
         """The distinct nodes at ``batch_size`` in ``precision``, as the columns cost models read."""
         precision = parse_precision(precision)
         batch_size = self._relative(batch_size)

@@ -29,7 +29,7 @@ from fxcost.cost_models import model_chain
 from fxcost.estimator.captured import Captured, Cost
 from fxcost.estimator.keys import leaves_key, model_key
 from fxcost.gpus import DEFAULT_DEVICES, Device, get_device
-from fxcost.precision import Precision, PrecisionName, parse_precision
+from fxcost.precision import PrecisionArg, parse_precision
 
 __all__ = ["Estimator", "cost", "default_estimator"]
 
@@ -84,7 +84,7 @@ class Estimator:
         train: bool = True,
         batch_size: int | None = None,
         device: str | Device | None = None,
-        precision: PrecisionName | Precision | None = None,
+        precision: PrecisionArg = None,
         *,
         loss_fn: LossFn = default_loss,
     ) -> Cost:
@@ -106,15 +106,9 @@ class Estimator:
         return captured.cost(target, batch, parsed)
 
     def costs(
-        self,
-        model: torch.nn.Module | Callable[..., Any],
-        example_inputs: Any,
-        train: bool = True,
-        batch_size: int | None = None,
-        precision: PrecisionName | Precision | None = None,
-        *,
-        loss_fn: LossFn = default_loss,
-    ) -> dict[str, Cost]:
+        self, model: torch.nn.Module | Callable[..., Any], example_inputs: Any, train: bool = True,
+        batch_size: int | None = None, precision: PrecisionArg = None, *, loss_fn: LossFn = default_loss,
+    ) -> dict[str, Cost]:  # fmt: skip
         """:meth:`cost` on every device of the estimator, by canonical name."""
         parsed = parse_precision(precision)
         captured, batch = self._captured_at(model, example_inputs, train, loss_fn, batch_size)
@@ -213,7 +207,7 @@ def cost(
     train: bool = True,
     *,
     batch_size: int | None = None,
-    precision: PrecisionName | Precision | None = None,
+    precision: PrecisionArg = None,
     loss_fn: LossFn = default_loss,
     cost_model: str = "auto",
 ) -> Cost:

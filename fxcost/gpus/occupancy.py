@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fxcost.gpus.database import Device
+from fxcost.gpus import Device
 
 __all__ = ["Launch", "blocks_per_sm", "wave_size"]
 

@@ -26,7 +26,7 @@ import torch
 from fxcost._io import atomic_write
 from fxcost.capture import LossFn, as_call, batch_of, default_loss
 from fxcost.estimator import Captured, Estimator, default_estimator
-from fxcost.precision import Precision, PrecisionName, parse_precision
+from fxcost.precision import PrecisionArg, parse_precision
 from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
@@ -95,7 +95,7 @@ def simulate(
     batch: int | None = None,
     seqlen: int | None = None,
     params: Mapping[str, int] | None = None,
-    precision: PrecisionName | Precision | None = None,
+    precision: PrecisionArg = None,
     gamma: float = GAMMA,
     loss_fn: LossFn = default_loss,
     estimator: Estimator | None = None,

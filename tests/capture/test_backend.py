@@ -43,7 +43,9 @@ def _assert_same_step(eager, compiled) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # bit-identical
 
 
-@pytest.mark.parametrize("name", list(SMALL_ZOO))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "resnet50" else n for n in SMALL_ZOO]
+)
 def test_zoo_model_outputs_and_gradients_equal_eager(name: str) -> None:
     config = dict(SMALL_ZOO[name])
     model, inputs = zoo.build(name, **config)

@@ -135,6 +135,7 @@ def test_fallback_chain_records_the_model_per_node() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_benchmark_figures_hold(data_dir) -> None:
     """Regression guard on the wave-scaling benchmark (ops_test rows of the five training GPUs)."""
     import subprocess

@@ -26,6 +26,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, load_script) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_recorder_writes_traces_with_their_environment(
     recorded: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -58,6 +59,7 @@ def _as_gpu(recorded: Path, root: Path, gpu: str, speed: float) -> None:
         (target / meta_path.name).write_text(json.dumps(meta | {"gpu": gpu}))
 
 
+@pytest.mark.slow
 def test_gpu_pairs_reads_the_recordings(
     recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], load_script
 ) -> None:
@@ -81,6 +83,7 @@ def test_gpu_pairs_reads_the_recordings(
     assert all(float(v) >= 0 for v in figures.values())
 
 
+@pytest.mark.slow
 def test_cross_gpu_accuracy_on_the_recorded_h100_and_h200_traces(
     capsys: pytest.CaptureFixture[str], load_script
 ) -> None:
@@ -98,6 +101,7 @@ def test_cross_gpu_accuracy_on_the_recorded_h100_and_h200_traces(
         assert figures[name] <= limit, (name, figures[name])
 
 
+@pytest.mark.slow
 def test_origin_free_sets_measurements_aside(recorded: Path, load_script) -> None:
     pairs = load_script("benchmarks/gpu_pairs.py")
     report = Report.load(recorded / "cpu" / f"{CASE}-fp32.json.gz")

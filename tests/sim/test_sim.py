@@ -71,6 +71,7 @@ def test_layers_are_the_indexed_modules_under_the_most_common_prefix() -> None:
 # -- the collectives a plan inserts --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tensor_parallelism_all_reduces_twice_per_layer_each_way(
     gpt: tuple[object, tuple[object, ...]],
 ) -> None:
@@ -252,6 +253,7 @@ def test_a_recomputed_layer_keeps_its_input_not_its_activations(
     assert results[0].iteration_ms < results[1].iteration_ms < results[2].iteration_ms
 
 
+@pytest.mark.slow
 def test_a_strategy_over_the_gpus_memory_is_flagged_oom() -> None:
     pytest.importorskip("transformers")
     config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 4096,

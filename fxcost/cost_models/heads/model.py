@@ -35,6 +35,7 @@ from fxcost.gpus import Device
 from fxcost.lowering import lower
 from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward, memory_pass
 from fxcost.lowering.rnn import RNN_OPS, lower_rnn
+from fxcost.precision import is_float
 from fxcost.records import NodeCost
 
 __all__ = ["Heads", "HeadsRatio", "default_heads"]
@@ -136,9 +137,6 @@ class _Lowered:
     counts: np.ndarray
 
 
-_FLOATS = ("float32", "float16", "bfloat16", "float64")
-
-
 def _work(node: NodeCost) -> list[tuple[NodeCost, int]] | None:
     """What a lowered node runs, as (node a head predicts, repetitions): empty if it launches nothing,
     None where it cannot tell."""
@@ -147,7 +145,7 @@ def _work(node: NodeCost) -> list[tuple[NodeCost, int]] | None:
             return lower_rnn(node) or None
         except (IndexError, KeyError, TypeError, ValueError):  # an RNN node without the arguments we read
             return None
-    dtype = next((d for d in (*node.out_dtypes, *node.in_dtypes) if d in _FLOATS), "float32")
+    dtype = next((d for d in (*node.out_dtypes, *node.in_dtypes) if is_float(d)), "float32")
     kernels = lower(node)
     if kernels is None or not all(math.isfinite(k.bytes) for k in kernels):
         return None
