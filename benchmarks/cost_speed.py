@@ -164,11 +164,11 @@ def time_fxcost(
 def time_sweep(points: int) -> tuple[int, float]:
     """Wall time of ``fxcost.sweep`` over ``points`` points: four transformer-block widths (a trace
     each), batches 2 and up, ten GPUs, five precisions, in a fresh process-wide estimator."""
-    from fxcost.estimator.estimator import _default
+    from fxcost.estimator import clear_default_estimators
     from fxcost.gpus import device_names
     from fxcost.sweeps import Point, sweep
 
-    _default.clear()  # the traces are part of what a sweep costs
+    clear_default_estimators()  # the traces are part of what a sweep costs
     devices = device_names()[:10]
     precisions = ("fp32", "tf32", "bf16", "fp16", None)
     batches = range(2, 2 + points // (4 * len(devices) * len(precisions)))

@@ -38,8 +38,9 @@ for s in $steps; do
         tail -n 8 "$out/env.txt" ;;
     tests)
         # every test marked cuda is in these files; their other tests run on the GPU too
-        step tests 240 $py -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py \
-            tests/test_reference_kernels.py tests/test_measure.py tests/test_collect.py ;;
+        step tests 240 $py -m pytest -q -p no:cacheprovider tests/kernels_triton/test_kernels_triton.py \
+            tests/kernels_triton/test_reference_kernels.py tests/passes/test_measure.py \
+            tests/data/test_collect.py ;;
     calibrate)
         step calibrate 150 $py -m fxcost calibrate --out "$out/calibration.yaml" ;;
     collect)

@@ -1,10 +1,11 @@
 """Numeric precision: the precisions a step can be priced in, and the size of every dtype.
 
-A :class:`Precision` is parsed once where a user names it (``fxcost.cost(..., precision="bf16")``,
-``Estimator``, ``simulate``, a sweep point, the CLI) by :func:`parse_precision`, and travels as that
-object from there: nothing below re-validates it. Pricing a step in a precision retypes its float32
-tensors to :attr:`Precision.dtype` once (``fxcost.estimator``); cost models read the dtypes of the
-records they get.
+A :class:`Precision` is what a name such as ``"bf16"`` means. Every public entry that takes one
+(``fxcost.cost``, ``Estimator.cost``, ``Captured.cost``, ``simulate``, a sweep point, the CLI)
+passes it to :func:`parse_precision`, which checks a name and lets a :class:`Precision` through
+as it is; inside, it travels as that object. Pricing a step in a precision retypes its float32
+tensors to :attr:`Precision.dtype` once (``fxcost.estimator``), and cost models read the dtypes of
+the records they get: nothing widens them back.
 
 Element sizes come from one table, PyTorch's own (``torch.<dtype>.itemsize``), read by
 :func:`itemsize`; importing this module does not import torch.

@@ -47,8 +47,8 @@ class Point:
         batch: the batch size to price the step at.
         device: the GPU (``fxcost.devices()``).
         config: keyword arguments of the model builder (width, depth, sequence length).
-        precision: ``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, or None for the model's dtypes;
-            kept as the :class:`~fxcost.precision.Precision` it names.
+        precision: ``"fp32"``, ``"tf32"``, ``"fp16"``, ``"bf16"``, or None for the model's dtypes
+            (checked when the point is made; a :class:`~fxcost.precision.Precision` is kept by name).
         train: a training step (forward, loss, backward) or a forward pass.
         strategy: a parallel plan (``"dp=2,tp=4,pp=2,mb=8"``): the point is a simulated multi-GPU
             iteration (:func:`fxcost.simulate`, training only) on ``cluster``, by default one node of
@@ -66,13 +66,12 @@ class Point:
     cluster: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "precision", parse_precision(self.precision))
+        parsed = parse_precision(self.precision)
+        object.__setattr__(self, "precision", None if parsed is None else parsed.name)
 
     def key(self) -> str:
         """A stable identity of the point (for resuming): its fields as JSON, callables by name."""
-        precision = None if self.precision is None else str(self.precision)
-        fields = asdict(self) | {"model": _spec_name(self.model), "config": dict(self.config),
-                                 "precision": precision}  # fmt: skip
+        fields = asdict(self) | {"model": _spec_name(self.model), "config": dict(self.config)}
         return json.dumps(fields, sort_keys=True, default=repr)
 
 

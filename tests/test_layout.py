@@ -85,6 +85,17 @@ def test_every_module_has_a_layer() -> None:
         _layer(module)
 
 
+def test_imports_are_absolute() -> None:
+    """A relative import would escape the graph below; the package writes none."""
+    relative = [
+        f"{name}: from {'.' * node.level}{node.module or ''}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level
+    ]
+    assert not relative, "\n".join(relative)
+
+
 def test_imports_point_down_the_layers() -> None:
     upward = []
     for module, imported in GRAPH.items():

@@ -64,6 +64,11 @@ class FxcostBackend:
         the compiled graphs then compute nothing and return uninitialized tensors of the right shapes,
         so capturing a big model costs the time of tracing it, not of running it. Never use it on a
         step whose results matter."""
+        if options is not None and not isinstance(options, CaptureOptions):
+            raise TypeError(
+                f"FxcostBackend takes a CaptureOptions, got {type(options).__name__}; "
+                "fxcost.estimate(devices=..., measure=...) builds one from keywords"
+            )
         self.options = options or CaptureOptions()
         if not run_graphs and self.options.measure:
             raise ValueError("run_graphs=False captures without running anything: it needs measure=False")

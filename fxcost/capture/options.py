@@ -52,14 +52,14 @@ class CaptureOptions:
     def __post_init__(self) -> None:
         devices = [self.devices] if isinstance(self.devices, (str, Device)) else self.devices
         object.__setattr__(self, "devices", tuple(get_device(d).name for d in devices))
+        object.__setattr__(self, "overrides", dict(self.overrides or {}))
+        for spec in [self.cost_model, *self.overrides.values()]:
+            model_chain(spec)  # unknown model names fail here, before anything compiles
 
     @property
     def device_names(self) -> list[str]:
         """The devices' canonical names."""
         return [d if isinstance(d, str) else d.name for d in self.devices]
-        object.__setattr__(self, "overrides", dict(self.overrides or {}))
-        for spec in [self.cost_model, *self.overrides.values()]:
-            model_chain(spec)  # unknown model names fail here, before anything compiles
 
     @classmethod
     def of(cls, **options: Any) -> CaptureOptions:

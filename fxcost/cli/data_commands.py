@@ -38,7 +38,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     import torch
 
     from fxcost.kernels_triton.calibrate import calibrate, torch_copy_bandwidth_gbps
-    from fxcost.kernels_triton.device_profile import compare, describe, to_yaml
+    from fxcost.kernels_triton.device_profile import bandwidth_check, describe, to_yaml
 
     if not torch.cuda.is_available():
         raise RuntimeError(
@@ -46,7 +46,9 @@ def calibrate_command(args: argparse.Namespace) -> int:
         )
     cal = calibrate(args.device, sizes=args.sizes, repeats=args.repeats)
     print(describe(cal))
-    print(compare(cal, torch_copy_bandwidth_gbps(args.device, sizes=args.sizes, repeats=args.repeats)))
+    print(
+        bandwidth_check(cal, torch_copy_bandwidth_gbps(args.device, sizes=args.sizes, repeats=args.repeats))
+    )
     if args.out:
         print(f"device profile written to {to_yaml(cal, args.out, name=args.name, base=args.base)}")
     return 0

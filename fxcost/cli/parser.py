@@ -177,15 +177,10 @@ def _command(sub: Any, run: Callable[[argparse.Namespace], Any]) -> _Parser:
     summary, _, details = inspect.cleandoc(run.__doc__ or "").partition("\n\n")
     help = summary[:1].lower() + summary[1:].removesuffix(".")
     description = " ".join(details.split()) or None
-    command = cast(_Parser, sub.add_parser(name, help=_escaped(help),
-                                           description=description and _escaped(description)))  # fmt: skip
+    # argparse %-formats help texts (not descriptions): a literal % is written %%.
+    command = cast(_Parser, sub.add_parser(name, help=help.replace("%", "%%"), description=description))
     command.set_defaults(run=run)
     return command
-
-
-def _escaped(text: str) -> str:
-    """``text`` as argparse shows it: it formats help with ``%``."""
-    return text.replace("%", "%%")
 
 
 def _step_options(

@@ -58,7 +58,7 @@ def show_command(args: argparse.Namespace) -> None:
 
     report = Report.load(args.trace)
     if args.devices or args.model:
-        report = report.predict(args.devices or report.devices, model=args.model)
+        report = report.predict(args.devices or report.devices, cost_model=args.model)
     report.print(top=args.top)
 
 

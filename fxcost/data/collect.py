@@ -11,7 +11,7 @@ since starting one costs far more than a call): ``Kernel Name``, ``Grid`` and ``
 longest-running kernel the op launched, ``Blocks per SM`` (its grid's blocks over the GPU's SMs),
 ``Warps per SM`` (that times the warps of a block) and ``Kernels``, every kernel's name after a
 ``;``. These are the definitions the shared files follow (checked on their rows in
-``tests/test_collect.py``).
+``tests/data/test_collect.py``).
 
 The configurations and their sequence are :mod:`fxcost.data.op_configs`.
 

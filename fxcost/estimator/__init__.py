@@ -4,7 +4,16 @@ nodes (``captured``), its sizes as polynomials in the batch (``symbolic``), and 
 (``keys``)."""
 
 from fxcost.estimator.captured import Captured, Cost
-from fxcost.estimator.estimator import Estimator, cost, default_estimator
+from fxcost.estimator.estimator import Estimator, clear_default_estimators, cost, default_estimator
 from fxcost.estimator.keys import inputs_key, model_key
 
-__all__ = ["Captured", "Cost", "Estimator", "cost", "default_estimator", "inputs_key", "model_key"]
+__all__ = [
+    "Captured",
+    "Cost",
+    "Estimator",
+    "clear_default_estimators",
+    "cost",
+    "default_estimator",
+    "inputs_key",
+    "model_key",
+]

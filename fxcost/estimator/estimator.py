@@ -31,7 +31,7 @@ from fxcost.estimator.keys import leaves_key, model_key
 from fxcost.gpus import DEFAULT_DEVICES, Device, get_device
 from fxcost.precision import PrecisionArg, parse_precision
 
-__all__ = ["Estimator", "cost", "default_estimator"]
+__all__ = ["Estimator", "clear_default_estimators", "cost", "default_estimator"]
 
 
 class Estimator:
@@ -258,3 +258,9 @@ def default_estimator(cost_model: str = "auto") -> Estimator:
         if cost_model not in _default:
             _default[cost_model] = Estimator(cost_model=cost_model)
         return _default[cost_model]
+
+
+def clear_default_estimators() -> None:
+    """Forget the process-wide estimators and every model they traced (to time a cold start)."""
+    with _default_lock:
+        _default.clear()

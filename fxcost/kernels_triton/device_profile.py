@@ -1,4 +1,4 @@
-"""A calibration as a device file (:func:`to_yaml`) and as text (:func:`describe`, :func:`compare`).
+"""A calibration as a device file (:func:`to_yaml`) and as text (:func:`describe`, :func:`bandwidth_check`).
 
 The file holds the calibration columns of the device database (``achieved_bandwidth_gbps``,
 ``kernel_overhead_ms``, ``launch_floor_ms``) in the format :func:`fxcost.gpus.load_devices` reads;
@@ -14,7 +14,7 @@ from fxcost._io import atomic_write
 from fxcost.gpus import UnknownDeviceError, get_device
 from fxcost.kernels_triton.calibrate import Calibration
 
-__all__ = ["compare", "describe", "to_yaml"]
+__all__ = ["bandwidth_check", "describe", "to_yaml"]
 
 
 def _sig(value: float) -> float:
@@ -100,7 +100,7 @@ def describe(calibration: Calibration) -> str:
     return "\n".join(lines)
 
 
-def compare(calibration: Calibration, torch_copy_gbps: float) -> str:
+def bandwidth_check(calibration: Calibration, torch_copy_gbps: float) -> str:
     """How the calibrated bandwidth compares with PyTorch's own copy and with the spec sheet."""
     ratio = calibration.achieved_bandwidth_gbps / torch_copy_gbps
     lines = [f"{'torch_copy_gbps':<24} {torch_copy_gbps:.4g}  (calibrated / torch copy = {ratio:.3f})"]

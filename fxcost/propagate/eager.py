@@ -114,10 +114,10 @@ def timeline(
     return spans
 
 
-def issue_bound_ms(kernel_ms: float, ops: int, host_ms: float = HOST_MS) -> float:
-    """A run of ``ops`` kernels taking ``kernel_ms`` on the GPU lasts at least as long as the host
-    takes to issue them."""
-    return max(kernel_ms, ops * host_ms)
+def issue_bound_ms(gpu_ms: float, ops: int, host_ms: float = HOST_MS) -> float:
+    """A run of ``ops`` kernels taking ``gpu_ms`` on the GPU lasts at least as long as the host takes
+    to issue them."""
+    return max(gpu_ms, ops * host_ms)
 
 
 def _origin_kernel_ms(node: NodeCost, origin: Device) -> float | None:

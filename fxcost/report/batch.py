@@ -51,22 +51,23 @@ def at_batch(reports: Mapping[int, Report] | Iterable[Report], batch: int) -> Ba
     mapping ``{batch size: report}``, or reports that record their batch (``fxcost.profile``'s do).
 
     Raises:
-        ValueError: fewer than two distinct batch sizes, a batch size that is not positive, or a
-            report that records no batch size.
+        ValueError: fewer than two distinct batch sizes, a batch size that is not positive, a report
+            that records no batch size, or two reports of one batch size.
     """
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch!r}")
     if not isinstance(reports, Mapping):
-        reports = list(reports)
-        if any(r.batch is None for r in reports):
+        listed = list(reports)
+        if any(r.batch is None for r in listed):
             raise ValueError(
                 "at_batch needs each report's batch size; reports from fxcost.profile record it, "
                 "others can set report.batch, or pass a mapping {batch: report}"
             )
-        reports = {r.batch: r for r in reports if r.batch is not None}
+        reports = {r.batch: r for r in listed if r.batch is not None}
+        if len(reports) < len(listed):
+            batches = [r.batch for r in listed]
+            raise ValueError(f"at_batch got two reports of one batch size (batches {batches})")
     sizes = sorted(reports)
     if len(sizes) < 2 or any(not isinstance(b, int) or b < 1 for b in sizes):
-        raise ValueError(
-            f"at_batch needs reports at two or more positive batch sizes (keys of the mapping), got {sizes}"
-        )
+        raise ValueError(f"at_batch needs reports at two or more positive batch sizes, got {sizes}")
     return BatchFit(batch, dict(reports))

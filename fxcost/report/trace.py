@@ -152,17 +152,17 @@ class Report:
     def predict(
         self,
         devices: Iterable[str | Device],
-        model: str | CostModel | None = None,
+        cost_model: str | CostModel | None = None,
         overrides: Mapping[str, str | CostModel] | None = None,
     ) -> Report:
         """A copy of this report with predictions for ``devices`` (replacing the previous ones).
 
-        ``model`` is ``"auto"`` (the policy of :mod:`fxcost.cost_models`), a cost model, its name, or a
-        comma-separated fallback chain; by default the report's own. ``overrides`` maps op names to
-        the chain their nodes use instead.
+        ``cost_model`` is ``"auto"`` (the policy of :mod:`fxcost.cost_models.policy`), a cost model,
+        its name, or a comma-separated fallback chain; by default the report's own (``model``).
+        ``overrides`` maps op names to the chain their nodes use instead.
         """
         names = [get_device(d).name for d in devices]
-        spec = model or self.model
+        spec = cost_model or self.model
         out = copy.deepcopy(self)
         for n in out.nodes:
             n.pred_ms, n.pred_source = {}, {}
@@ -183,7 +183,7 @@ class Report:
                 f"wave scaling scales measurements from a GPU, and this trace was measured on "
                 f"{self.origin!r}; use report.predict([...]) for predictions without an origin GPU"
             )
-        return self.predict([device], model="wave_scaling,roofline")
+        return self.predict([device], cost_model="wave_scaling,roofline")
 
     # -- presentation ----------------------------------------------------------------------------
 

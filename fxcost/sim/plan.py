@@ -40,7 +40,7 @@ from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import kernel_ms
 from fxcost.estimator import Captured
 from fxcost.gpus import Device
-from fxcost.precision import PRECISIONS, Precision
+from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
 from fxcost.propagate import issue_bound_ms
 from fxcost.records import NodeCost
 from fxcost.sim.shard import shard_node, shard_vocabulary
@@ -129,7 +129,7 @@ def compile_plan(
     strategy: Strategy,
     device: Device,
     batch: int,
-    precision: Precision | None = None,
+    precision: PrecisionArg = None,
 ) -> Plan:
     """Per-stage segments of one micro-batch of ``captured`` under ``strategy`` on ``device``, priced
     with the capture's cost models.
@@ -140,6 +140,7 @@ def compile_plan(
         ValueError: the batch does not split into ``dp * micro_batches``, or ``pp`` exceeds layers.
     """
     s = strategy
+    precision = parse_precision(precision)
     micro = s.micro_batch(batch)
     chain = captured.chain
     report = captured.report

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from fxcost._io import atomic_write
 from fxcost.cost_models.mlp import MLP, Output
 
 __all__ = ["Loss", "Recipe", "Schedule", "fit"]
+
+log = logging.getLogger(__name__)
 
 Loss = Literal["log_l1", "mape", "rmsle"]
 Schedule = Literal["cosine", "halving"]
@@ -103,6 +106,10 @@ def fit(
             generator.set_state(state["generator"])
             torch.set_rng_state(state["rng"])
             start = state["epoch"]
+        else:
+            log.warning(
+                "%s is of another recipe, data or fxcost version: training from the start", checkpoint
+            )
     with _one_thread():
         for epoch in range(start, recipe.epochs):
             net.train()

@@ -253,6 +253,23 @@ def test_unknown_device_fails_before_training() -> None:
         fxcost.estimate(devices=["H100-SXM", "A100-90GB"])
 
 
+def test_bad_options_fail_before_training() -> None:
+    from fxcost.capture import CaptureOptions, FxcostBackend
+
+    with pytest.raises(ValueError, match="unknown cost model 'nope'"):
+        fxcost.estimate(devices=["T4"], cost_model="nope")
+    with pytest.raises(ValueError, match="unknown cost model 'nope'"):
+        fxcost.estimate(devices=["T4"], overrides={"aten.mm.default": "nope"})
+    with pytest.raises(TypeError, match="unknown capture options \\['model'\\]; accepted: devices"):
+        fxcost.estimate(devices=["T4"], model="roofline")
+    with pytest.raises(TypeError, match="FxcostBackend takes a CaptureOptions"):
+        FxcostBackend(["T4"])  # type: ignore[arg-type]
+    overrides = {"aten.mm.default": "roofline"}
+    options = CaptureOptions(devices="Tesla T4", overrides=overrides)
+    assert options.devices == ("T4",) and options.overrides == overrides
+    assert options.overrides is not overrides  # a copy: the caller's dict may change later
+
+
 def test_two_backends_share_no_state() -> None:
     a = fxcost.estimate(devices=["T4"], measure=False)
     b = fxcost.estimate(devices=["L4"], measure=False)

@@ -60,7 +60,7 @@ def test_shipped_heads_are_small_and_fit_only_on_training_gpus() -> None:
 def test_heads_predict_captured_graph_nodes() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128))
     report = fxcost.profile(model, torch.randn(32, 64), devices=["T4"], measure=False)
-    predicted = report.predict(["H100-SXM", "T4"], model="mlp,roofline")
+    predicted = report.predict(["H100-SXM", "T4"], cost_model="mlp,roofline")
     sources = {n.pred_source["T4"] for n in predicted.nodes if n.has_kernel}
     assert "mlp" in sources
     mlp_nodes = [n for n in predicted.nodes if n.pred_source["T4"] == "mlp" and n.has_kernel]

@@ -164,6 +164,8 @@ def test_at_batch_extrapolates_a_line_through_smaller_batches() -> None:
     assert fxcost.at_batch({r.batch: r for r in reports}, 16384).total_ms("T4") == fit.total_ms("T4")
     slope, _ = fit.line("T4", "fw")
     assert slope > 0
+    with pytest.raises(ValueError, match="two reports of one batch size"):
+        fxcost.at_batch([reports[0], reports[0]], 64)
     with pytest.raises(ValueError, match="two or more positive batch sizes"):
         fxcost.at_batch({8: captured(8)}, 64)
     with pytest.raises(ValueError, match="batch must be a positive integer"):

@@ -1,6 +1,6 @@
 """The elementwise head read as a non-decreasing curve over tensor sizes (:class:`SizeTables`).
 
-A class of elementwise nodes is every feature but the size: op, operand count, dtype, bytes per
+A class of elementwise nodes is every feature but the size: op, operand count, FLOPs and bytes per
 element (:class:`_SizeClass`). Each class is read on a quarter-octave grid of sizes and made
 monotone by isotonic regression; nodes interpolate in their class's table.
 """
@@ -30,12 +30,12 @@ _MAX_TABLES = 4096
 @dataclass(frozen=True)
 class _SizeClass:
     """What sets an elementwise node's time besides its size: its other features (op, operand count)
-    and, per element, its FLOPs, the bytes of its fp32 twin (its features) and its own bytes (its
+    and, per element, its FLOPs, the bytes it would move in fp32 (its features) and its own bytes (its
     roofline)."""
 
     fixed: tuple[float, ...]
     flops: float
-    twin_bytes: float
+    fp32_bytes: float
     own_bytes: float
 
     @classmethod
@@ -52,7 +52,7 @@ class _SizeClass:
         """Problem features (``node_features``) of nodes of this class with ``e^log_numel`` elements."""
         numel = np.exp(log_numel)
         flops = np.log(np.maximum(self.flops * numel, 1.0))
-        traffic = np.log(np.maximum(self.twin_bytes * numel, 1.0))
+        traffic = np.log(np.maximum(self.fp32_bytes * numel, 1.0))
         fixed = np.broadcast_to(self.fixed, (len(numel), len(self.fixed)))
         return np.c_[log_numel, fixed, flops, traffic, flops - traffic]
 
@@ -62,7 +62,7 @@ class _SizeClass:
         if mlp.low is None or mlp.high is None:
             raise ValueError("the elementwise head has no training range to read sizes within")
         size, flops, traffic = 0, len(self.fixed) + 1, len(self.fixed) + 2
-        offsets = [(size, 0.0), (traffic, math.log(self.twin_bytes))]
+        offsets = [(size, 0.0), (traffic, math.log(self.fp32_bytes))]
         if self.flops > 0:
             offsets.append((flops, math.log(self.flops)))
         low = min(float(mlp.low[i]) - offset for i, offset in offsets)
