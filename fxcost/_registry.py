@@ -38,14 +38,14 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def get(self, name: str, accepted: str = "registered") -> T:
+    def get(self, name: str) -> T:
         """The entry of ``name``.
 
         Raises:
             ValueError: no entry has that name; the message lists those that do.
         """
         if name not in self._entries:
-            raise ValueError(f"unknown {self.what} {name!r}; {accepted}: {', '.join(self.names())}")
+            raise ValueError(f"unknown {self.what} {name!r}; registered: {', '.join(self.names())}")
         return self._entries[name]
 
     def names(self) -> list[str]:

@@ -28,7 +28,7 @@ import torch
 import torch.fx
 
 from fxcost.capture.options import CaptureOptions
-from fxcost.cost_models import chain_name, model_chain
+from fxcost.cost_models import spec_name
 from fxcost.gpus import DEFAULT_DEVICES, Device
 from fxcost.lowering import size_hint
 from fxcost.passes import annotate, measure, predict
@@ -121,11 +121,10 @@ class FxcostBackend:
         owns the backend alone (``fxcost.profile``) may take the records themselves.
         """
         captured = self._captured()
-        model = self.options.cost_model
         report = Report(
             devices=list(self.devices),
             origin=self.origin,
-            model=model if isinstance(model, str) else chain_name(model_chain(model)),
+            model=spec_name(self.options.cost_model),
             torch_version=torch.__version__,
         )
         for index, graph in enumerate(captured):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fxcost.cost_models import ModelSpec, model_chain
 from fxcost.gpus import DEFAULT_DEVICES, Device, get_device
@@ -58,8 +58,8 @@ class CaptureOptions:
 
     @property
     def device_names(self) -> list[str]:
-        """The devices' canonical names."""
-        return [d if isinstance(d, str) else d.name for d in self.devices]
+        """The devices' canonical names (what ``devices`` holds once the options are made)."""
+        return list(cast("tuple[str, ...]", self.devices))
 
     @classmethod
     def of(cls, **options: Any) -> CaptureOptions:

@@ -19,6 +19,7 @@ from fxcost.cost_models.policy import (
     model_chain,
     predict,
     predict_batch,
+    spec_name,
 )
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "predict",
     "predict_batch",
     "register",
+    "spec_name",
 ]

@@ -26,7 +26,7 @@ from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.records import NodeCost
 
 __all__ = ["AUTO", "ORIGIN_FREE", "RUNTIME_BASED", "ModelSpec", "chain_name", "model_chain", "predict",
-           "predict_batch"]  # fmt: skip
+           "predict_batch", "spec_name"]  # fmt: skip
 
 
 AUTO = "auto"
@@ -52,6 +52,12 @@ def model_chain(model: ModelSpec, origin: Device | None = None) -> list[CostMode
 def chain_name(chain: Sequence[CostModel]) -> str:
     """The comma-separated name of a fallback chain, as reports store it."""
     return ",".join(m.name for m in chain)
+
+
+def spec_name(spec: ModelSpec) -> str:
+    """What a report records as its cost model: a name or chain as given (``"auto"`` stays the
+    policy), a model or sequence of models by their names."""
+    return spec if isinstance(spec, str) else chain_name(model_chain(spec))
 
 
 def predict(

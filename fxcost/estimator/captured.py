@@ -142,7 +142,7 @@ class Captured:
             known = self._costs.get(key)
         if known is not None:
             return known
-        batch = self.node_batch(batch_size, precision)
+        batch = self._node_batch(batch_size, precision)
         ms, _ = predict_batch(batch, self.chain, target)
         totals = phase_totals(ms, self.counts)
         result = Cost(ms=sum(totals.values()), fw_ms=totals["fw"], bw_ms=totals["bw"], device=target.name)
@@ -156,8 +156,10 @@ class Captured:
 
     def node_batch(self, batch_size: int | None = None, precision: PrecisionArg | str = None) -> NodeBatch:
         """The distinct nodes at ``batch_size`` in ``precision``, as the columns cost models read."""
-        precision = parse_precision(precision)
-        batch_size = self._relative(batch_size)
+        return self._node_batch(self._relative(batch_size), parse_precision(precision))
+
+    def _node_batch(self, batch_size: int | None, precision: Precision | None) -> NodeBatch:
+        """:meth:`node_batch` of a parsed precision and a batch relative to the traced one."""
         if batch_size is not None and not self.holds_at(batch_size):
             raise ValueError(
                 f"the step traced at batch {self.batch} does not hold at batch {batch_size}; "

@@ -8,11 +8,11 @@ module builds them, and reads the operands of GEMM and convolution nodes in one 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fxcost.lowering.flops import count_flops
 from fxcost.lowering.kernels import resolve_op
+from fxcost.lowering.traffic import recorded_bytes
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost, Shape
 
@@ -52,19 +52,19 @@ def synthetic_node(
         out = outs[0] if len(outs) == 1 else tuple(outs)
         counted = count_flops(resolve_op(aten_name), (*ins, *extra), {}, out)
         flops = None if counted is None else int(counted)
-    fp32 = itemsize("float32")
+    in_dtypes, out_dtypes = ["float32"] * len(in_shapes), ["float32"] * len(out_shapes)
     return NodeCost(
         name=aten_name.split(".")[1],
         op=aten_name,
         phase="fw",
         in_shapes=in_shapes,
-        in_dtypes=["float32"] * len(in_shapes),
+        in_dtypes=in_dtypes,
         out_shapes=out_shapes,
-        out_dtypes=["float32"] * len(out_shapes),
+        out_dtypes=out_dtypes,
         args=args or {},
         flops=flops,
-        bytes_read=fp32 * sum(math.prod(s) for s in in_shapes),
-        bytes_written=fp32 * sum(math.prod(s) for s in out_shapes),
+        bytes_read=recorded_bytes(in_shapes, in_dtypes),
+        bytes_written=recorded_bytes(out_shapes, out_dtypes),
     )
 
 

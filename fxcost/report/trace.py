@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from fxcost import propagate
 from fxcost._io import atomic_write
 from fxcost._version import __version__
-from fxcost.cost_models import CostModel, chain_name, model_chain
+from fxcost.cost_models import CostModel, spec_name
 from fxcost.cost_models import predict as predict_nodes
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.propagate import Pipeline, Span
@@ -168,7 +168,7 @@ class Report:
             n.pred_ms, n.pred_source = {}, {}
         predict_nodes(out.nodes, names, spec, origin=self.origin, overrides=overrides)
         out.devices = names
-        out.model = spec if isinstance(spec, str) else chain_name(model_chain(spec))
+        out.model = spec_name(spec)
         return out
 
     def to_device(self, device: str | Device) -> Report:

@@ -39,7 +39,7 @@ def names() -> list[str]:
 
 def build(name: str, batch: int = 8, **config: Any) -> tuple[nn.Module, tuple[Any, ...]]:
     """Build zoo model ``name`` with example inputs of batch size ``batch`` (seeded, reproducible)."""
-    builder = _ZOO.get(name, accepted="available")
+    builder = _ZOO.get(name)
     if batch < 1:
         raise ValueError(f"batch must be a positive integer, got {batch}")
     with torch.random.fork_rng(devices=[]):
