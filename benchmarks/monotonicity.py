@@ -8,13 +8,15 @@ normalization rows; for a memory pass, its bytes) and both are predicted with th
 class: the pairs where the larger problem is predicted faster, and the worst ratio of the larger
 problem's time to the smaller's.
 
-    python benchmarks/monotonicity.py [--pairs 300] [--seed 0]
+    python benchmarks/monotonicity.py [--pairs 300] [--seed 0] [--heads DIR]
 
-The elementwise head, and with it every memory-bound op priced as elementwise passes, is read as a
-non-decreasing curve over sizes (isotonic regression): no dips by construction among ops of the same
-bytes per element. A broadcasting op changes its bytes per element as it grows, so each size is its
-own curve: a bias over more rows (``bias_add``) changes little, [rows, 1] plus [1, width]
-(``outer_add``) changes a lot and can still dip, slightly. The other heads are the MLPs as trained.
+Every head is read as a non-decreasing curve over that dimension: the elementwise head, and with it
+every memory-bound op priced as elementwise passes, through isotonic size tables per class of bytes
+per element; broadcasting elementwise ops (whose bytes per element change as they grow: ``bias_add``,
+``outer_add``), GEMMs, batched GEMMs, convolutions, layer norm and softmax through the running
+maximum along their batch-like axis (``fxcost/cost_models/heads/axis.py``). No dips by construction;
+this benchmark checks it.
+
 Last line: ``<class>_violation_pct=..`` per class, then ``pairs=N``.
 """
 
@@ -27,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import Heads
+from fxcost.cost_models.heads import Heads, load_heads
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import device_names, get_device
 from fxcost.lowering.nodes import conv_node, gemm_node, memory_pass
@@ -105,11 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=300, help="random problems per class")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--heads", help="directory of trained heads (default: the shipped ones)")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     gpus = [get_device(d) for d in device_names()]
     gpus = [g for g in gpus if g.fp32_tflops and g.mem_bandwidth_gbps and g.num_sms and g.l2_cache_mb]
-    heads = Heads()
+    heads = Heads(load_heads(args.heads) if args.heads else None)
     print(f"{len(gpus)} GPUs, {args.pairs} random problems per class, each doubled")
     print(f"{'class':12s} {'pairs':>6s} {'larger faster':>13s} {'worst ratio':>11s}")
     summary = []

@@ -35,7 +35,7 @@ class Roofline:
         if device.mem_bandwidth_gbps is None:
             return np.full(len(batch), np.nan)
         ms = self.ms(
-            np.nan_to_num(batch.flops), batch.bytes * traffic, self._peak_tflops(batch, device), device
+            np.nan_to_num(batch.flops), batch.bytes * traffic, self.peak_tflops(batch, device), device
         )
         return np.where(batch.has_kernel, ms, 0.0)
 
@@ -49,7 +49,9 @@ class Roofline:
         return np.maximum(compute_ms, nbytes / (bandwidth * 1e6)) + self.launch_floor_ms
 
     @staticmethod
-    def _peak_tflops(batch: NodeBatch, device: Device) -> np.ndarray:
+    def peak_tflops(batch: NodeBatch, device: Device) -> np.ndarray:
+        """Each node's peak TFLOP/s on ``device``: fp32 CUDA cores, or tensor cores for matmul-class ops in
+        half precision or allowed TF32."""
         fp32 = device.fp32_tflops or np.nan
         half = device.fp16_tflops or fp32
         tf32 = device.tf32_tflops or fp32  # GPUs without TF32 (before Ampere) run fp32 on CUDA cores

@@ -38,6 +38,7 @@ __all__ = [
     "Device",
     "DeviceFileError",
     "UnknownDeviceError",
+    "all_devices",
     "device_names",
     "get_device",
     "load_devices",
@@ -356,6 +357,11 @@ def _override(base: Device, fields: dict[str, object], where: str) -> Device:
 def device_names() -> list[str]:
     """Canonical names of every GPU in the database, in table order."""
     return list(_database()[0])
+
+
+def all_devices() -> list[Device]:
+    """Every GPU in the database, in table order."""
+    return list(_database()[0].values())
 
 
 def get_device(name: str | Device) -> Device:

@@ -24,6 +24,7 @@ from fxcost._io import atomic_write
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import (
     FEATURE_VERSION,
+    HEAD_OUTPUT,
     HEADS,
     load_heads,
     node_features,
@@ -73,7 +74,7 @@ class TrainConfig:
     def recipe(self, loss: Loss = "log_l1") -> mlp.Recipe:
         """The network and schedule for :func:`fxcost.train.mlp.fit`."""
         hidden = (self.width,) * self.layers
-        return mlp.Recipe(hidden, self.epochs, self.batch, self.lr, self.seed, loss=loss)
+        return mlp.Recipe(hidden, self.epochs, self.batch, self.lr, self.seed, loss=loss, output=HEAD_OUTPUT)
 
 
 @dataclass

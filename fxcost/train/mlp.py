@@ -158,10 +158,10 @@ def _network(features: int, recipe: Recipe) -> Any:
 def _loss(recipe: Recipe, out: Any, target: Any) -> Any:
     import torch
 
+    predicted = torch.nn.functional.softplus(out) if recipe.output == "softplus" else out
     if recipe.loss == "rmsle":
-        predicted = torch.nn.functional.softplus(out) if recipe.output == "softplus" else out
         return torch.sqrt(torch.mean((torch.log1p(predicted) - torch.log1p(target)) ** 2) + 1e-12)
-    error = (out - target).abs()
+    error = (predicted - target).abs()
     return (error / target).mean() if recipe.loss == "mape" else error.mean()
 
 

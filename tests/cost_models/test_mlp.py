@@ -46,7 +46,7 @@ def test_the_heads_and_justus_run_the_same_network_class() -> None:
     justus = JustusPredictor.load(
         __import__("importlib.resources").resources.files("fxcost.cost_models") / "weights" / "justus.npz"
     )
-    assert all(isinstance(m, MLP) and m.output == "linear" and m.low is not None for m in heads.values())
+    assert all(isinstance(m, MLP) and m.output == "softplus" and m.low is not None for m in heads.values())
     assert all(
         isinstance(m, MLP) and m.output == "softplus" and m.low is None for m in justus.networks.values()
     )

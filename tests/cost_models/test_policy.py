@@ -98,4 +98,12 @@ def test_autocast_bf16_matmuls_are_predicted_against_tensor_core_peaks() -> None
     assert matmuls and all(n.in_dtypes[-1] == "bfloat16" for n in matmuls)
     fw32 = sum(n.pred_ms["H100-SXM"] for n in fp32.nodes if n.op == "aten.addmm.default")
     fw16 = sum(n.pred_ms["H100-SXM"] for n in matmuls if n.op == "aten.addmm.default")
-    assert fw16 < fw32 / 5  # ~990 dense bf16 TFLOPS against 67 fp32
+    # At this size an isolated op's fixed cost (launch, timing) is much of its time: faster, not 14x.
+    assert fw16 < fw32 / 2
+    # Where the work dominates, the tensor cores show: ~990 dense bf16 TFLOP/s against 67 fp32.
+    big32 = gemm_node("linear", 1, 8192, 8192, 8192)
+    big16 = dataclasses.replace(big32, in_dtypes=["bfloat16"] * 2, out_dtypes=["bfloat16"],
+                                bytes_read=big32.bytes_read // 2, bytes_written=big32.bytes_written // 2,
+                                pred_ms={}, pred_source={})  # fmt: skip
+    cost_models.predict([big32, big16], ["H100-SXM"])
+    assert big16.pred_ms["H100-SXM"] < big32.pred_ms["H100-SXM"] / 5

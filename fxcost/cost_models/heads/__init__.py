@@ -2,12 +2,13 @@
 
 ``features``: which head predicts a node and what it sees; ``elementwise``: the elementwise head as a
 curve that never falls with size; ``model``: the heads as cost models (``mlp``, ``mlp_ratio``);
-``weights``: their files.
+``weights``: their files; ``intervals``: how sure they are on GPUs they were not fit on.
 """
 
 from fxcost.cost_models.heads.features import (
     EW_OPS,
     FEATURE_VERSION,
+    HEAD_OUTPUT,
     HEADS,
     LOWERED,
     device_features,
@@ -19,12 +20,19 @@ from fxcost.cost_models.heads.features import (
     with_device,
 )
 from fxcost.cost_models.heads.model import Heads, HeadsRatio, default_heads
-from fxcost.cost_models.heads.weights import load_heads, shipped_heads, shipped_manifest
+from fxcost.cost_models.heads.weights import (
+    load_heads,
+    shipped_heads,
+    shipped_manifest,
+    spec_sheet_caveat,
+    unlike_training,
+)
 
 __all__ = [
     "EW_OPS",
     "FEATURE_VERSION",
     "HEADS",
+    "HEAD_OUTPUT",
     "LOWERED",
     "Heads",
     "HeadsRatio",
@@ -38,5 +46,7 @@ __all__ = [
     "roofline_ms",
     "shipped_heads",
     "shipped_manifest",
+    "spec_sheet_caveat",
+    "unlike_training",
     "with_device",
 ]

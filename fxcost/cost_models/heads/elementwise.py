@@ -1,20 +1,19 @@
 """The elementwise head read as a non-decreasing curve over tensor sizes (:class:`SizeTables`).
 
 A class of elementwise nodes is every feature but the size: op, operand count, FLOPs and bytes per
-element (:class:`_SizeClass`). Each class is read on a quarter-octave grid of sizes and made
+element (:class:`_SizeClass`). Each class is read on a half-octave grid of sizes and made
 monotone by isotonic regression; nodes interpolate in their class's table.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from fxcost.cost_models.heads.envelope import Envelope
 from fxcost.cost_models.heads.features import REFERENCE, Group, roofline_ms, with_device
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
@@ -22,8 +21,8 @@ from fxcost.records import NodeCost
 
 __all__ = ["SizeTables"]
 
-# The elementwise head is read every quarter octave of size inside a class's span.
-_STEP = math.log(2.0) / 4
+# The elementwise head is read every half octave of size inside a class's span.
+_STEP = math.log(2.0) / 2
 _MAX_TABLES = 4096
 
 
@@ -70,14 +69,6 @@ class _SizeClass:
         return low, high
 
 
-@dataclass(frozen=True)
-class _SizeTable:
-    """Log sizes, and a class's log ms at them made non-decreasing."""
-
-    sizes: np.ndarray
-    log_ms: np.ndarray
-
-
 class SizeTables:
     """The elementwise head's size tables of one heads model, least recently used dropped first.
 
@@ -88,7 +79,9 @@ class SizeTables:
     across the span where the MLP sees its size, the closest non-decreasing curve to those times
     taken (isotonic regression, in log ms), and a node's time interpolated at its size (log-log).
     Below the span the MLP's ratio is constant and the time the roofline's, which only grows; above
-    it too. Monotone by construction, and the MLP's own value wherever it does not dip.
+    it too. Monotone by construction, and the MLP's own value wherever it does not dip. A table is
+    never above the same class's table on a GPU the device beats on every strength spec
+    (:mod:`~fxcost.cost_models.heads.envelope`).
 
     The tables are bounded: a broadcasting op (a bias over more rows) is a new class at every size,
     and a sweep over batch sizes would otherwise grow them without end. Safe to use from threads.
@@ -96,43 +89,26 @@ class SizeTables:
 
     def __init__(self, max_tables: int = _MAX_TABLES) -> None:
         self.max_tables = max_tables
-        self._tables: OrderedDict[tuple[MLP, Device, _SizeClass], _SizeTable] = OrderedDict()
-        self._lock = threading.Lock()
+        self._envelope: Envelope[tuple[MLP, _SizeClass]] = Envelope(max_tables)
 
     def __len__(self) -> int:
-        return len(self._tables)
+        return len(self._envelope)
 
     def ms(self, mlp: MLP, group: Group, device: Device) -> np.ndarray:
         """The elementwise head's times for ``group``, never less for a larger tensor of the same class."""
         raw = roofline_ms(group.batch, device) * np.exp(mlp(with_device("ew", group.problem, device)))
         members = group.batch.derived("heads.size_classes", lambda: _size_classes(group))
-        found = self._lookup(mlp, device, list(members))
+        found = self._envelope.tables([(mlp, c) for c in members], device, _size_tables)
         sizes = np.array([problem[0] for problem in group.problem])
         out = raw.copy()
         for c, index in members.items():  # in log ms, exponentiated once: equal values stay equal
-            table, size, alone = found[c], sizes[index], np.log(raw[index])
-            inside = np.interp(size, table.sizes, table.log_ms)
-            below = np.minimum(alone, table.log_ms[0])
-            above = np.maximum(alone, table.log_ms[-1])
-            out[index] = np.exp(
-                np.where(size > table.sizes[-1], above, np.where(size >= table.sizes[0], inside, below))
-            )
+            grid, log_ms = _grid(mlp, c), found[mlp, c]
+            size, alone = sizes[index], np.log(raw[index])
+            inside = np.interp(size, grid, log_ms)
+            below = np.minimum(alone, log_ms[0])
+            above = np.maximum(alone, log_ms[-1])
+            out[index] = np.exp(np.where(size > grid[-1], above, np.where(size >= grid[0], inside, below)))
         return out * group.repeats
-
-    def _lookup(self, mlp: MLP, device: Device, classes: list[_SizeClass]) -> dict[_SizeClass, _SizeTable]:
-        """The tables of ``classes``, those not built yet built in one MLP call."""
-        with self._lock:
-            found = {c: self._tables[mlp, device, c] for c in classes if (mlp, device, c) in self._tables}
-        missing = [c for c in classes if c not in found]
-        if missing:
-            found.update(zip(missing, _size_tables(mlp, missing, device), strict=True))
-        with self._lock:
-            for c in classes:
-                self._tables[mlp, device, c] = found[c]
-                self._tables.move_to_end((mlp, device, c))
-            while len(self._tables) > self.max_tables:
-                self._tables.popitem(last=False)
-        return found
 
 
 def _size_classes(group: Group) -> dict[_SizeClass, list[int]]:
@@ -146,22 +122,30 @@ def _size_classes(group: Group) -> dict[_SizeClass, list[int]]:
     return members
 
 
-def _size_tables(mlp: MLP, classes: list[_SizeClass], device: Device) -> list[_SizeTable]:
-    """The size table of each class, from one MLP call for all of them."""
-    grids = []
-    for c in classes:
-        low, high = c.span(mlp)
-        grids.append(_STEP * np.arange(math.floor(low / _STEP), math.ceil(high / _STEP) + 1))
-    features = np.concatenate([c.features(sizes) for c, sizes in zip(classes, grids, strict=True)])
-    ratios = np.split(
-        np.exp(mlp.single(with_device("ew", features, device))), np.cumsum([len(g) for g in grids])[:-1]
-    )
-    tables = []
-    for c, sizes, ratio in zip(classes, grids, ratios, strict=True):
-        numel = np.exp(sizes)
-        reference = REFERENCE.ms(c.flops * numel, c.own_bytes * numel, device.fp32_tflops or math.nan, device)
-        tables.append(_SizeTable(sizes, _isotonic(np.log(reference * ratio))))
-    return tables
+def _grid(mlp: MLP, c: _SizeClass) -> np.ndarray:
+    """The log sizes a class's table is read at: every half octave across its span."""
+    low, high = c.span(mlp)
+    return _STEP * np.arange(math.floor(low / _STEP), math.ceil(high / _STEP) + 1)
+
+
+def _size_tables(
+    keys: Sequence[tuple[MLP, _SizeClass]], devices: Sequence[Device]
+) -> dict[tuple[Device, tuple[MLP, _SizeClass]], np.ndarray]:
+    """The log-ms size table of each class on each device (isotonic), from one network call per network."""
+    out = {}
+    for mlp in {m for m, _ in keys}:
+        mine = [k for k in keys if k[0] is mlp]
+        grids = [_grid(mlp, c) for _, c in mine]
+        features = np.concatenate([c.features(sizes) for (_, c), sizes in zip(mine, grids, strict=True)])
+        ratio = np.exp(mlp.single(np.concatenate([with_device("ew", features, d) for d in devices])))
+        start = 0
+        for d in devices:
+            for key, sizes in zip(mine, grids, strict=True):
+                c, numel = key[1], np.exp(sizes)
+                reference = REFERENCE.ms(c.flops * numel, c.own_bytes * numel, d.fp32_tflops or math.nan, d)
+                out[d, key] = _isotonic(np.log(reference * ratio[start : start + len(sizes)]))
+                start += len(sizes)
+    return out
 
 
 def _isotonic(y: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fxcost.cost_models.heads.axis import AxisTables
 from fxcost.cost_models.heads.elementwise import SizeTables
 from fxcost.cost_models.heads.features import (
     LOWERED,
@@ -44,8 +45,8 @@ __all__ = ["Heads", "HeadsRatio", "default_heads"]
 class Heads:
     """Origin-free cost model: each node predicted by the head of its op class.
 
-    Each instance keeps its own elementwise size tables; :func:`default_heads` is the instance the
-    registered ``mlp`` and ``mlp_ratio`` models share.
+    Each instance keeps its own size tables (elementwise) and axis tables (the other heads);
+    :func:`default_heads` is the instance the registered ``mlp`` and ``mlp_ratio`` models share.
     """
 
     name = "mlp"
@@ -53,6 +54,7 @@ class Heads:
     def __init__(self, heads: dict[str, MLP] | None = None) -> None:
         self.heads = shipped_heads() if heads is None else heads
         self.size_tables = SizeTables()
+        self.axis_tables = AxisTables()
 
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         # The same heads on the same batch and device give the same answer: computed once, whether
@@ -66,21 +68,39 @@ class Heads:
         except ValueError:  # a device without the spec values the heads need
             return out
         groups, lowered = batch.derived("heads", lambda: _groups(batch))
-        for head, group in groups.items():
-            if head not in self.heads:
+        for key, group in groups.items():
+            head = key.partition(":")[0]
+            if head not in self.heads or not _has_specs(device, head):
                 continue
-            if head == "ew":
+            if key == "ew":
                 out[group.index] = self.size_tables.ms(self.heads[head], group, device)
             else:
-                reference = roofline_ms(group.batch, device)
-                ratio = np.exp(self.heads[head](with_device(head, group.problem, device)))
-                out[group.index] = reference * ratio * group.repeats
+                mlp = self.heads[head]
+                raw = roofline_ms(group.batch, device) * np.exp(mlp(with_device(head, group.problem, device)))
+                out[group.index] = self.axis_tables.ms(head, mlp, group.batch, raw, device) * group.repeats
         if lowered is not None:  # a node's time is its work's; NaN if a head its work needs is missing
             total = np.zeros(len(batch))
             if len(lowered.work):
                 np.add.at(total, lowered.owner, self.predict(lowered.work, device) * lowered.counts)
             out[lowered.nodes] = total[lowered.nodes]
         return out
+
+
+def _broadcasts(node: NodeCost) -> bool:
+    """Whether an elementwise node reads a tensor of another size than its output (a bias, a scalar
+    tensor, an outer sum)."""
+    if not node.out_shapes:
+        return False
+    numel = math.prod(node.out_shapes[0])
+    return any(math.prod(s) != numel for s in node.in_shapes)
+
+
+def _has_specs(device: Device, head: str) -> bool:
+    try:
+        device_features(device, head)
+    except ValueError:  # a spec value this head needs is unknown
+        return False
+    return True
 
 
 def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
@@ -101,7 +121,9 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
                 # The heads learned forward convolutions: a backward runs one per gradient.
                 repeats = conv_gradients(node) if is_conv_backward(node) else 1
                 node = forward_conv(node) if is_conv_backward(node) else node
-                members.setdefault(head, []).append(
+                # A broadcast's bytes per element change as it grows: read along its rows instead.
+                key = f"{head}:broadcast" if head == "ew" and _broadcasts(node) else head
+                members.setdefault(key, []).append(
                     (i, node, repeats, node_features(head, node, fp32_bytes(node)))
                 )
             except (IndexError, KeyError, TypeError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from importlib import resources
@@ -10,10 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from fxcost.cost_models.heads.features import FEATURE_VERSION
+from fxcost.cost_models.heads.features import FEATURE_VERSION, HEAD_OUTPUT
 from fxcost.cost_models.mlp import MLP, read_mlps
+from fxcost.gpus import Device, UnknownDeviceError, get_device
 
-__all__ = ["load_heads", "shipped_heads", "shipped_manifest"]
+__all__ = ["load_heads", "shipped_heads", "shipped_manifest", "spec_sheet_caveat", "unlike_training"]
 
 
 def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
@@ -44,10 +46,34 @@ def _read(arrays: Any, source: str) -> dict[str, MLP]:
             f"{source} were trained on feature version {version}; this fxcost computes version "
             f"{FEATURE_VERSION}: retrain them with `fxcost train`"
         )
-    return read_mlps(arrays)
+    return read_mlps(arrays, output=HEAD_OUTPUT)
 
 
 def shipped_manifest() -> dict[str, Any]:
     """The training manifest of the shipped heads (data files and hashes, devices, metrics)."""
     path = resources.files("fxcost.cost_models").joinpath("weights", "manifest.json")
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def unlike_training(device: Device) -> bool:
+    """Whether no GPU the shipped heads were fit on resembles ``device`` (none of its vendor: AMD today).
+
+    Its predictions stand on spec-sheet rates and efficiencies learned on other hardware; outputs say so.
+    """
+    trained = {d for head in shipped_manifest().get("heads", {}).values() for d in head.get("devices", [])}
+    vendors = set()
+    for name in trained:
+        with contextlib.suppress(UnknownDeviceError):  # a GPU of a file this fxcost does not know
+            vendors.add(get_device(name).vendor)
+    return device.vendor not in vendors
+
+
+def spec_sheet_caveat(device: Device) -> str:
+    """What outputs say of a GPU :func:`unlike_training` (empty for the others)."""
+    if not unlike_training(device):
+        return ""
+    return (
+        f"caveat: {device.name} is unlike every GPU the heads were fit on; its predictions rest on "
+        "spec-sheet rates and efficiencies learned on other hardware, and may be off by more than "
+        "the interval"
+    )

@@ -1,0 +1,252 @@
+"""How the origin-free heads hold on GPUs they were not fit on: the development metric.
+
+Retrains the heads with each training GPU left out (LOO) and with each architecture generation left
+out (LOGO: Pascal = P4 + P100, Volta = V100, Turing = T4, Ampere = A100), and predicts the left-out
+GPUs' held-out rows (``ops_test``; for convolutions the hashed 10% of configurations no head trains
+on) from their spec sheets alone. Beside it, in the same run: the same heads trained on every
+training GPU, on the held-out rows of those GPUs (in distribution), and the roofline. A fold whose
+GPUs share their generation with none of the others is both a LOO and a LOGO fold and is trained
+once. Then the Hugging Face runs of each left-out GPU (``models/<GPU>/``) are predicted end to end
+with the heads trained without it.
+
+Also measured here: the calibration of the heads' intervals (:mod:`fxcost.cost_models.heads.intervals`).
+For each left-out GPU, the interval is calibrated on the LOO errors of the *other* GPUs only, and the
+share of its rows inside the nominal 80% interval is counted.
+
+Folds train in parallel processes and keep their heads in ``--work`` (resumable: a fold already
+trained is read back). ``--write-intervals`` writes the shipped interval file from every fold's LOO
+errors.
+
+    python benchmarks/generalization.py --data ../shared/data [--epochs 10 | --full] [--work DIR]
+
+Last line: ``loo_bmm=.. loo_fc=.. loo_conv=.. loo_ew=.. loo_ln=.. loo_softmax=.. logo_...=.. id_...=..
+roofline_loo_...=.. e2e_loo_mape=.. e2e_loo_max=.. coverage80=.. folds=N``; each MAPE is the mean
+over left-out GPUs of the per-GPU MAPE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import tempfile
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.heads import HEADS, Heads, load_heads
+from fxcost.cost_models.heads.intervals import NOMINAL, Intervals, write_intervals
+from fxcost.cost_models.roofline import Roofline
+from fxcost.data.datasets import data_root, read_model_runs, row_node
+from fxcost.gpus import HELD_OUT_DEVICES, get_device
+from fxcost.train.heads import TrainConfig, split, train
+
+NAMES = {"linear": "fc", "bmm": "bmm", "conv": "conv", "ew": "ew", "ln": "ln", "softmax": "softmax"}
+GENERATIONS = {
+    "Pascal": ("P4", "P100-PCIE-16GB"),
+    "Volta": ("V100-PCIE-32GB",),
+    "Turing": ("T4",),
+    "Ampere": ("A100-PCIE-40GB",),
+}
+TRAINING_GPUS = tuple(g for gpus in GENERATIONS.values() for g in gpus)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", default="../shared/data")
+    parser.add_argument("--epochs", type=int, default=10, help="epochs per head and fold (default 10)")
+    parser.add_argument("--full", action="store_true", help="the shipped schedule: 40 epochs per head")
+    parser.add_argument("--heads", nargs="+", default=list(HEADS), choices=HEADS)
+    parser.add_argument("--layers", type=int, default=TrainConfig().layers, help="hidden layers per head")
+    parser.add_argument("--width", type=int, default=TrainConfig().width, help="units per hidden layer")
+    parser.add_argument("--work", help="where folds keep their heads (resumable; default: a temporary one)")
+    parser.add_argument("--jobs", type=int, default=2, help="folds trained at once")
+    parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end Hugging Face runs")
+    parser.add_argument("--e2e-cache", help="directory of captured Hugging Face steps (resumable)")
+    parser.add_argument("--write-intervals", help="write the interval file from the LOO errors here")
+    parser.add_argument("--out", help="write every fold's row predictions to this CSV")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    config = TrainConfig(layers=args.layers, width=args.width,
+                         epochs=TrainConfig().epochs if args.full else args.epochs)  # fmt: skip
+    work = Path(args.work or tempfile.mkdtemp(prefix="fxcost-generalization-"))
+    folds = {"all": ()} | {f"loo:{g}": (g,) for g in TRAINING_GPUS}
+    folds |= {f"logo:{name}": gpus for name, gpus in GENERATIONS.items() if len(gpus) > 1}
+    print(f"training {len(folds)} folds x {len(args.heads)} heads, {config.epochs} epochs, in {work}",
+          flush=True)  # fmt: skip
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        jobs = {name: pool.submit(_train_fold, args.data, work / _dir(name), args.heads, gpus, config)
+                for name, gpus in folds.items()}  # fmt: skip
+        for name, job in jobs.items():
+            job.result()
+            print(f"  fold {name} trained ({time.perf_counter() - start:.0f} s)", flush=True)
+    models = {name: load_heads(work / _dir(name)) for name in folds}
+
+    rows = pd.concat([_rows(args.data, head, models, folds) for head in args.heads], ignore_index=True)
+    if args.out:
+        rows.to_csv(args.out, index=False)
+    loo = rows[rows["fold"].str.startswith("loo:")]
+    logo = _logo(rows)
+    ident = rows[rows["fold"] == "all"]
+    tables = {"LOO": _per_gpu(loo, "heads"), "LOGO": _per_gpu(logo, "heads"),
+              "in distribution": _per_gpu(ident, "heads"), "roofline": _per_gpu(loo, "roofline")}  # fmt: skip
+    for title, table in tables.items():
+        print(f"\n{title}: MAPE (%) per op class and GPU")
+        print(table.to_string(float_format=lambda v: f"{v:6.1f}"))
+
+    coverage = _coverage(loo)
+    print(f"\nNominal {NOMINAL:.0%} intervals, each GPU's calibrated on the other GPUs' LOO errors alone:")
+    print("share of its rows inside")
+    print(coverage.to_string(float_format=lambda v: f"{v:6.1%}"))
+    if args.write_intervals:
+        path = write_intervals(Intervals.calibrated(_log_errors(loo)), args.write_intervals)
+        print(f"wrote {path}")
+
+    e2e = pd.DataFrame()
+    if not args.no_e2e:
+        cache = Path(args.e2e_cache or work / "e2e")
+        e2e = _end_to_end(args.data, cache, models)
+        if not e2e.empty:
+            print("\nHugging Face runs of each left-out GPU, heads trained without it (error %)")
+            print(e2e.to_string(index=False, float_format=lambda v: f"{v:8.1f}"))
+
+    summary = {}
+    for label, table in (("loo", tables["LOO"]), ("logo", tables["LOGO"]), ("id", tables["in distribution"]),
+                         ("roofline_loo", tables["roofline"])):  # fmt: skip
+        summary.update({f"{label}_{NAMES[h]}": table.loc[h, "mean"] for h in args.heads if h in table.index})
+    if not e2e.empty:
+        summary["e2e_loo_mape"] = float(e2e["heads_err"].abs().mean())
+        summary["e2e_loo_max"] = float(e2e["heads_err"].abs().max())
+    summary["coverage80"] = float(coverage.loc["all", "all"]) if "all" in coverage.index else float("nan")
+    print(f"({time.perf_counter() - start:.0f} s)")
+    print(" ".join(f"{k}={v:.3f}" if k.startswith("coverage") else f"{k}={v:.2f}" for k, v in summary.items())
+          + f" folds={len(folds) - 1}")  # fmt: skip
+    return 0
+
+
+def _sibling(name: str) -> Any:
+    """Another benchmark script of this folder, as a module."""
+    if str(Path(__file__).parent) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).parent))
+    return importlib.import_module(name)
+
+
+def _dir(fold: str) -> str:
+    return fold.replace(":", "_")
+
+
+def _train_fold(data: str, out: Path, heads: list[str], gpus: tuple[str, ...], config: TrainConfig) -> None:
+    train([data], out, heads=heads, exclude=HELD_OUT_DEVICES | set(gpus), config=config)
+
+
+def _rows(data: str, head: str, models: dict[str, dict], folds: dict[str, tuple[str, ...]]) -> pd.DataFrame:
+    """Every fold's predictions of the held-out rows it did not train on, with the roofline's.
+
+    Each fold predicts as fxcost does (:class:`~fxcost.cost_models.heads.Heads`: its tables along the
+    batch-like axis and over weaker GPUs included), not as the bare network.
+    """
+    _, test = split([data], head, exclude=HELD_OUT_DEVICES)
+    test = test.sort_values("device", kind="stable").reset_index(drop=True)
+    roofline = _sibling("ops_accuracy")._roofline(test, head)  # in device order, as the rows now are
+    nodes = [row_node(r) for r in test.itertuples(index=False)]
+    devices = test["device"].to_numpy()
+    parts = []
+    for fold, gpus in folds.items():
+        if head not in models[fold]:
+            continue
+        heads = Heads(models[fold])
+        predicted = np.full(len(test), np.nan)
+        for device in sorted(set(devices) & set(gpus or devices)):
+            index = np.flatnonzero(devices == device)
+            predicted[index] = heads.predict(NodeBatch.of([nodes[i] for i in index]), get_device(device))
+        keep = np.isfinite(predicted)
+        parts.append(pd.DataFrame({"fold": fold, "head": head, "device": devices[keep],
+                                   "measured": test["Latency"].to_numpy()[keep], "heads": predicted[keep],
+                                   "roofline": roofline[keep]}))  # fmt: skip
+    return pd.concat(parts, ignore_index=True)
+
+
+def _logo(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each generation's rows from the fold that left it out (a one-GPU generation's LOO fold)."""
+    parts = []
+    for name, gpus in GENERATIONS.items():
+        fold = f"logo:{name}" if len(gpus) > 1 else f"loo:{gpus[0]}"
+        parts.append(rows[rows["fold"] == fold])
+    return pd.concat(parts, ignore_index=True)
+
+
+def _per_gpu(rows: pd.DataFrame, method: str) -> pd.DataFrame:
+    """MAPE per op class (rows) and GPU (columns), and the mean over GPUs."""
+    error = (rows[method] - rows["measured"]).abs() / rows["measured"] * 100
+    table = rows.assign(error=error).pivot_table(
+        index="head", columns="device", values="error", aggfunc="mean"
+    )
+    table["mean"] = table.mean(axis=1)
+    return table.reindex([h for h in HEADS if h in table.index])
+
+
+def _log_errors(rows: pd.DataFrame) -> dict[str, dict[str, np.ndarray]]:
+    """log(measured / predicted) of the rows, per GPU and op class."""
+    return {
+        str(device): {head: np.log(h["measured"] / h["heads"]).to_numpy() for head, h in g.groupby("head")}
+        for device, g in rows.groupby("device")
+    }
+
+
+def _coverage(loo: pd.DataFrame) -> pd.DataFrame:
+    """Per op class and GPU: the share of the GPU's rows inside the interval calibrated on the other
+    GPUs' LOO errors alone (nested: the GPU takes no part in choosing its interval's width)."""
+    errors = _log_errors(loo)
+    result: dict[str, dict[str, float]] = {}
+    for device, mine in errors.items():
+        others = Intervals.calibrated({g: e for g, e in errors.items() if g != device})
+        for head, e in mine.items():
+            if head in others.quantiles:
+                low, high = others.quantiles[head]
+                result.setdefault(head, {})[device] = float(((e >= low) & (e <= high)).mean())
+    table = pd.DataFrame(result).T
+    table["all"] = table.mean(axis=1)
+    table.loc["all"] = table.mean(axis=0)
+    return table.reindex([h for h in (*HEADS, "all") if h in table.index])
+
+
+def _end_to_end(data: str, cache: Path, models: dict[str, dict]) -> pd.DataFrame:
+    """The Hugging Face runs of each training GPU, predicted with the heads of the fold that left it out."""
+    e2e = _sibling("models_e2e")
+    DATA_DEPENDENT, _capture = e2e.DATA_DEPENDENT, e2e._capture
+
+    root = data_root(data)
+    runs = read_model_runs(root)
+    cache.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for (model, mode, seqlen, batch), group in runs.groupby(["model", "mode", "seqlen", "batch"], sort=True):
+        config = json.loads((root / "model_configs" / f"{model}.json").read_text())
+        if config.get("model_type", "") in DATA_DEPENDENT:
+            continue
+        report = None
+        for run in group.itertuples(index=False):
+            device = get_device(run.device).name
+            if device not in TRAINING_GPUS:
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                report = report or _capture(root, cache, model, mode == "train", seqlen, batch)
+            row = {"model": model, "mode": mode, "seqlen": seqlen, "batch": batch, "device": device,
+                   "measured_ms": run.e2e}  # fmt: skip
+            for label, heads in (("heads", models[f"loo:{device}"]), ("in_dist", models["all"])):
+                predicted = report.predict([device], [Heads(heads), Roofline()])
+                row[f"{label}_ms"] = predicted.eager_ms(device)
+                row[f"{label}_err"] = (row[f"{label}_ms"] - run.e2e) / run.e2e * 100
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Does a GPU at least as strong in every relevant spec ever get a slower origin-free prediction?
+
+For every pair of GPUs in the database where one is at least as strong as the other in each spec the
+origin-free model reads (fp32 peak, DRAM bandwidth, SMs, L2, boost clock, power), a grid of GEMM,
+batched-GEMM (attention's score and value products), convolution, layer-norm, softmax and
+elementwise shapes is
+predicted on both with the default origin-free policy. Printed per op class: the pairs and shapes
+compared, the share where the stronger GPU is predicted slower (more than 0.1%), and the worst ratio.
+
+    python benchmarks/gpu_order.py [--heads DIR]
+
+Last line: ``<class>_order_violation_pct=..`` per class, then ``comparisons=N gpu_pairs=P``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import numpy as np
+
+from fxcost.cost_models import NodeBatch, predict_batch
+from fxcost.cost_models.heads import Heads, load_heads
+from fxcost.cost_models.roofline import Roofline
+from fxcost.data.datasets import kernel_alike_node
+from fxcost.gpus import Device, device_names, get_device
+from fxcost.lowering.nodes import conv_node, gemm_node
+from fxcost.records import NodeCost
+
+SPECS = ("fp32_tflops", "mem_bandwidth_gbps", "num_sms", "l2_cache_mb", "boost_clock_mhz", "tdp_w")
+SIZES = (1, 7, 64, 333, 1024, 4096)
+
+
+def shapes() -> dict[str, list[NodeCost]]:
+    """The grid: every op class at small, odd and large sizes."""
+    return {
+        "linear": [gemm_node("linear", 1, m, n, k) for m in SIZES for n in SIZES[1:] for k in SIZES[1:]],
+        "attention_bmm": [gemm_node("bmm", b, s, s, d) for b in (1, 12, 96) for s in (64, 128, 512, 2048)
+                          for d in (64, 128)] + [gemm_node("bmm", b, s, d, s) for b in (1, 12, 96)
+                                                 for s in (64, 128, 512, 2048) for d in (64, 128)],
+        "conv": [conv_node(b, c, o, 3, s, 1, 1) for b in (1, 8, 32) for c in (3, 64, 256)
+                 for o in (64, 256) for s in (7, 28, 56)],
+        "ln": [kernel_alike_node("ln", r, w) for r in SIZES for w in (64, 768, 4096)],
+        "softmax": [kernel_alike_node("softmax", r, w) for r in SIZES for w in (64, 1024, 8192)],
+        "elementwise": [kernel_alike_node(op, r, w) for op in ("add", "gelu") for r in SIZES
+                        for w in (64, 1024, 8192)],
+    }  # fmt: skip
+
+
+def stronger_pairs(devices: list[Device]) -> list[tuple[Device, Device]]:
+    """(strong, weak) pairs: the first at least as strong as the second in every spec, not equal."""
+    pairs = []
+    for a, b in itertools.permutations(devices, 2):
+        va, vb = [getattr(a, s) for s in SPECS], [getattr(b, s) for s in SPECS]
+        if all(x >= y for x, y in zip(va, vb, strict=True)) and va != vb:
+            pairs.append((a, b))
+    return pairs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--heads", help="directory of trained heads (default: the shipped ones)")
+    args = parser.parse_args(argv)
+    devices = [get_device(d) for d in device_names()]
+    devices = [d for d in devices if all(getattr(d, s) is not None for s in SPECS)]
+    pairs = stronger_pairs(devices)
+    chain = [Heads(load_heads(args.heads) if args.heads else None), Roofline()]
+    print(f"{len(devices)} GPUs with every spec, {len(pairs)} (stronger, weaker) pairs")
+    print(f"{'class':14s} {'comparisons':>11s} {'stronger slower':>15s} {'worst ratio':>11s}  worst pair")
+    summary, total = [], 0
+    for name, nodes in shapes().items():
+        batch = NodeBatch.of(nodes)
+        ms = {d.name: predict_batch(batch, chain, d)[0] for d in devices}
+        ratios, worst = [], (1.0, "")
+        for strong, weak in pairs:
+            r = ms[strong.name] / ms[weak.name]
+            r = r[np.isfinite(r)]
+            ratios.append(r)
+            if len(r) and r.max() > worst[0]:
+                worst = (float(r.max()), f"{strong.name} vs {weak.name}")
+        every = np.concatenate(ratios) if ratios else np.array([])
+        pct = 100 * float((every > 1.001).mean()) if len(every) else 0.0
+        total += len(every)
+        print(f"{name:14s} {len(every):11d} {pct:14.2f}% {worst[0]:11.3f}  {worst[1]}")
+        summary.append(f"{name}_order_violation_pct={pct:.2f}")
+    print(" ".join(summary) + f" comparisons={total} gpu_pairs={len(pairs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

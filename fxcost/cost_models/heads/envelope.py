@@ -1,0 +1,104 @@
+"""Tables of the heads' times per GPU, never above those of a GPU it beats on every strength spec.
+
+The heads read each class of node on a grid of sizes (:mod:`~fxcost.cost_models.heads.elementwise`,
+:mod:`~fxcost.cost_models.heads.axis`). A network fit on five GPUs can still predict a stronger GPU
+slower than a weaker one somewhere on that grid; :class:`Envelope` takes, for a GPU, the smallest of
+its own table and those of every database GPU it matches or beats on each spec that sets speed
+(:func:`fxcost.gpus.order.weaker_than`). If a GPU beats another, its set of weaker GPUs holds that
+one and all of that one's, so its table is never above the other's: a stronger GPU is never
+predicted slower, by construction. A table that never falls with size keeps that property, since
+the minimum of non-decreasing tables is non-decreasing.
+
+A class is first read on the GPU asked for and the GPUs it beats. When a second GPU asks for it, it
+is read on every GPU of the database at once, in one network call over a few dozen GPUs' grids
+(under a second for GPT-2's classes on a 2-core machine), and every GPU priced after that finds its
+tables built. A new batch size adds a few classes on the GPU it is priced on (a weight gradient's
+GEMM, whose batch-like dimension is its inner one, is a new class at every batch).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from fxcost.gpus import Device
+from fxcost.gpus.order import comparable, weaker_than
+
+__all__ = ["Envelope", "Reader"]
+
+K = TypeVar("K", bound=Hashable)
+
+Reader = Callable[[Sequence[K], Sequence[Device]], dict[tuple[Device, K], np.ndarray]]
+"""Reads the log-ms tables of classes (keys) on GPUs: one array per (GPU, key), on a grid of sizes
+that depends on the key alone."""
+
+
+class Envelope(Generic[K]):
+    """The enveloped tables of one heads model, per GPU at most ``max_tables`` of each kind, least
+    recently used dropped first; thread-safe."""
+
+    def __init__(self, max_tables: int) -> None:
+        self.max_tables = max_tables
+        self._raw: dict[Device, OrderedDict[K, np.ndarray]] = {}
+        self._tables: dict[Device, OrderedDict[K, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._tables.values())
+
+    def tables(self, keys: Sequence[K], device: Device, read: Reader[K]) -> dict[K, np.ndarray]:
+        """The tables of ``keys`` on ``device``: each the smallest, size by size, of the device's own
+        and those of the GPUs it beats."""
+        with self._lock:
+            mine = self._tables.setdefault(device, OrderedDict())
+            found = {k: mine[k] for k in keys if k in mine}
+        missing = [k for k in keys if k not in found]
+        if missing:
+            devices = [device, *weaker_than(device)]
+            # Classes a second GPU asks for are read on every GPU of the database at once: a strong
+            # GPU needs most of them, and the GPUs priced after it find them read.
+            with self._lock:
+                again = any(k in cache for cache in self._raw.values() for k in missing)
+            everyone = list(dict.fromkeys([*devices, *comparable()])) if again else devices
+            raw = self._read(missing, everyone, read)
+            built = {k: np.fmin.reduce([raw[d][k] for d in devices]) for k in missing}
+            found.update(built)
+            with self._lock:
+                _store(mine, built, self.max_tables)
+        with self._lock:
+            for k in found:
+                if k in mine:
+                    mine.move_to_end(k)
+        return found
+
+    def _read(
+        self, keys: Sequence[K], devices: Sequence[Device], read: Reader[K]
+    ) -> dict[Device, dict[K, np.ndarray]]:
+        """The raw tables of ``keys`` on ``devices``, those not read yet read in one call."""
+        with self._lock:
+            caches = [self._raw.setdefault(d, OrderedDict()) for d in devices]
+            raw = {
+                d: {k: cache[k] for k in keys if k in cache} for d, cache in zip(devices, caches, strict=True)
+            }
+        todo = [d for d in devices if len(raw[d]) < len(keys)]
+        if todo:
+            wanted = [k for k in keys if any(k not in raw[d] for d in todo)]
+            fresh = read(wanted, todo)
+            with self._lock:
+                for (d, k), table in fresh.items():
+                    raw[d][k] = table
+                for d in todo:
+                    _store(self._raw[d], {k: t for (e, k), t in fresh.items() if e is d}, self.max_tables)
+        return raw
+
+
+def _store(cache: OrderedDict[K, np.ndarray], items: dict[K, np.ndarray], limit: int) -> None:
+    for key, table in items.items():
+        cache[key] = table
+        cache.move_to_end(key)
+    while len(cache) > limit:
+        cache.popitem(last=False)

@@ -1,0 +1,168 @@
+"""How sure the heads are on a GPU they were not fit on: prediction intervals from held-out GPUs' errors.
+
+``benchmarks/generalization.py`` retrains the heads with each training GPU left out and records, per
+op class, how far the left-out GPU's measurements fell from the predictions (``log(measured /
+predicted)``). Quantiles of those errors make an interval around any origin-free prediction of that
+class: ``[predicted * e^low, predicted * e^high]``. Most of a new GPU's error is one shift shared by
+all its ops (its sustained clock, its achieved bandwidth), so the central 80% of errors pooled over
+GPUs covers a GPU left out less than 80% of the time; :meth:`Intervals.calibrated` widens each
+class's share until, GPU by GPU, the interval built from the *other* GPUs' errors covers the nominal
+share. The shipped file, ``cost_models/weights/intervals.json``, comes from the shared data only.
+
+Totals add the nodes' bounds: the errors of one GPU's nodes lean the same way (a GPU's sustained
+clock or a library's kernel choice moves them together), so the bounds of a sum are the sums of
+the bounds, not a narrower root-sum-square.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from fxcost._io import atomic_write
+from fxcost.cost_models.heads.features import LOWERED, head_of
+from fxcost.records import NodeCost
+
+__all__ = ["NOMINAL", "Intervals", "node_bounds", "shipped_intervals", "write_intervals"]
+
+NOMINAL = 0.8
+"""The share of a GPU nobody measured's rows an interval is meant to hold."""
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """Per op class, the low and high quantiles of ``log(measured / predicted)`` on left-out GPUs.
+
+    Attributes:
+        quantiles: op class -> (low, high) log error; a prediction ``p`` spans ``[p e^low, p e^high]``.
+        nominal: the share of errors between the two quantiles.
+        rows: op class -> the number of left-out rows the quantiles come from.
+    """
+
+    quantiles: Mapping[str, tuple[float, float]]
+    nominal: float = NOMINAL
+    rows: Mapping[str, int] | None = None
+
+    @classmethod
+    def from_errors(cls, errors: Mapping[str, np.ndarray], nominal: float = NOMINAL) -> Intervals:
+        """The central ``nominal`` share of each class's log errors."""
+        if not 0 < nominal < 1:
+            raise ValueError(f"nominal coverage must lie in (0, 1), got {nominal}")
+        tail = (1 - nominal) / 2
+        quantiles = {
+            head: (float(np.quantile(e, tail)), float(np.quantile(e, 1 - tail)))
+            for head, e in errors.items()
+            if len(e)
+        }
+        return cls(quantiles, nominal, {head: len(e) for head, e in errors.items() if len(e)})
+
+    @classmethod
+    def calibrated(
+        cls, errors: Mapping[str, Mapping[str, np.ndarray]], nominal: float = NOMINAL
+    ) -> Intervals:
+        """Intervals that cover ``nominal`` of a left-out GPU's rows: ``errors`` maps each GPU to its
+        log errors per op class, each from heads fit without that GPU.
+
+        Per class, the central share of the pooled errors is the smallest (on a grid from ``nominal``
+        to 99.9%) whose leave-one-GPU-out coverage reaches ``nominal`` on average: each GPU's
+        errors against the interval of the other GPUs' errors.
+        """
+        heads = sorted({h for per_gpu in errors.values() for h in per_gpu})
+        quantiles, rows = {}, {}
+        for head in heads:
+            by_gpu = {g: np.asarray(e[head]) for g, e in errors.items() if len(e.get(head, ()))}
+            if not by_gpu:
+                continue
+            share = _share_for(by_gpu, nominal)
+            pooled = np.concatenate(list(by_gpu.values()))
+            quantiles[head] = _central(pooled, share)
+            rows[head] = len(pooled)
+        return cls(quantiles, nominal, rows)
+
+    def bounds(self, head: str, predicted: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """The interval of predictions of class ``head`` (NaN bounds for a class without errors)."""
+        low, high = self.quantiles.get(head, (np.nan, np.nan))
+        p = np.asarray(predicted, dtype=np.float64)
+        return p * np.exp(low), p * np.exp(high)
+
+    def to_json(self) -> str:
+        return json.dumps({"nominal": self.nominal, "quantiles": dict(self.quantiles),
+                           "rows": dict(self.rows or {})}, indent=1)  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> Intervals:
+        raw = json.loads(text)
+        quantiles = {head: (float(low), float(high)) for head, (low, high) in raw["quantiles"].items()}
+        return cls(quantiles, float(raw["nominal"]), {k: int(v) for k, v in raw.get("rows", {}).items()})
+
+
+_SHARES = np.linspace(0.5, 0.999, 200)
+
+
+def _central(errors: np.ndarray, share: float) -> tuple[float, float]:
+    tail = (1 - share) / 2
+    return float(np.quantile(errors, tail)), float(np.quantile(errors, 1 - tail))
+
+
+def _share_for(by_gpu: Mapping[str, np.ndarray], nominal: float) -> float:
+    """The smallest central share whose leave-one-GPU-out coverage reaches ``nominal`` (with one GPU,
+    nothing to leave out: ``nominal`` itself)."""
+    if len(by_gpu) < 2:
+        return nominal
+    for share in _SHARES[nominal <= _SHARES]:
+        covered = []
+        for gpu, mine in by_gpu.items():
+            low, high = _central(np.concatenate([e for g, e in by_gpu.items() if g != gpu]), share)
+            covered.append(float(((mine >= low) & (mine <= high)).mean()))
+        if np.mean(covered) >= nominal:
+            return float(share)
+    return float(_SHARES[-1])
+
+
+def write_intervals(intervals: Intervals, path: str | Path) -> Path:
+    """Write ``intervals`` as JSON to ``path`` (a file, or a directory to hold ``intervals.json``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "intervals.json"
+    atomic_write(path, intervals.to_json().encode())
+    return path
+
+
+@functools.cache
+def shipped_intervals() -> Intervals | None:
+    """The intervals shipped with fxcost, None if there are none."""
+    path = resources.files("fxcost.cost_models").joinpath("weights", "intervals.json")
+    return Intervals.from_json(path.read_text()) if path.is_file() else None
+
+
+def node_bounds(
+    nodes: Sequence[NodeCost],
+    ms: np.ndarray,
+    sources: Sequence[str | None] | np.ndarray,
+    intervals: Intervals | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The low and high ends of each node's predicted ``ms`` (NaN where there is none).
+
+    A node the heads predicted (``sources[i] == "mlp"``) spans its class's interval; a node priced
+    as the work it lowers to, the elementwise one. Nodes other models predicted (a measured origin
+    scaled, the roofline's fallback) add their prediction to both ends: no interval is known for
+    them. ``intervals`` defaults to the shipped ones; without any, both ends are the prediction.
+    """
+    intervals = intervals or shipped_intervals()
+    ms = np.asarray(ms, dtype=np.float64)
+    low, high = np.ones(len(ms)), np.ones(len(ms))
+    if intervals is not None:
+        for i, (node, source) in enumerate(zip(nodes, sources, strict=True)):
+            if source == "mlp":
+                head = head_of(node)
+                head = "ew" if head == LOWERED else head
+                if head is not None and head in intervals.quantiles:
+                    low[i], high[i] = (math.exp(q) for q in intervals.quantiles[head])
+    return ms * low, ms * high

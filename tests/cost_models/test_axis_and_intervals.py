@@ -1,0 +1,132 @@
+"""The heads read along the batch-like axis (monotone by construction), and their intervals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.heads import Heads
+from fxcost.cost_models.heads.axis import AxisTables, axis_of
+from fxcost.cost_models.heads.intervals import Intervals, node_bounds, shipped_intervals, write_intervals
+from fxcost.data.datasets import kernel_alike_node
+from fxcost.gpus import get_device
+from fxcost.lowering.nodes import conv_node, gemm_node
+from fxcost.records import NodeCost
+
+GPUS = ["T4", "V100-PCIE-32GB", "A100-PCIE-40GB", "L4", "H100-SXM", "MI250"]
+
+
+def test_a_node_resized_to_its_own_size_is_itself() -> None:
+    nodes = {
+        "linear": gemm_node("linear", 1, 300, 768, 3072),
+        "bmm": gemm_node("bmm", 12, 64, 64, 128),
+        "conv": conv_node(8, 64, 128, 3, 28, 1, 1),
+        "ln": kernel_alike_node("ln", 512, 768),
+        "softmax": kernel_alike_node("softmax", 96, 1024),
+    }
+    for head, node in nodes.items():
+        found = axis_of(head, node)
+        assert found is not None, head
+        axis, size = found
+        again = axis.at(size)
+        assert (again.flops, again.bytes_read, again.bytes_written) == (
+            node.flops,
+            node.bytes_read,
+            node.bytes_written,
+        )
+        assert again.in_shapes == [tuple(s) for s in node.in_shapes]
+
+
+def test_a_gemm_weight_does_not_grow_with_rows_even_when_square() -> None:
+    axis, size = axis_of("linear", gemm_node("linear", 1, 512, 512, 512))  # type: ignore[misc]
+    assert size == 512
+    assert axis.carried_in == (True, False)
+    bigger = axis.at(1024)
+    assert bigger.in_shapes[1] == (512, 512) and bigger.in_shapes[0] == (1024, 512)
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_more_rows_or_batch_never_predict_less_time(gpu: str) -> None:
+    rng = np.random.default_rng(0)
+    heads, device = Heads(), get_device(gpu)
+    pairs = []
+    for _ in range(40):
+        n, k, b = int(rng.integers(1, 4096)), int(rng.integers(1, 4096)), int(rng.integers(1, 64))
+        m = int(rng.integers(1, 4096))
+        pairs += [gemm_node("linear", 1, m, n, k), gemm_node("linear", 1, 2 * m, n, k)]
+        pairs += [
+            gemm_node("bmm", b, 64, n % 512 + 1, k % 512 + 1),
+            gemm_node("bmm", 2 * b, 64, n % 512 + 1, k % 512 + 1),
+        ]
+        c, o, s = int(rng.integers(1, 256)), int(rng.integers(1, 256)), int(rng.integers(4, 64))
+        pairs += [conv_node(b, c, o, 3, s, 1, 1), conv_node(2 * b, c, o, 3, s, 1, 1)]
+        pairs += [kernel_alike_node("ln", m, n), kernel_alike_node("ln", 2 * m, n)]
+        pairs += [kernel_alike_node("softmax", m, n), kernel_alike_node("softmax", 2 * m, n)]
+        pairs += [_outer_add(m, n), _outer_add(2 * m, n)]
+    ms = heads.predict(NodeBatch.of(pairs), device)
+    small, large = ms[0::2], ms[1::2]
+    known = np.isfinite(small) & np.isfinite(large)
+    assert known.mean() > 0.9
+    assert (large[known] >= small[known] * (1 - 1e-9)).all()
+
+
+def _outer_add(rows: int, width: int) -> NodeCost:
+    """``x + y`` of fp32 tensors [rows, 1] and [1, width]: a broadcast whose bytes per element change."""
+    return NodeCost(
+        name="add", op="aten.add.Tensor", phase="fw", in_shapes=[(rows, 1), (1, width)],
+        in_dtypes=["float32"] * 2, out_shapes=[(rows, width)], out_dtypes=["float32"],
+        flops=rows * width, bytes_read=4 * (rows + width), bytes_written=4 * rows * width,
+    )  # fmt: skip
+
+
+def test_asking_for_a_larger_size_later_leaves_smaller_answers_alone() -> None:
+    heads, device = Heads(), get_device("T4")
+    small = NodeBatch.of([gemm_node("linear", 1, 300, 1024, 1024)])
+    before = heads.predict(small, device)[0]
+    heads.predict(NodeBatch.of([gemm_node("linear", 1, 100_000, 1024, 1024)]), device)
+    after = heads.predict(NodeBatch.of([gemm_node("linear", 1, 300, 1024, 1024)]), device)[0]
+    assert before == pytest.approx(after, rel=1e-12)
+
+
+def test_axis_tables_are_bounded() -> None:
+    tables = AxisTables(max_tables=3)
+    heads = Heads()
+    heads.axis_tables = tables
+    nodes = [gemm_node("linear", 1, 64, n, 256) for n in range(1, 9)]
+    heads.predict(NodeBatch.of(nodes), get_device("T4"))
+    assert len(tables) == 3
+
+
+def test_intervals_are_the_central_share_of_the_errors(tmp_path) -> None:
+    errors = {"bmm": np.linspace(-1.0, 1.0, 101)}
+    intervals = Intervals.from_errors(errors, nominal=0.8)
+    low, high = intervals.quantiles["bmm"]
+    assert low == pytest.approx(-0.8) and high == pytest.approx(0.8)
+    lo, hi = intervals.bounds("bmm", np.array([2.0]))
+    assert lo[0] == pytest.approx(2 * math.exp(-0.8)) and hi[0] == pytest.approx(2 * math.exp(0.8))
+    assert np.isnan(intervals.bounds("conv", 1.0)[0])
+    path = write_intervals(intervals, tmp_path)
+    assert Intervals.from_json(path.read_text()) == Intervals.from_json(intervals.to_json())
+    assert json.loads(path.read_text())["rows"] == {"bmm": 101}
+    with pytest.raises(ValueError, match="nominal"):
+        Intervals.from_errors(errors, nominal=1.2)
+
+
+def test_only_origin_free_head_predictions_get_an_interval() -> None:
+    intervals = Intervals({"linear": (-0.5, 0.25), "ew": (-0.1, 0.1)})
+    nodes = [gemm_node("linear", 1, 64, 64, 64)] * 2 + [kernel_alike_node("relu", 8, 8)]
+    low, high = node_bounds(nodes, np.array([1.0, 1.0, 2.0]), ["mlp", "roofline", "mlp"], intervals)
+    assert low.tolist() == pytest.approx([math.exp(-0.5), 1.0, 2 * math.exp(-0.1)])
+    assert high.tolist() == pytest.approx([math.exp(0.25), 1.0, 2 * math.exp(0.1)])
+
+
+def test_shipped_intervals_cover_every_head_and_widen_around_the_prediction() -> None:
+    intervals = shipped_intervals()
+    assert intervals is not None and intervals.nominal == 0.8
+    for head in ("linear", "bmm", "conv", "ew", "ln", "softmax"):
+        low, high = intervals.quantiles[head]
+        assert low < 0 < high, head
