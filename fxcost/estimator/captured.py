@@ -9,6 +9,7 @@ batch size evaluates their size polynomials first; a new precision retypes their
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -21,6 +22,8 @@ import torch
 from fxcost.capture import FxcostBackend, LossFn, batch_of, captured_report, trace_without_running
 from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
+from fxcost.cost_models.heads import spec_sheet_caveat
+from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
 from fxcost.gpus import Device, get_device
 from fxcost.lowering import is_matmul_class
@@ -34,12 +37,20 @@ __all__ = ["Captured", "Cost"]
 
 @dataclass(frozen=True)
 class Cost:
-    """Predicted time of one step on one device. ``float(cost)`` is ``cost.ms``."""
+    """Predicted time of one step on one device. ``float(cost)`` is ``cost.ms``.
+
+    ``low_ms`` and ``high_ms`` bound ``ms`` by the nominal 80% interval of its origin-free predictions
+    (:mod:`fxcost.cost_models.heads.intervals`); equal to ``ms`` where no interval is known.
+    ``caveat`` says where the prediction rests on spec sheets alone (empty otherwise).
+    """
 
     ms: float
     fw_ms: float
     bw_ms: float
     device: str
+    low_ms: float = math.nan
+    high_ms: float = math.nan
+    caveat: str = ""
 
     def __float__(self) -> float:
         return self.ms
@@ -143,9 +154,13 @@ class Captured:
         if known is not None:
             return known
         batch = self._node_batch(batch_size, precision)
-        ms, _ = predict_batch(batch, self.chain, target)
+        ms, sources = predict_batch(batch, self.chain, target)
         totals = phase_totals(ms, self.counts)
-        result = Cost(ms=sum(totals.values()), fw_ms=totals["fw"], bw_ms=totals["bw"], device=target.name)
+        low, high = node_bounds(batch.nodes, ms, sources)
+        result = Cost(ms=sum(totals.values()), fw_ms=totals["fw"], bw_ms=totals["bw"], device=target.name,
+                      low_ms=sum(phase_totals(low, self.counts).values()),
+                      high_ms=sum(phase_totals(high, self.counts).values()),
+                      caveat=spec_sheet_caveat(target))  # fmt: skip
         with self._lock:
             self._costs[key] = result
         return result

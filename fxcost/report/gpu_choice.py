@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class GpuChoice:
         usd_per_hr: hourly price used, or None if the GPU has none.
         samples_per_usd: cost-normalized throughput, ``samples_per_s * 3600 / usd_per_hr``, or None.
         price_unconfirmed: the price is a database value marked unconfirmed (``?`` in ``gpus.csv``).
+        step_low_ms, step_high_ms: the nominal 80% interval of ``step_ms`` (``Report.eager_interval_ms``).
     """
 
     device: str
@@ -53,6 +55,8 @@ class GpuChoice:
     usd_per_hr: float | None
     samples_per_usd: float | None
     price_unconfirmed: bool = False
+    step_low_ms: float = math.nan
+    step_high_ms: float = math.nan
 
 
 def load_prices(path: str | os.PathLike[str]) -> dict[str, float]:
@@ -109,18 +113,20 @@ def print_choices(choices: Sequence[GpuChoice], file: TextIO | None = None) -> N
     from rich import box
     from rich.table import Table
 
-    from fxcost.report.table import console_for
+    from fxcost.report.table import console_for, spec_sheet_caveats
 
     table = Table(title="GPUs by samples per dollar (? = unconfirmed price)", box=box.SIMPLE_HEAD,
                   title_justify="left")  # fmt: skip
     table.add_column("#", justify="right")
     table.add_column("GPU")
-    for header in ("step ms", "samples/s", "$/h", "samples/$"):
+    for header in ("step ms", "80% interval", "samples/s", "$/h", "samples/$"):
         table.add_column(header, justify="right")
     for rank, c in enumerate(choices, 1):
         price = "-" if c.usd_per_hr is None else f"{c.usd_per_hr:.2f}{'?' if c.price_unconfirmed else ''}"
         per_usd = "-" if c.samples_per_usd is None else f"{c.samples_per_usd:,.0f}"
-        table.add_row(str(rank), c.device, f"{c.step_ms:.3f}", f"{c.samples_per_s:,.1f}", price, per_usd)
+        interval = f"{c.step_low_ms:.3f}-{c.step_high_ms:.3f}"
+        rate = f"{c.samples_per_s:,.1f}"
+        table.add_row(str(rank), c.device, f"{c.step_ms:.3f}", interval, rate, price, per_usd)
     console = console_for(file)
     console.print(table)
     if choices:
@@ -130,6 +136,8 @@ def print_choices(choices: Sequence[GpuChoice], file: TextIO | None = None) -> N
         console.print(f"fastest: {fastest}; most samples per dollar: {best_value}")
     console.print("step: the predicted eager step (op times back to back, launch overhead hidden); "
                   "a sample is one entry of the batch")  # fmt: skip
+    for line in spec_sheet_caveats(c.device for c in choices):
+        console.print(line)
 
 
 def plot(choices: Sequence[GpuChoice], path: str | os.PathLike[str], title: str = "") -> Path:
@@ -172,7 +180,8 @@ def _choice(report: Report, batch: int, device: Device, prices: Mapping[str, flo
     price = prices.get(device.name, device.price_usd_per_hr)
     unconfirmed = device.name not in prices and "price_usd_per_hr" in device.uncertain
     per_usd = samples_per_s * 3600 / price if price else None
-    return GpuChoice(device.name, step_ms, samples_per_s, price, per_usd, unconfirmed)
+    low, high = report.eager_interval_ms(device)
+    return GpuChoice(device.name, step_ms, samples_per_s, price, per_usd, unconfirmed, low, high)
 
 
 def _best_value_first(c: GpuChoice) -> tuple[bool, float, float]:

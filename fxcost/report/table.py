@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from fxcost.cost_models.heads import spec_sheet_caveat
+from fxcost.gpus import get_device
 from fxcost.records import NodeCost
 
 if TYPE_CHECKING:
     from fxcost.report.trace import Report
 
-__all__ = ["console_for", "print_report"]
+__all__ = ["console_for", "print_report", "spec_sheet_caveats"]
 
 _UNBOUNDED_WIDTH = 1000
 
@@ -101,6 +104,8 @@ def _totals_table(report: Report) -> Table:
     # The same nodes run back to back as an eager step runs them (no per-op timing overhead).
     table.add_row("eager step", "", _num(report.step_ms, 1, ".3f"),
                   *(f"{report.eager_ms(d):.3f}" for d in report.devices), style="bold")  # fmt: skip
+    # How far a GPU nobody measured may be from it: the nominal 80% interval of origin-free predictions.
+    table.add_row("  80% interval", "", "", *(_interval(report.eager_interval_ms(d)) for d in report.devices))
     # Independent ops overlapped on as many streams as they need: the bound multi-stream work meets.
     table.add_row("critical path", "", "", *(f"{report.critical_path_ms(d):.3f}" for d in report.devices))
     return table
@@ -111,6 +116,7 @@ def _summary_lines(report: Report) -> list[str]:
     if report.devices:
         covered = ", ".join(f"{d} {report.coverage(d):.0%}" for d in report.devices)
         lines.append(f"predicted by: {report.model}; coverage of kernel nodes: {covered}")
+    lines.extend(spec_sheet_caveats(report.devices))
     fidelity = report.capture_fidelity
     if fidelity is not None:
         against = "the eager step" if report.step_ms is not None else "the graphs run whole"
@@ -119,6 +125,16 @@ def _summary_lines(report: Report) -> list[str]:
             f"{against} {report.measured_ms:.3f} ms = {fidelity:.3f}"
         )
     return lines
+
+
+def spec_sheet_caveats(devices: Iterable[str]) -> list[str]:
+    """One line per GPU no training GPU resembles: its figures rest on spec sheets alone."""
+    return [line for line in (spec_sheet_caveat(get_device(d)) for d in devices) if line]
+
+
+def _interval(bounds: tuple[float, float]) -> str:
+    low, high = bounds
+    return f"{low:.3f}-{high:.3f}"
 
 
 def _num(value: float | None, scale: float, fmt: str) -> str:

@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import numpy as np
+
 from fxcost import propagate
 from fxcost._io import atomic_write
 from fxcost._version import __version__
 from fxcost.cost_models import CostModel, spec_name
 from fxcost.cost_models import predict as predict_nodes
+from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.propagate import Pipeline, Span
 from fxcost.records import PHASES, GraphRecord, NodeCost, Phase
@@ -80,6 +83,24 @@ class Report:
         ``host_ms`` per op defaults to what the origin's measured step implies, else 10 us."""
         spans = self.timeline(device, phase, host_ms)
         return spans[-1].end_ms if spans else 0.0
+
+    def interval_ms(self, device: str | Device, phase: Phase | None = None) -> tuple[float, float]:
+        """The nominal 80% interval of :meth:`total_ms` on ``device``: each origin-free node's interval
+        from the heads' errors on GPUs they were not fit on, added up (see
+        :mod:`fxcost.cost_models.heads.intervals`); nodes of other models add their prediction to both
+        ends."""
+        name = self._predicted_name(device)
+        nodes = self._phase(phase)
+        ms = np.array([n.pred_ms.get(name) or 0.0 for n in nodes])
+        low, high = node_bounds(nodes, ms, [n.pred_source.get(name) for n in nodes])
+        return float(low.sum()), float(high.sum())
+
+    def eager_interval_ms(self, device: str | Device, phase: Phase | None = None) -> tuple[float, float]:
+        """The interval of :meth:`eager_ms`: :meth:`interval_ms` scaled as the eager step scales the sum."""
+        total, eager = self.total_ms(device, phase), self.eager_ms(device, phase)
+        low, high = self.interval_ms(device, phase)
+        scale = eager / total if total > 0 else 1.0
+        return low * scale, high * scale
 
     def timeline(
         self, device: str | Device, phase: Phase | None = None, host_ms: float | None = None

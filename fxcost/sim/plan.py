@@ -38,6 +38,7 @@ import numpy as np
 
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import kernel_ms
+from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator import Captured
 from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
@@ -96,6 +97,8 @@ class Plan:
     hidden: int
     tokens: int  # tokens per micro-batch on one rank
     itemsize: int  # bytes per element of activations, parameters and gradients (4 in fp32, 2 in fp16/bf16)
+    # The nominal 80% interval of the compute, as factors of its predicted time (heads.intervals).
+    compute_interval: tuple[float, float] = (1.0, 1.0)
 
 
 def itemsize_of(precision: Precision | None) -> int:
@@ -153,6 +156,7 @@ def compile_plan(
     batch_nodes = captured.node_batch(micro, precision)
     ms, source = predict_batch(batch_nodes, chain, device)
     kernel = _kernel_ms(ms, source, device)
+    interval = _interval(batch_nodes.nodes, ms, source)
     hidden, tokens = _width_and_tokens(batch_nodes.nodes)
     vocab = _vocab(batch_nodes.nodes)
 
@@ -228,7 +232,7 @@ def compile_plan(
         kept = sum(n for (i, layer), n in saved.items() if i == plan.index and layer not in recomputed)
         plan.activation_bytes = kept + boundary * len(recomputed)
         plan.recompute_bytes = max((saved[(plan.index, layer)] for layer in recomputed), default=0)
-    return Plan(s, stages, boundary, hidden, tokens, itemsize)
+    return Plan(s, stages, boundary, hidden, tokens, itemsize, interval)
 
 
 def _add_layer_collectives(
@@ -273,6 +277,14 @@ def _shards(
         return {}, {}
     ms, source = predict_batch(NodeBatch.of(list(shards.values())), chain, device)
     return shards, dict(zip(shards, _kernel_ms(ms, source, device), strict=True))
+
+
+def _interval(nodes: Sequence[NodeCost], ms: np.ndarray, source: np.ndarray) -> tuple[float, float]:
+    """The interval of the nodes' summed time, as factors of that sum."""
+    ms = np.nan_to_num(ms)
+    low, high = node_bounds(nodes, ms, source)
+    total = float(ms.sum())
+    return (float(low.sum()) / total, float(high.sum()) / total) if total > 0 else (1.0, 1.0)
 
 
 def _vocab(nodes: Sequence[NodeCost]) -> int | None:

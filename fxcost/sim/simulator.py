@@ -14,7 +14,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ import torch
 
 from fxcost._io import atomic_write
 from fxcost.capture import LossFn, as_call, batch_of, default_loss
+from fxcost.cost_models.heads import spec_sheet_caveat
 from fxcost.estimator import Captured, Estimator, default_estimator
 from fxcost.precision import PrecisionArg, parse_precision
 from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
@@ -52,6 +55,9 @@ class SimResult:
         tasks: every stage's timeline (one representative rank per pipeline stage).
         memory: peak memory of one rank per stage.
         collectives: (kind, group, bytes) -> how many times one rank issues it per iteration.
+        interval_ms: the nominal 80% interval of ``iteration_ms``: the iteration simulated again with
+            every compute task at the low and the high end of the compute's interval (collectives as
+            predicted; see :mod:`fxcost.cost_models.heads.intervals`).
     """
 
     iteration_ms: float
@@ -61,6 +67,7 @@ class SimResult:
     tasks: list[Task]
     memory: list[Memory]
     collectives: Counter[tuple[str, str, float]] = field(default_factory=Counter)
+    interval_ms: tuple[float, float] = (math.nan, math.nan)
 
     @property
     def samples_per_s(self) -> float:
@@ -80,10 +87,12 @@ class SimResult:
         c = self.cluster
         lines = [
             f"{self.strategy} on {c.nodes}x{c.gpus_per_node}x{c.device.name}: "
-            f"{self.iteration_ms:.1f} ms per iteration, {self.samples_per_s:.1f} samples/s",
+            f"{self.iteration_ms:.1f} ms per iteration (80% interval {self.interval_ms[0]:.1f}-"
+            f"{self.interval_ms[1]:.1f}), {self.samples_per_s:.1f} samples/s",
         ]
         lines += [f"  stage {i} memory: {m}" for i, m in enumerate(self.memory)]
-        return "\n".join(lines)
+        caveat = spec_sheet_caveat(c.device)
+        return "\n".join([*lines, caveat] if caveat else lines)
 
 
 def simulate(
@@ -132,9 +141,17 @@ def simulate(
     plan = compile_plan(captured, params, strategy, cluster.device, batch, parsed)
     tasks, collectives = _tasks(plan, cluster)
     iteration = simulate_tasks(tasks, gamma)
+    interval = tuple(_scaled_iteration(tasks, factor, gamma) for factor in plan.compute_interval)
     capacity = cluster.device.memory_gb or float("inf")
     memory = [rank_memory(plan, st, capacity) for st in plan.stages]
-    return SimResult(iteration, batch, strategy, cluster, tasks, memory, collectives)
+    return SimResult(iteration, batch, strategy, cluster, tasks, memory, collectives, interval)  # type: ignore[arg-type]
+
+
+def _scaled_iteration(tasks: list[Task], factor: float, gamma: float) -> float:
+    """The iteration with every compute task ``factor`` times as long (the tasks are left as they are)."""
+    scaled = [dataclasses.replace(t, duration_ms=t.duration_ms * (factor if t.stream == "compute" else 1.0),
+                                  deps=list(t.deps), args=dict(t.args)) for t in tasks]  # fmt: skip
+    return simulate_tasks(scaled, gamma)
 
 
 def _traced(

@@ -225,3 +225,16 @@ def test_fxcost_cost_uses_one_process_wide_estimator() -> None:
     b = fxcost.cost(model, inputs, device="T4", batch_size=64)
     assert default_estimator().cache_info()["captures"] == before + 1
     assert b.ms > a.ms
+
+
+def test_a_cost_carries_the_interval_of_its_origin_free_predictions() -> None:
+    model, inputs = zoo.build("mlp", 16)
+    cost = Estimator().cost(model, inputs, device="H100-SXM")
+    assert cost.low_ms < cost.ms < cost.high_ms
+    assert cost.high_ms / cost.low_ms < 3  # an 80% interval, not a shrug
+
+
+def test_a_cost_on_a_gpu_unlike_the_training_ones_says_so() -> None:
+    model, inputs = zoo.build("mlp", 16)
+    assert "spec-sheet" in Estimator().cost(model, inputs, device="MI250").caveat
+    assert Estimator().cost(model, inputs, device="H100-SXM").caveat == ""

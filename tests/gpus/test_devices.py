@@ -145,3 +145,19 @@ def test_every_value_has_a_source() -> None:
     assert "(unconfirmed)" in get_device("P100-PCIE-16GB").source_of("boost_clock_mhz")
     with pytest.raises(ValueError, match="no field"):
         t4.source_of("colour")
+
+
+def test_an_mi250_is_the_one_die_pytorch_sees() -> None:
+    die = get_device("AMD Instinct MI250X / MI250")
+    assert die.name == "MI250" and die.num_sms == 104 and die.memory_gb == 64
+    assert die.fp32_tflops == pytest.approx(45.3 / 2) and die.mem_bandwidth_gbps == pytest.approx(3276.8 / 2)
+    assert "tdp_w" in die.uncertain
+
+
+def test_gpus_an_origin_free_prediction_never_finds_slower_than_weaker_ones() -> None:
+    from fxcost.gpus.order import weaker_than
+
+    weaker = {d.name for d in weaker_than(get_device("H100-SXM"))}
+    assert {"V100-PCIE-32GB", "A100-PCIE-40GB", "T4"} <= weaker
+    assert "H100-SXM" not in weaker and "L4" not in weaker  # an L4 clocks higher than an H100
+    assert weaker_than(get_device("P4")) == []

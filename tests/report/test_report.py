@@ -172,6 +172,23 @@ def test_at_batch_extrapolates_a_line_through_smaller_batches() -> None:
         fxcost.at_batch({8: captured(8), 16: captured(16)}, 0)
 
 
+def test_at_batch_never_extrapolates_below_the_steps_roofline() -> None:
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 1024))
+
+    def captured(batch: int) -> Report:
+        return fxcost.profile(model, (torch.randn(batch, 1024),), devices=["H100-SXM"], measure=False)
+
+    fit = fxcost.at_batch([captured(b) for b in (8, 16, 32)], 8192)
+    big = captured(8192)
+    roofline = big.predict(["H100-SXM"], "roofline").total_ms("H100-SXM")
+    # Launch-bound small batches draw a flat line; the floor holds the prediction up to the roofline.
+    slope, fixed = fit.line("H100-SXM")
+    assert fixed + slope * 8192 < roofline
+    assert roofline * 0.95 <= fit.floor_ms("H100-SXM") <= roofline * 1.0001
+    assert fit.total_ms("H100-SXM") == fit.floor_ms("H100-SXM")
+    assert fxcost.at_batch([captured(b) for b in (8, 16, 32)], 12).floor_ms("H100-SXM") == 0.0
+
+
 def test_eager_pipeline_hides_per_op_overhead_and_waits_for_the_host() -> None:
     from fxcost.gpus import get_device
     from fxcost.records import NodeCost
@@ -261,3 +278,16 @@ def test_a_measured_step_sets_the_host_time_and_in_step_kernel_scale() -> None:
     assert gpu_bound.eager_ms("T4") == pytest.approx(0.8, rel=1e-6)
     unmeasured = Report(nodes=nodes, devices=["T4"], origin="cpu", step_ms=5.0)
     assert not unmeasured.pipeline().fitted and unmeasured.pipeline().host_ms == HOST_MS
+
+
+def test_the_printout_gives_intervals_and_warns_where_spec_sheets_are_all_there_is(report: Report) -> None:
+    import io
+
+    amd = report.predict(["H100-SXM", "MI250"])
+    out = io.StringIO()
+    amd.print(file=out)
+    text = out.getvalue()
+    assert "80% interval" in text
+    assert "caveat: MI250 is unlike every GPU the heads were fit on" in text and "caveat: H100" not in text
+    low, high = amd.eager_interval_ms("H100-SXM")
+    assert low < amd.eager_ms("H100-SXM") < high

@@ -310,3 +310,13 @@ def test_a_hugging_face_config_is_traced_once_across_plans() -> None:
     for strategy in ("dp=2", "tp=2", "pp=2,mb=2"):
         simulate(config, strategy, "2xT4", batch=4, seqlen=16, estimator=est)
     assert est.cache_info()["captures"] == 1
+
+
+def test_the_iteration_carries_the_interval_of_its_origin_free_compute(
+    gpt: tuple[object, tuple[object, ...]],
+) -> None:
+    model, inputs = gpt
+    result = simulate(model, "dp=2,tp=2", "1x4xA100-SXM4-40GB", example_inputs=inputs)
+    low, high = result.interval_ms
+    assert low < result.iteration_ms < high
+    assert "80% interval" in result.summary()
