@@ -1,7 +1,7 @@
 """Does a GPU at least as strong in every relevant spec ever get a slower origin-free prediction?
 
-For every pair of GPUs in the database where one is at least as strong as the other in each spec the
-origin-free model reads (fp32 peak, DRAM bandwidth, SMs, L2, boost clock, power), a grid of GEMM,
+For every pair of GPUs in the database where one is at least as strong as the other in each spec that
+sets speed (fp32, TF32, fp16 and bf16 peaks, DRAM bandwidth, SMs, L2, boost clock, power), a grid of GEMM,
 batched-GEMM (attention's score and value products), convolution, layer-norm, softmax and
 elementwise shapes is
 predicted on both with the default origin-free policy. Printed per op class: the pairs and shapes
@@ -15,6 +15,7 @@ Last line: ``<class>_order_violation_pct=..`` per class, then ``comparisons=N gp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 
@@ -25,10 +26,10 @@ from fxcost.cost_models.heads import Heads, load_heads
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import Device, device_names, get_device
+from fxcost.gpus.order import strength
 from fxcost.lowering.nodes import conv_node, gemm_node
 from fxcost.records import NodeCost
 
-SPECS = ("fp32_tflops", "mem_bandwidth_gbps", "num_sms", "l2_cache_mb", "boost_clock_mhz", "tdp_w")
 SIZES = (1, 7, 64, 333, 1024, 4096)
 
 
@@ -43,17 +44,33 @@ def shapes() -> dict[str, list[NodeCost]]:
                  for o in (64, 256) for s in (7, 28, 56)],
         "ln": [kernel_alike_node("ln", r, w) for r in SIZES for w in (64, 768, 4096)],
         "softmax": [kernel_alike_node("softmax", r, w) for r in SIZES for w in (64, 1024, 8192)],
+        "linear_bf16": [_bf16(gemm_node("linear", 1, m, n, k)) for m in SIZES for n in SIZES[2:]
+                        for k in SIZES[2:]],
         "elementwise": [kernel_alike_node(op, r, w) for op in ("add", "gelu") for r in SIZES
                         for w in (64, 1024, 8192)],
     }  # fmt: skip
+
+
+def _bf16(node: NodeCost) -> NodeCost:
+    """``node`` with its tensors in bf16 (half the bytes)."""
+    return dataclasses.replace(
+        node, in_dtypes=["bfloat16"] * len(node.in_dtypes), out_dtypes=["bfloat16"] * len(node.out_dtypes),
+        bytes_read=(node.bytes_read or 0) // 2, bytes_written=(node.bytes_written or 0) // 2,
+        pred_ms={}, pred_source={},
+    )  # fmt: skip
 
 
 def stronger_pairs(devices: list[Device]) -> list[tuple[Device, Device]]:
     """(strong, weak) pairs: the first at least as strong as the second in every spec, not equal."""
     pairs = []
     for a, b in itertools.permutations(devices, 2):
-        va, vb = [getattr(a, s) for s in SPECS], [getattr(b, s) for s in SPECS]
-        if all(x >= y for x, y in zip(va, vb, strict=True)) and va != vb:
+        va, vb = strength(a), strength(b)
+        if (
+            va is not None
+            and vb is not None
+            and all(x >= y for x, y in zip(va, vb, strict=True))
+            and va != vb
+        ):
             pairs.append((a, b))
     return pairs
 
@@ -63,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", help="directory of trained heads (default: the shipped ones)")
     args = parser.parse_args(argv)
     devices = [get_device(d) for d in device_names()]
-    devices = [d for d in devices if all(getattr(d, s) is not None for s in SPECS)]
+    devices = [d for d in devices if strength(d) is not None]
     pairs = stronger_pairs(devices)
     chain = [Heads(load_heads(args.heads) if args.heads else None), Roofline()]
     print(f"{len(devices)} GPUs with every spec, {len(pairs)} (stronger, weaker) pairs")

@@ -1,31 +1,42 @@
 """Which GPUs of the database another one beats on every spec that sets speed.
 
-A GPU at least as strong as another in each of :data:`STRENGTH_SPECS` can run anything the other
-runs at least as fast: the origin-free model never predicts it slower (see
-:mod:`fxcost.cost_models.heads.axis`), and ``benchmarks/gpu_order.py`` checks that over a grid of
-shapes.
+A GPU at least as strong as another in each of :data:`STRENGTH_SPECS` and in the peak of every
+precision can run anything the other runs at least as fast: the origin-free model never predicts it
+slower (see :mod:`fxcost.cost_models.heads.envelope`), and ``benchmarks/gpu_order.py`` checks that
+over a grid of shapes.
 """
 
 from __future__ import annotations
 
 from fxcost.gpus import Device, all_devices
 
-__all__ = ["STRENGTH_SPECS", "comparable", "weaker_than"]
+__all__ = ["STRENGTH_SPECS", "comparable", "strength", "weaker_than"]
 
 STRENGTH_SPECS = ("fp32_tflops", "mem_bandwidth_gbps", "num_sms", "l2_cache_mb", "boost_clock_mhz", "tdp_w")
-"""Peak fp32 rate, DRAM bandwidth, SMs, L2, boost clock and power: what the origin-free model reads."""
+"""Peak fp32 rate, DRAM bandwidth, SMs, L2, boost clock and power."""
+
+
+def strength(device: Device) -> tuple[float, ...] | None:
+    """The :data:`STRENGTH_SPECS` of ``device`` and its TF32, fp16 and bf16 peaks (a GPU without
+    tensor cores for one runs it at its fp32 peak, as the roofline does); None if a spec is unknown."""
+    specs = [getattr(device, s) for s in STRENGTH_SPECS]
+    if any(v is None for v in specs):
+        return None
+    fp32 = float(device.fp32_tflops)  # type: ignore[arg-type]
+    peaks = [device.tf32_tflops or fp32, device.fp16_tflops or fp32, device.bf16_tflops or fp32]
+    return (*map(float, specs), *peaks)
 
 
 def weaker_than(device: Device) -> list[Device]:
-    """The database's GPUs ``device`` matches or beats on every strength spec, not equal on all of them
-    (GPUs with an unknown spec are comparable with none)."""
-    mine = [getattr(device, s) for s in STRENGTH_SPECS]
-    if any(v is None for v in mine):
+    """The database's GPUs ``device`` matches or beats on every :func:`strength` value, not equal on
+    all of them (GPUs with an unknown spec are comparable with none)."""
+    mine = strength(device)
+    if mine is None:
         return []
     weaker = []
     for other in all_devices():
-        theirs = [getattr(other, s) for s in STRENGTH_SPECS]
-        if other.name == device.name or any(v is None for v in theirs):
+        theirs = strength(other)
+        if other.name == device.name or theirs is None:
             continue
         if all(a >= b for a, b in zip(mine, theirs, strict=True)) and mine != theirs:
             weaker.append(other)
@@ -34,4 +45,4 @@ def weaker_than(device: Device) -> list[Device]:
 
 def comparable() -> list[Device]:
     """The database's GPUs that know every strength spec (the ones :func:`weaker_than` compares)."""
-    return [d for d in all_devices() if all(getattr(d, s) is not None for s in STRENGTH_SPECS)]
+    return [d for d in all_devices() if strength(d) is not None]

@@ -124,7 +124,7 @@ def print_choices(choices: Sequence[GpuChoice], file: TextIO | None = None) -> N
     for rank, c in enumerate(choices, 1):
         price = "-" if c.usd_per_hr is None else f"{c.usd_per_hr:.2f}{'?' if c.price_unconfirmed else ''}"
         per_usd = "-" if c.samples_per_usd is None else f"{c.samples_per_usd:,.0f}"
-        interval = f"{c.step_low_ms:.3f}-{c.step_high_ms:.3f}"
+        interval = "-" if math.isnan(c.step_low_ms) else f"{c.step_low_ms:.3f}-{c.step_high_ms:.3f}"
         rate = f"{c.samples_per_s:,.1f}"
         table.add_row(str(rank), c.device, f"{c.step_ms:.3f}", interval, rate, price, per_usd)
     console = console_for(file)

@@ -156,7 +156,7 @@ def compile_plan(
     batch_nodes = captured.node_batch(micro, precision)
     ms, source = predict_batch(batch_nodes, chain, device)
     kernel = _kernel_ms(ms, source, device)
-    interval = _interval(batch_nodes.nodes, ms, source)
+    interval = _interval(batch_nodes.nodes, ms, source, captured.counts.sum(axis=1))
     hidden, tokens = _width_and_tokens(batch_nodes.nodes)
     vocab = _vocab(batch_nodes.nodes)
 
@@ -279,12 +279,14 @@ def _shards(
     return shards, dict(zip(shards, _kernel_ms(ms, source, device), strict=True))
 
 
-def _interval(nodes: Sequence[NodeCost], ms: np.ndarray, source: np.ndarray) -> tuple[float, float]:
-    """The interval of the nodes' summed time, as factors of that sum."""
+def _interval(
+    nodes: Sequence[NodeCost], ms: np.ndarray, source: np.ndarray, counts: np.ndarray
+) -> tuple[float, float]:
+    """The interval of the step's time (each distinct node ``counts`` times), as factors of it."""
     ms = np.nan_to_num(ms)
     low, high = node_bounds(nodes, ms, source)
-    total = float(ms.sum())
-    return (float(low.sum()) / total, float(high.sum()) / total) if total > 0 else (1.0, 1.0)
+    total = float(ms @ counts)
+    return (float(low @ counts) / total, float(high @ counts) / total) if total > 0 else (1.0, 1.0)
 
 
 def _vocab(nodes: Sequence[NodeCost]) -> int | None:

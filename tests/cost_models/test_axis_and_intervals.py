@@ -130,3 +130,33 @@ def test_shipped_intervals_cover_every_head_and_widen_around_the_prediction() ->
     for head in ("linear", "bmm", "conv", "ew", "ln", "softmax"):
         low, high = intervals.quantiles[head]
         assert low < 0 < high, head
+
+
+def test_a_broadcast_operand_of_lower_rank_does_not_grow_with_the_batch() -> None:
+    def add(b: int) -> NodeCost:  # x + position embedding
+        return NodeCost(
+            name="add", op="aten.add.Tensor", phase="fw", in_shapes=[(b, 64, 768), (64, 768)],
+            in_dtypes=["float32"] * 2, out_shapes=[(b, 64, 768)], out_dtypes=["float32"],
+            flops=b * 64 * 768, bytes_read=4 * (b + 1) * 64 * 768, bytes_written=4 * b * 64 * 768,
+        )  # fmt: skip
+
+    axis, _ = axis_of("ew", add(64))  # type: ignore[misc]
+    assert axis.carried_in == (True, False)
+    ms = Heads().predict(NodeBatch.of([add(b) for b in (63, 64, 65)]), get_device("H100-SXM"))
+    assert ms[0] <= ms[1] <= ms[2]
+
+
+def test_the_envelope_never_undercuts_a_gpus_own_bound_in_half_precision() -> None:
+    import dataclasses
+
+    from fxcost.cost_models.heads import roofline_ms
+
+    big = gemm_node("linear", 1, 8192, 8192, 8192)
+    half = dataclasses.replace(
+        big, in_dtypes=["bfloat16"] * 2, out_dtypes=["bfloat16"],
+        bytes_read=big.bytes_read // 2, bytes_written=big.bytes_written // 2,  # type: ignore[operator]
+    )  # fmt: skip
+    batch = NodeBatch.of([half])
+    for gpu in ("RTX3090", "A10G", "H100-SXM", "T4"):
+        device = get_device(gpu)
+        assert Heads().predict(batch, device)[0] >= roofline_ms(batch, device)[0] * (1 - 1e-9), gpu

@@ -99,11 +99,15 @@ def axis_of(head: str, node: NodeCost) -> tuple[_Axis, int] | None:
     if len(leading) < 2 or leading[0] < 1:
         return None
     size = int(leading[0])
+    # A tensor of lower rank (a position embedding, a layer norm's weight) never grows with the batch,
+    # whatever its first dimension happens to be.
+    rank = len(leading)
     carried_in = tuple(
-        (i == first and head != "ew") or (head not in ("linear", "conv") and _leads(s, size))
+        (i == first and head != "ew")
+        or (head not in ("linear", "conv") and len(s) == rank and _leads(s, size))
         for i, s in enumerate(ins)
     )
-    carried_out = tuple(_leads(s, size) for s in outs)
+    carried_out = tuple(len(s) == rank and _leads(s, size) for s in outs)
     axis = _Axis(
         head=head, op=node.op, in_shapes=_sized(ins, carried_in, 0), in_dtypes=tuple(node.in_dtypes),
         out_shapes=_sized(outs, carried_out, 0), out_dtypes=tuple(node.out_dtypes),
@@ -227,8 +231,10 @@ class AxisTables:
                 for key, grid in zip(mine, grids, strict=True):
                     part = log_ms[start : start + len(grid.log_sizes)]
                     start += len(grid.log_sizes)
-                    # A grid point the network cannot read (NaN) takes the curve below it.
-                    out[d, key] = np.fmax.accumulate(np.where(np.isfinite(part), part, -np.inf))
+                    # A grid point the network cannot read (NaN) takes the curve below it (NaN below
+                    # every readable one: no prediction there).
+                    table = np.fmax.accumulate(np.where(np.isfinite(part), part, -np.inf))
+                    out[d, key] = np.where(np.isneginf(table), np.nan, table)
         return out
 
 

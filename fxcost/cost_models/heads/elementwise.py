@@ -103,11 +103,13 @@ class SizeTables:
         out = raw.copy()
         for c, index in members.items():  # in log ms, exponentiated once: equal values stay equal
             grid, log_ms = _grid(mlp, c), found[mlp, c]
-            size, alone = sizes[index], np.log(raw[index])
+            size = sizes[index]
+            # Outside the span the network's ratio is constant: below it the table's first value
+            # holds, above it the time grows with the size (the roofline's bytes), from the table's
+            # last. Both come from the table, so the GPU order holds there too.
             inside = np.interp(size, grid, log_ms)
-            below = np.minimum(alone, log_ms[0])
-            above = np.maximum(alone, log_ms[-1])
-            out[index] = np.exp(np.where(size > grid[-1], above, np.where(size >= grid[0], inside, below)))
+            above = log_ms[-1] + (size - grid[-1])
+            out[index] = np.exp(np.where(size > grid[-1], above, inside))
         return out * group.repeats
 
 

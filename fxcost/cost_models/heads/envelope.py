@@ -25,7 +25,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from fxcost.gpus import Device
+from fxcost.cost_models.heads.features import device_features
+from fxcost.gpus import Device, all_devices
 from fxcost.gpus.order import comparable, weaker_than
 
 __all__ = ["Envelope", "Reader"]
@@ -45,26 +46,41 @@ class Envelope(Generic[K]):
         self.max_tables = max_tables
         self._raw: dict[Device, OrderedDict[K, np.ndarray]] = {}
         self._tables: dict[Device, OrderedDict[K, np.ndarray]] = {}
+        self._database: tuple[int, ...] = ()  # the database the tables were enveloped over
+        self._weaker: dict[Device, list[Device]] = {}  # readable GPUs each one beats, in it
+        self._everyone: list[Device] = []  # every readable GPU of it
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return sum(len(t) for t in self._tables.values())
+        with self._lock:
+            return sum(len(t) for t in self._tables.values())
 
     def tables(self, keys: Sequence[K], device: Device, read: Reader[K]) -> dict[K, np.ndarray]:
         """The tables of ``keys`` on ``device``: each the smallest, size by size, of the device's own
         and those of the GPUs it beats."""
+        database = tuple(map(id, all_devices()))
         with self._lock:
+            if database != self._database:  # GPUs added or changed (load_devices): envelope again
+                self._tables.clear()
+                self._weaker.clear()
+                self._everyone = [d for d in comparable() if _readable(d)]
+                self._database = database
             mine = self._tables.setdefault(device, OrderedDict())
             found = {k: mine[k] for k in keys if k in mine}
+            weaker = self._weaker.get(device)
+            everyone = self._everyone
         missing = [k for k in keys if k not in found]
         if missing:
-            devices = [device, *weaker_than(device)]
+            if weaker is None:
+                weaker = [d for d in weaker_than(device) if _readable(d)]
+                with self._lock:
+                    self._weaker[device] = weaker
+            devices = [device, *weaker]
             # Classes a second GPU asks for are read on every GPU of the database at once: a strong
             # GPU needs most of them, and the GPUs priced after it find them read.
             with self._lock:
                 again = any(k in cache for cache in self._raw.values() for k in missing)
-            everyone = list(dict.fromkeys([*devices, *comparable()])) if again else devices
-            raw = self._read(missing, everyone, read)
+            raw = self._read(missing, list(dict.fromkeys([*devices, *everyone])) if again else devices, read)
             built = {k: np.fmin.reduce([raw[d][k] for d in devices]) for k in missing}
             found.update(built)
             with self._lock:
@@ -94,6 +110,15 @@ class Envelope(Generic[K]):
                 for d in todo:
                     _store(self._raw[d], {k: t for (e, k), t in fresh.items() if e is d}, self.max_tables)
         return raw
+
+
+def _readable(device: Device) -> bool:
+    """Whether the heads can read ``device`` (it has every spec value they need)."""
+    try:
+        device_features(device)
+    except ValueError:
+        return False
+    return True
 
 
 def _store(cache: OrderedDict[K, np.ndarray], items: dict[K, np.ndarray], limit: int) -> None:

@@ -113,13 +113,8 @@ def _pointwise(op_name: str) -> bool:
 
 
 def device_features(device: Device, head: str = "linear") -> list[float]:
-    """Spec-sheet facts of a GPU, log-scaled: peak FP32, bandwidth, SMs, L2, clock, memory (the same
-    for every ``head``).
-
-    Ratios that describe a class of GPU rather than name one (watts per peak TFLOP/s, lanes and L2
-    per SM) did better for convolutions on the training GPUs left out in turn, and much worse on the
-    H100/H200 traces: an H100 has the fp32 lanes per SM of a P4 and more L2 per SM and clock than any
-    training GPU, and its convolutions came out 2.5x too slow.
+    """Spec-sheet facts of a GPU, log-scaled: peak FP32, bandwidth, SMs, L2, clock, memory. Every
+    ``head`` sees the same (the README tells why not ratios of them).
     """
     del head  # one set of facts for every head
     values = [device.fp32_tflops, device.mem_bandwidth_gbps, device.num_sms, device.l2_cache_mb,

@@ -70,9 +70,9 @@ class Intervals:
         """Intervals that cover ``nominal`` of a left-out GPU's rows: ``errors`` maps each GPU to its
         log errors per op class, each from heads fit without that GPU.
 
-        Per class, the central share of the pooled errors is the smallest (on a grid from ``nominal``
-        to 99.9%) whose leave-one-GPU-out coverage reaches ``nominal`` on average: each GPU's
-        errors against the interval of the other GPUs' errors.
+        Per class, the central share of the pooled errors is the smallest (on a grid of 200 shares
+        from 50% to 99.9%, those at or above ``nominal``) whose leave-one-GPU-out coverage reaches
+        ``nominal`` on average: each GPU's errors against the interval of the other GPUs' errors.
         """
         heads = sorted({h for per_gpu in errors.values() for h in per_gpu})
         quantiles, rows = {}, {}

@@ -60,12 +60,17 @@ def unlike_training(device: Device) -> bool:
 
     Its predictions stand on spec-sheet rates and efficiencies learned on other hardware; outputs say so.
     """
+    return device.vendor not in _trained_vendors()
+
+
+@functools.cache
+def _trained_vendors() -> frozenset[str]:
     trained = {d for head in shipped_manifest().get("heads", {}).values() for d in head.get("devices", [])}
     vendors = set()
     for name in trained:
         with contextlib.suppress(UnknownDeviceError):  # a GPU of a file this fxcost does not know
             vendors.add(get_device(name).vendor)
-    return device.vendor not in vendors
+    return frozenset(vendors)
 
 
 def spec_sheet_caveat(device: Device) -> str:
