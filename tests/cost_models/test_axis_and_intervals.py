@@ -124,6 +124,17 @@ def test_only_origin_free_head_predictions_get_an_interval() -> None:
     assert high.tolist() == pytest.approx([math.exp(0.25), 1.0, 2 * math.exp(0.1)])
 
 
+def test_a_lowered_rnn_takes_the_gemm_interval() -> None:
+    from fxcost.lowering.rnn import RNN_OPS
+
+    intervals = Intervals({"linear": (-0.5, 0.25), "ew": (-0.1, 0.1)})
+    rnn = NodeCost(
+        name="lstm", op=sorted(RNN_OPS)[0], phase="fw", in_shapes=[(4, 8, 16)], out_shapes=[(4, 8, 16)]
+    )
+    low, high = node_bounds([rnn], np.array([1.0]), ["mlp"], intervals)
+    assert (low[0], high[0]) == pytest.approx((math.exp(-0.5), math.exp(0.25)))
+
+
 def test_shipped_intervals_cover_every_head_and_widen_around_the_prediction() -> None:
     intervals = shipped_intervals()
     assert intervals is not None and intervals.nominal == 0.8

@@ -28,6 +28,7 @@ import numpy as np
 
 from fxcost._io import atomic_write
 from fxcost.cost_models.heads.features import LOWERED, head_of
+from fxcost.lowering.rnn import RNN_OPS
 from fxcost.records import NodeCost
 
 __all__ = ["NOMINAL", "Intervals", "node_bounds", "shipped_intervals", "write_intervals"]
@@ -151,9 +152,10 @@ def node_bounds(
     """The low and high ends of each node's predicted ``ms`` (NaN where there is none).
 
     A node the heads predicted (``sources[i] == "mlp"``) spans its class's interval; a node priced
-    as the work it lowers to, the elementwise one. Nodes other models predicted (a measured origin
-    scaled, the roofline's fallback) add their prediction to both ends: no interval is known for
-    them. ``intervals`` defaults to the shipped ones; without any, both ends are the prediction.
+    as the work it lowers to, the GEMM one (an RNN) or the elementwise one (a memory-bound op).
+    Nodes other models predicted (a measured origin scaled, the roofline's fallback) add their
+    prediction to both ends: no interval is known for them. ``intervals`` defaults to the shipped
+    ones; without any, both ends are the prediction.
     """
     intervals = intervals or shipped_intervals()
     ms = np.asarray(ms, dtype=np.float64)
@@ -162,7 +164,8 @@ def node_bounds(
         for i, (node, source) in enumerate(zip(nodes, sources, strict=True)):
             if source == "mlp":
                 head = head_of(node)
-                head = "ew" if head == LOWERED else head
+                if head == LOWERED:  # an RNN runs mostly GEMMs; memory-bound ops, elementwise passes
+                    head = "linear" if node.op in RNN_OPS else "ew"
                 if head is not None and head in intervals.quantiles:
                     low[i], high[i] = (math.exp(q) for q in intervals.quantiles[head])
     return ms * low, ms * high
