@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import sys
 
 import numpy as np
@@ -25,8 +24,8 @@ from fxcost.cost_models import NodeBatch, predict_batch
 from fxcost.cost_models.heads import Heads, load_heads
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import kernel_alike_node
-from fxcost.gpus import Device, device_names, get_device
-from fxcost.gpus.order import strength
+from fxcost.gpus import Device
+from fxcost.gpus.order import comparable, weaker_than
 from fxcost.lowering.nodes import conv_node, gemm_node
 from fxcost.records import NodeCost
 
@@ -61,26 +60,17 @@ def _bf16(node: NodeCost) -> NodeCost:
 
 
 def stronger_pairs(devices: list[Device]) -> list[tuple[Device, Device]]:
-    """(strong, weak) pairs: the first at least as strong as the second in every spec, not equal."""
-    pairs = []
-    for a, b in itertools.permutations(devices, 2):
-        va, vb = strength(a), strength(b)
-        if (
-            va is not None
-            and vb is not None
-            and all(x >= y for x, y in zip(va, vb, strict=True))
-            and va != vb
-        ):
-            pairs.append((a, b))
-    return pairs
+    """(strong, weak) pairs of ``devices``: the first at least as strong as the second in every spec
+    (:func:`fxcost.gpus.order.weaker_than`), not equal."""
+    names = {d.name for d in devices}
+    return [(a, b) for a in devices for b in weaker_than(a) if b.name in names]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", help="directory of trained heads (default: the shipped ones)")
     args = parser.parse_args(argv)
-    devices = [get_device(d) for d in device_names()]
-    devices = [d for d in devices if strength(d) is not None]
+    devices = comparable()
     pairs = stronger_pairs(devices)
     chain = [Heads(load_heads(args.heads) if args.heads else None), Roofline()]
     print(f"{len(devices)} GPUs with every spec, {len(pairs)} (stronger, weaker) pairs")

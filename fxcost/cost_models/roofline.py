@@ -30,13 +30,19 @@ class Roofline:
     launch_floor_ms: float = LAUNCH_FLOOR_MS
     name: str = "roofline"
 
-    def predict(self, batch: NodeBatch, device: Device, traffic: np.ndarray | float = 1.0) -> np.ndarray:
-        """Per-node ms; ``traffic`` scales each node's bytes to what its kernels move from DRAM."""
+    def predict(
+        self,
+        batch: NodeBatch,
+        device: Device,
+        traffic: np.ndarray | float = 1.0,
+        flops: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Per-node ms; ``traffic`` scales each node's bytes to what its kernels move from DRAM, and
+        ``flops`` stands for the nodes' work where given (a bound counting a faster algorithm's)."""
         if device.mem_bandwidth_gbps is None:
             return np.full(len(batch), np.nan)
-        ms = self.ms(
-            np.nan_to_num(batch.flops), batch.bytes * traffic, self.peak_tflops(batch, device), device
-        )
+        work = np.nan_to_num(batch.flops) if flops is None else flops
+        ms = self.ms(work, batch.bytes * traffic, self.peak_tflops(batch, device), device)
         return np.where(batch.has_kernel, ms, 0.0)
 
     def ms(

@@ -113,7 +113,7 @@ def print_choices(choices: Sequence[GpuChoice], file: TextIO | None = None) -> N
     from rich import box
     from rich.table import Table
 
-    from fxcost.report.table import console_for, spec_sheet_caveats
+    from fxcost.report.table import console_for, format_interval, spec_sheet_caveats
 
     table = Table(title="GPUs by samples per dollar (? = unconfirmed price)", box=box.SIMPLE_HEAD,
                   title_justify="left")  # fmt: skip
@@ -124,7 +124,7 @@ def print_choices(choices: Sequence[GpuChoice], file: TextIO | None = None) -> N
     for rank, c in enumerate(choices, 1):
         price = "-" if c.usd_per_hr is None else f"{c.usd_per_hr:.2f}{'?' if c.price_unconfirmed else ''}"
         per_usd = "-" if c.samples_per_usd is None else f"{c.samples_per_usd:,.0f}"
-        interval = "-" if math.isnan(c.step_low_ms) else f"{c.step_low_ms:.3f}-{c.step_high_ms:.3f}"
+        interval = format_interval(c.step_low_ms, c.step_high_ms)
         rate = f"{c.samples_per_s:,.1f}"
         table.add_row(str(rank), c.device, f"{c.step_ms:.3f}", interval, rate, price, per_usd)
     console = console_for(file)
@@ -180,7 +180,7 @@ def _choice(report: Report, batch: int, device: Device, prices: Mapping[str, flo
     price = prices.get(device.name, device.price_usd_per_hr)
     unconfirmed = device.name not in prices and "price_usd_per_hr" in device.uncertain
     per_usd = samples_per_s * 3600 / price if price else None
-    low, high = report.eager_interval_ms(device)
+    low, high = report.eager_interval_ms(device, eager_ms=step_ms)
     return GpuChoice(device.name, step_ms, samples_per_s, price, per_usd, unconfirmed, low, high)
 
 

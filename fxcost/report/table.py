@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
@@ -16,7 +17,7 @@ from fxcost.records import NodeCost
 if TYPE_CHECKING:
     from fxcost.report.trace import Report
 
-__all__ = ["console_for", "print_report", "spec_sheet_caveats"]
+__all__ = ["console_for", "format_interval", "print_report", "spec_sheet_caveats"]
 
 _UNBOUNDED_WIDTH = 1000
 
@@ -102,10 +103,12 @@ def _totals_table(report: Report) -> Table:
             style="bold" if phase is None else None,
         )
     # The same nodes run back to back as an eager step runs them (no per-op timing overhead).
+    eager = {d: report.eager_ms(d) for d in report.devices}
     table.add_row("eager step", "", _num(report.step_ms, 1, ".3f"),
-                  *(f"{report.eager_ms(d):.3f}" for d in report.devices), style="bold")  # fmt: skip
+                  *(f"{eager[d]:.3f}" for d in report.devices), style="bold")  # fmt: skip
     # How far a GPU nobody measured may be from it: the nominal 80% interval of origin-free predictions.
-    table.add_row("  80% interval", "", "", *(_interval(report.eager_interval_ms(d)) for d in report.devices))
+    intervals = (report.eager_interval_ms(d, eager_ms=eager[d]) for d in report.devices)
+    table.add_row("  80% interval", "", "", *(format_interval(*bounds) for bounds in intervals))
     # Independent ops overlapped on as many streams as they need: the bound multi-stream work meets.
     table.add_row("critical path", "", "", *(f"{report.critical_path_ms(d):.3f}" for d in report.devices))
     return table
@@ -132,9 +135,9 @@ def spec_sheet_caveats(devices: Iterable[str]) -> list[str]:
     return [line for line in (spec_sheet_caveat(get_device(d)) for d in devices) if line]
 
 
-def _interval(bounds: tuple[float, float]) -> str:
-    low, high = bounds
-    return f"{low:.3f}-{high:.3f}"
+def format_interval(low: float, high: float) -> str:
+    """``low-high`` in ms, ``-`` where no interval was computed."""
+    return "-" if math.isnan(low) else f"{low:.3f}-{high:.3f}"
 
 
 def _num(value: float | None, scale: float, fmt: str) -> str:

@@ -95,9 +95,13 @@ class Report:
         low, high = node_bounds(nodes, ms, [n.pred_source.get(name) for n in nodes])
         return float(low.sum()), float(high.sum())
 
-    def eager_interval_ms(self, device: str | Device, phase: Phase | None = None) -> tuple[float, float]:
-        """The interval of :meth:`eager_ms`: :meth:`interval_ms` scaled as the eager step scales the sum."""
-        total, eager = self.total_ms(device, phase), self.eager_ms(device, phase)
+    def eager_interval_ms(
+        self, device: str | Device, phase: Phase | None = None, eager_ms: float | None = None
+    ) -> tuple[float, float]:
+        """The interval of :meth:`eager_ms` (pass it as ``eager_ms`` where already computed):
+        :meth:`interval_ms` scaled as the eager step scales the sum."""
+        total = self.total_ms(device, phase)
+        eager = self.eager_ms(device, phase) if eager_ms is None else eager_ms
         low, high = self.interval_ms(device, phase)
         scale = eager / total if total > 0 else 1.0
         return low * scale, high * scale

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from fxcost.cost_models.heads.envelope import Envelope
-from fxcost.cost_models.heads.features import fp32_bytes, node_features, roofline_ms, with_device
+from fxcost.cost_models.heads.features import Group, fp32_bytes, node_features, roofline_ms, with_device
 from fxcost.cost_models.interface import NodeBatch
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
@@ -180,19 +180,26 @@ class AxisTables:
     def __len__(self) -> int:
         return len(self._envelope)
 
-    def ms(self, head: str, mlp: MLP, batch: NodeBatch, raw: np.ndarray, device: Device) -> np.ndarray:
-        """The times of ``batch``'s nodes of ``head`` along their axes, read from ``mlp``; ``raw`` is
-        the network's own reading of them, kept for nodes without an axis."""
+    def ms(self, head: str, mlp: MLP, group: Group, device: Device) -> np.ndarray:
+        """The times of ``group``'s nodes of ``head`` along their axes, read from ``mlp``; a node
+        without an axis (or whose table has no value there) gets the network's own reading."""
+        batch = group.batch
         members = batch.derived(f"heads.axes.{head}", lambda: _members(head, batch.nodes))
-        out = np.array(raw, dtype=np.float64)
+        out = np.full(len(batch), np.nan)
         keys = {axis: (mlp, head, axis) for axis in members}
         tables = self._envelope.tables(list(keys.values()), device, self._read)
         for axis, (index, sizes) in members.items():
             grid, table = self._grid(axis), tables[keys[axis]]
             # Beyond the grid the work grows in proportion to the size, and so does the time.
             beyond = table[-1] + np.maximum(np.log(sizes) - grid.log_sizes[-1], 0.0)
-            along = np.exp(np.where(sizes > _TOP, beyond, np.interp(np.log(sizes), grid.log_sizes, table)))
-            out[index] = np.where(np.isfinite(along) & np.isfinite(out[index]), along, out[index])
+            out[index] = np.exp(
+                np.where(sizes > _TOP, beyond, np.interp(np.log(sizes), grid.log_sizes, table))
+            )
+        alone = np.flatnonzero(~np.isfinite(out)).tolist()
+        if len(alone):
+            nodes = NodeBatch.of([batch.nodes[i] for i in alone])
+            problem = [group.problem[i] for i in alone]
+            out[alone] = roofline_ms(nodes, device) * np.exp(mlp(with_device(head, problem, device)))
         return out
 
     def _grid(self, axis: _Axis) -> _Grid:
@@ -223,9 +230,8 @@ class AxisTables:
             grids = [self._grid(k[2]) for k in mine]
             problem = [row for grid in grids for row in grid.problem]
             features = np.concatenate([with_device(head, problem, d) for d in devices])
-            log_ms = np.log(np.exp(mlp.single(features)) * np.concatenate(
-                [roofline_ms(grid.batch, d) for d in devices for grid in grids]
-            ))  # fmt: skip
+            bound = np.concatenate([roofline_ms(grid.batch, d) for d in devices for grid in grids])
+            log_ms = mlp.single(features) + np.log(bound)
             start = 0
             for d in devices:
                 for key, grid in zip(mine, grids, strict=True):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fxcost.cost_models.heads.envelope import Envelope
-from fxcost.cost_models.heads.features import REFERENCE, Group, roofline_ms, with_device
+from fxcost.cost_models.heads.features import REFERENCE, Group, with_device
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
 from fxcost.records import NodeCost
@@ -96,11 +96,10 @@ class SizeTables:
 
     def ms(self, mlp: MLP, group: Group, device: Device) -> np.ndarray:
         """The elementwise head's times for ``group``, never less for a larger tensor of the same class."""
-        raw = roofline_ms(group.batch, device) * np.exp(mlp(with_device("ew", group.problem, device)))
         members = group.batch.derived("heads.size_classes", lambda: _size_classes(group))
         found = self._envelope.tables([(mlp, c) for c in members], device, _size_tables)
         sizes = np.array([problem[0] for problem in group.problem])
-        out = raw.copy()
+        out = np.full(len(sizes), np.nan)  # nodes of unknown bytes are in no class: no time
         for c, index in members.items():  # in log ms, exponentiated once: equal values stay equal
             grid, log_ms = _grid(mlp, c), found[mlp, c]
             size = sizes[index]

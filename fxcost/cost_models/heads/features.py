@@ -112,11 +112,9 @@ def _pointwise(op_name: str) -> bool:
     return op is not None and torch.Tag.pointwise in op.tags
 
 
-def device_features(device: Device, head: str = "linear") -> list[float]:
-    """Spec-sheet facts of a GPU, log-scaled: peak FP32, bandwidth, SMs, L2, clock, memory. Every
-    ``head`` sees the same (the README tells why not ratios of them).
-    """
-    del head  # one set of facts for every head
+def device_features(device: Device) -> list[float]:
+    """Spec-sheet facts of a GPU, log-scaled: peak FP32, bandwidth, SMs, L2, clock, memory (the README
+    tells why not ratios of them)."""
     values = [device.fp32_tflops, device.mem_bandwidth_gbps, device.num_sms, device.l2_cache_mb,
               device.boost_clock_mhz, device.memory_gb]  # fmt: skip
     if any(v is None for v in values):
@@ -180,11 +178,7 @@ def roofline_ms(batch: NodeBatch, device: Device) -> np.ndarray:
     kernels = batch.derived("heads.row_kernels", lambda: [_row_kernels(n) for n in batch.nodes])
     traffic = np.array([dram_traffic_factor(k, device) if k else 1.0 for k in kernels])
     fewer = batch.derived("heads.winograd", lambda: np.array([_winograd(n) for n in batch.nodes]))
-    flops = np.nan_to_num(batch.flops) / fewer
-    ms = REFERENCE.ms(flops, batch.bytes * traffic, REFERENCE.peak_tflops(batch, device), device)
-    if device.mem_bandwidth_gbps is None:
-        ms = np.full(len(batch), np.nan)
-    return np.where(batch.has_kernel, ms, 0.0)
+    return REFERENCE.predict(batch, device, traffic, flops=np.nan_to_num(batch.flops) / fewer)
 
 
 # How many times fewer multiplies a convolution's bound counts: Winograd's F(2x2, 3x3) does a 3x3
@@ -224,7 +218,7 @@ def feature_matrix(head: str, nodes: Sequence[NodeCost], device: Device) -> np.n
 def with_device(head: str, problem: Sequence[Sequence[float]] | np.ndarray, device: Device) -> np.ndarray:
     """Problem feature rows (see :func:`node_features`) completed with ``device``'s features, the
     problem's arithmetic intensity over the device's ridge point and, for GEMMs, its waves of tiles."""
-    dev = device_features(device, head)
+    dev = device_features(device)
     ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
     rows = np.asarray(problem, dtype=np.float64).reshape(len(problem), -1)
     x = np.c_[rows, np.broadcast_to(dev, (len(rows), len(dev))), rows[:, -1] - ridge]

@@ -56,12 +56,7 @@ class Intervals:
         """The central ``nominal`` share of each class's log errors."""
         if not 0 < nominal < 1:
             raise ValueError(f"nominal coverage must lie in (0, 1), got {nominal}")
-        tail = (1 - nominal) / 2
-        quantiles = {
-            head: (float(np.quantile(e, tail)), float(np.quantile(e, 1 - tail)))
-            for head, e in errors.items()
-            if len(e)
-        }
+        quantiles = {head: _central(np.asarray(e), nominal) for head, e in errors.items() if len(e)}
         return cls(quantiles, nominal, {head: len(e) for head, e in errors.items() if len(e)})
 
     @classmethod

@@ -26,8 +26,6 @@ from fxcost.cost_models.heads.features import (
     fp32_bytes,
     head_of,
     node_features,
-    roofline_ms,
-    with_device,
 )
 from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
@@ -70,14 +68,13 @@ class Heads:
         groups, lowered = batch.derived("heads", lambda: _groups(batch))
         for key, group in groups.items():
             head = key.partition(":")[0]
-            if head not in self.heads or not _has_specs(device, head):
+            if head not in self.heads:
                 continue
             if key == "ew":
                 out[group.index] = self.size_tables.ms(self.heads[head], group, device)
             else:
-                mlp = self.heads[head]
-                raw = roofline_ms(group.batch, device) * np.exp(mlp(with_device(head, group.problem, device)))
-                out[group.index] = self.axis_tables.ms(head, mlp, group.batch, raw, device) * group.repeats
+                along = self.axis_tables.ms(head, self.heads[head], group, device)
+                out[group.index] = along * group.repeats
         if lowered is not None:  # a node's time is its work's; NaN if a head its work needs is missing
             total = np.zeros(len(batch))
             if len(lowered.work):
@@ -93,14 +90,6 @@ def _broadcasts(node: NodeCost) -> bool:
         return False
     numel = math.prod(node.out_shapes[0])
     return any(math.prod(s) != numel for s in node.in_shapes)
-
-
-def _has_specs(device: Device, head: str) -> bool:
-    try:
-        device_features(device, head)
-    except ValueError:  # a spec value this head needs is unknown
-        return False
-    return True
 
 
 def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
