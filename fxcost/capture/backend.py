@@ -15,22 +15,25 @@ is registered through the ``torch_dynamo_backends`` entry point of the installed
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import logging
 import os
 import threading
 import types
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 
 from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import spec_name
 from fxcost.gpus import DEFAULT_DEVICES, Device
-from fxcost.lowering import size_hint
+from fxcost.lowering import bound_sizes, size_hint
 from fxcost.passes import annotate, measure, predict
 from fxcost.records import META_KEY, PHASES, GraphRecord, Phase
 from fxcost.report import Report
@@ -41,7 +44,7 @@ log = logging.getLogger(__name__)
 
 _last_backend: FxcostBackend | None = None
 _default_backend: FxcostBackend | None = None
-_globals_lock = threading.Lock()
+_globals_lock = threading.RLock()  # re-entered: the default backend remembers itself when made
 
 
 @dataclass
@@ -49,13 +52,22 @@ class _CapturedGraph:
     gm: torch.fx.GraphModule
     record: GraphRecord
     measure_pending: bool = True
+    last_run: int = -1  # the backend's run count at the graph's latest call; -1: never ran
+    # Where each size symbol of a dynamic-shape graph's inputs is read from its arguments (argument,
+    # dimension or None for a SymInt argument), the sizes of its latest call, and those its records
+    # were annotated at.
+    symbols: list[tuple[int, int | None, sympy.Symbol, int]] = field(default_factory=list)
+    sizes: dict[sympy.Symbol, int] = field(default_factory=dict)
+    annotated_sizes: dict[sympy.Symbol, int] = field(default_factory=dict)
 
 
 class FxcostBackend:
     """A torch.compile backend that records the cost of every ATen node it compiles.
 
-    Build it with :func:`estimate`. One backend gathers all graphs it compiles (graph breaks give
-    several) into one report; when Dynamo recompiles a frame, its new graphs replace the old ones.
+    Build it with :func:`estimate`. Its report is the step last run: the graphs of every frame
+    (graph breaks give several) that ran since the model's first frame last started; graphs of a
+    branch not taken in that step are listed apart. When Dynamo recompiles a frame, its new graphs
+    replace the old ones; a graph compiled for dynamic shapes is reported at the sizes it last ran.
     """
 
     def __init__(self, options: CaptureOptions | None = None, *, run_graphs: bool = True) -> None:
@@ -77,17 +89,18 @@ class FxcostBackend:
         self.origin = "cpu"
         self.failures: list[str] = []
         self.compiled_code: set[types.CodeType] = set()
-        # The graphs of the latest compile of each Dynamo frame, by frame id.
+        # The graphs of the latest compile of each Dynamo frame, by frame id, first compiled first.
         self._frames: dict[int, list[_CapturedGraph]] = {}
         self._lock = threading.Lock()
+        self._runs = itertools.count()  # stamps graph calls in order
+        self._step_start = 0  # the stamp of the latest call of the first frame's first graph
+        _remember(self)
 
     def __repr__(self) -> str:
         return f"fxcost.estimate(devices={self.devices!r}, measure={self.options.measure})"
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        global _last_backend
-        with _globals_lock:
-            _last_backend = self
+        _remember(self)
         try:
             from torch._dynamo.backends.common import aot_autograd
 
@@ -114,23 +127,28 @@ class FxcostBackend:
             self._warn("capture", e)
             return gm.forward
 
-    def report(self, copy_nodes: bool = True) -> Report:
-        """The report of every graph captured so far (forward graphs, then backward, then optimizer).
+    def report(self, copy_nodes: bool = True, *, all_graphs: bool = False) -> Report:
+        """The report of the step last run: forward graphs, then backward, then optimizer. Graphs
+        captured but not run in that step (a branch not taken) are in ``report.apart``, unless
+        ``all_graphs`` puts every captured graph in the report.
 
         Its records are copies, so later predictions by this backend do not change it; a caller that
         owns the backend alone (``fxcost.profile``) may take the records themselves.
         """
         captured = self._captured()
+        for graph in captured:
+            self._annotate_at_last_sizes(graph)
+        in_step = [g for g in captured if all_graphs or g.last_run >= self._step_start]
         report = Report(
             devices=list(self.devices),
             origin=self.origin,
             model=spec_name(self.options.cost_model),
             torch_version=torch.__version__,
-        )
-        for index, graph in enumerate(captured):
-            record = copy.copy(graph.record)
-            record.index = index
-            report.graphs.append(record)
+            apart=[dataclasses.replace(g.record, index=i)
+                   for i, g in enumerate(g for g in captured if g not in in_step)],
+        )  # fmt: skip
+        for index, graph in enumerate(in_step):
+            report.graphs.append(dataclasses.replace(graph.record, index=index))
             for node in graph.gm.graph.nodes:
                 if META_KEY in node.meta:
                     cost = copy.deepcopy(node.meta[META_KEY]) if copy_nodes else node.meta[META_KEY]
@@ -139,7 +157,7 @@ class FxcostBackend:
         return report
 
     def graph_modules(self) -> list[torch.fx.GraphModule]:
-        """The captured ATen graphs, in the order of ``report().graphs``."""
+        """Every captured ATen graph, in the order of ``report(all_graphs=True).graphs``."""
         return [g.gm for g in self._captured()]
 
     def _captured(self) -> list[_CapturedGraph]:
@@ -148,6 +166,20 @@ class FxcostBackend:
             captured = [g for frame in self._frames.values() for g in frame]
         rank = {p: i for i, p in enumerate(PHASES)}
         return sorted(captured, key=lambda g: rank[g.record.phase])
+
+    def _annotate_at_last_sizes(self, graph: _CapturedGraph) -> None:
+        """Annotate and predict a dynamic-shape graph again where it last ran at other sizes than its
+        records hold (at report time, so training pays nothing for it; measurements of the old sizes
+        go with them)."""
+        if not graph.sizes or graph.sizes == graph.annotated_sizes:
+            return
+        try:
+            with bound_sizes(graph.sizes):
+                annotate.run(graph.gm, graph.record.phase)
+                self._predict(graph.gm)
+        except Exception as e:
+            self._warn("annotate", e)
+        graph.annotated_sizes = graph.sizes
 
     # -- compile and run -------------------------------------------------------------------------
 
@@ -164,7 +196,10 @@ class FxcostBackend:
                 return make_boxed_func(gm.forward)
             calls = sum(n.op == "call_function" for n in gm.graph.nodes)
             record = GraphRecord(index=-1, phase=phase, frame=frame_id, num_nodes=calls)
-            graph = _CapturedGraph(gm, record, measure_pending=self.options.measure)
+            symbols = _size_symbols(gm)
+            traced = {symbol: size for *_, symbol, size in symbols}
+            graph = _CapturedGraph(gm, record, measure_pending=self.options.measure, symbols=symbols,
+                                   annotated_sizes=traced)  # fmt: skip
             with self._lock:
                 frame.append(graph)
             self._predict(gm)
@@ -182,9 +217,16 @@ class FxcostBackend:
     def _runner(self, graph: _CapturedGraph) -> Callable[..., Any]:
         gm = graph.gm
         if not self.run_graphs:
-            return _placeholder_outputs(gm)
+            placeholder = _placeholder_outputs(gm)
+
+            def run_nothing(*args: Any) -> Any:
+                self._ran(graph, args)
+                return placeholder(*args)
+
+            return run_nothing
 
         def run(*args: Any) -> Any:
+            self._ran(graph, args)
             if graph.measure_pending:
                 graph.measure_pending = False
                 try:
@@ -203,6 +245,21 @@ class FxcostBackend:
             return gm(*args)
 
         return run
+
+    def _ran(self, graph: _CapturedGraph, args: Sequence[Any]) -> None:
+        """Note a call of ``graph``: when, and at which sizes; a call of the first frame's first graph
+        starts a step."""
+        graph.last_run = next(self._runs)
+        with self._lock:
+            entry = next(iter(self._frames.values()), None)
+        if entry and entry[0] is graph:
+            self._step_start = graph.last_run
+        if graph.symbols:
+            try:
+                graph.sizes = {symbol: int(args[i] if dim is None else args[i].shape[dim])
+                               for i, dim, symbol, _ in graph.symbols}  # fmt: skip
+            except Exception as e:
+                self._warn("sizes", e)
 
     def _progress_of(self, phase: Phase) -> measure.Progress | None:
         report = self.options.progress
@@ -269,10 +326,11 @@ def register() -> None:
 
 
 def last_report() -> Report:
-    """The report of the backend that compiled most recently.
+    """The report of the step last run through the fxcost backend created or called most recently.
 
     Raises:
-        RuntimeError: nothing has been captured in this process yet.
+        RuntimeError: no backend yet, or the latest captured no graph (Dynamo compiled nothing of the
+            model: the message gives Dynamo's reasons).
     """
     with _globals_lock:
         backend = _last_backend
@@ -281,7 +339,31 @@ def last_report() -> Report:
             "no fxcost capture yet: compile a model with backend=fxcost.estimate(...) "
             "(or backend='fxcost') and run one step first"
         )
-    return backend.report()
+    report = backend.report()
+    if not report.graphs:
+        raise RuntimeError(f"{backend!r} has captured no graph yet: {_why_nothing_captured(backend)}")
+    return report
+
+
+def _remember(backend: FxcostBackend) -> None:
+    global _last_backend
+    with _globals_lock:
+        _last_backend = backend
+
+
+def _why_nothing_captured(backend: FxcostBackend) -> str:
+    """What to tell a user whose step ran but gave the backend nothing to capture."""
+    if backend.failures:
+        return "; ".join(backend.failures)
+    from torch._dynamo.utils import counters
+
+    reasons = sorted({str(r).splitlines()[0].strip() for r in counters["unimplemented"]})
+    said = f" Dynamo reported: {'; '.join(reasons)}." if reasons else ""
+    return (
+        "run one step of the compiled model first; if it ran, Dynamo compiled nothing of it and ran it "
+        f"eagerly.{said} Recurrent modules (nn.LSTM, nn.GRU, nn.RNN) need "
+        "torch._dynamo.config.allow_rnn = True; torch._dynamo.explain(model)(*inputs) lists graph breaks"
+    )
 
 
 def _frame_id() -> int | None:
@@ -343,3 +425,22 @@ def _is_optimizer_graph(gm: torch.fx.GraphModule) -> bool:
     """Whether a Dynamo graph was traced from ``torch.optim`` code (an optimizer step)."""
     optim_dir = os.path.dirname(torch.optim.__file__)
     return any(optim_dir in (n.meta.get("stack_trace") or "") for n in gm.graph.nodes)
+
+
+def _size_symbols(gm: torch.fx.GraphModule) -> list[tuple[int, int | None, sympy.Symbol, int]]:
+    """The plain size symbols of ``gm``'s inputs: the argument each is read from, its dimension (None
+    for a SymInt argument), the symbol and its value at the traced sizes. Empty for static shapes."""
+    found = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        value = node.meta.get("val")
+        if isinstance(value, torch.SymInt):
+            sizes: list[tuple[int | None, Any]] = [(None, value)]
+        elif isinstance(value, torch.Tensor):
+            sizes = list(enumerate(value.shape))
+        else:
+            continue
+        for dim, size in sizes:
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                found.append((i, dim, size.node.expr, size_hint(size)))
+    return found

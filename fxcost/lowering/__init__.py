@@ -7,11 +7,12 @@ place of a recorded one (``nodes``).
 
 from fxcost.lowering.flops import count_flops, is_matmul_class, register_flops
 from fxcost.lowering.kernels import MEMORY_BOUND, KernelSpec, lower, resolve_op
-from fxcost.lowering.traffic import has_kernel, recorded_bytes, size_hint, tensor_bytes
+from fxcost.lowering.traffic import bound_sizes, has_kernel, recorded_bytes, size_hint, tensor_bytes
 
 __all__ = [
     "MEMORY_BOUND",
     "KernelSpec",
+    "bound_sizes",
     "count_flops",
     "has_kernel",
     "is_matmul_class",

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from fxcost.precision import itemsize
 
-__all__ = ["has_kernel", "recorded_bytes", "size_hint", "tensor_bytes"]
+__all__ = ["bound_sizes", "has_kernel", "recorded_bytes", "size_hint", "tensor_bytes"]
 
 aten = torch.ops.aten
 
@@ -63,18 +66,39 @@ def tensor_bytes(t: torch.Tensor) -> int | torch.SymInt:
 
 
 def size_hint(x: int | torch.SymInt) -> int:
-    """A concrete int from an int or a ``SymInt`` (its value at the sizes the graph was traced with),
-    read without adding a guard.
+    """A concrete int from an int or a ``SymInt``, read without adding a guard: its value under the
+    sizes :func:`bound_sizes` binds, else at the sizes the graph was traced with.
 
     Raises:
         ValueError: a data-dependent size, which has no value until the graph runs.
     """
     if isinstance(x, torch.SymInt):
+        bindings = _BINDINGS.get()
+        if bindings:
+            value = sympy.sympify(x.node.expr).xreplace(bindings)
+            if value.is_number:
+                return int(value)
         hint = x.node.hint
         if hint is None:
             raise ValueError(f"symbolic size {x} has no concrete hint")
         return int(hint)
     return int(x)
+
+
+@contextlib.contextmanager
+def bound_sizes(bindings: Mapping[sympy.Symbol, int]) -> Iterator[None]:
+    """Within the block, :func:`size_hint` reads symbolic sizes at ``bindings`` (a graph compiled for
+    dynamic shapes, annotated at the sizes it last ran with)."""
+    token = _BINDINGS.set({symbol: sympy.Integer(size) for symbol, size in bindings.items()})
+    try:
+        yield
+    finally:
+        _BINDINGS.reset(token)
+
+
+_BINDINGS: contextvars.ContextVar[dict[sympy.Symbol, sympy.Integer] | None] = contextvars.ContextVar(
+    "fxcost_size_bindings", default=None
+)
 
 
 def recorded_bytes(shapes: Iterable[Sequence[int]], dtypes: Iterable[str]) -> int:

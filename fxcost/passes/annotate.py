@@ -102,7 +102,7 @@ def _annotate(node: torch.fx.Node, phase: Phase, graph_index: int) -> NodeCost:
         inputs=[a.name for a in node.all_input_nodes if a.op == "call_function"],
     )
     if any(isinstance(s, torch.SymInt) for t in (*v.ins, *v.outs) for s in t.shape):
-        record.note = "dynamic shape: sizes and costs at the sizes the graph was traced with"
+        record.note = "dynamic shape: sizes and costs at the sizes of the graph's latest run"
     if not record.has_kernel:
         record.flops, record.bytes_read, record.bytes_written = 0, 0, 0
         return record

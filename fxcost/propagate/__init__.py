@@ -1,11 +1,18 @@
 """Propagation: per-node predictions made into a step's figures.
 
-``totals``: sums by phase and module, coverage, the critical path; ``eager``: the step as eager PyTorch
-runs it, the host issuing kernels and the GPU running them back to back.
+``totals``: sums by phase and module, coverage; ``eager``: the step as eager PyTorch runs it, the host
+issuing kernels and the GPU running them back to back, and its critical path on unlimited streams.
 """
 
-from fxcost.propagate.eager import Pipeline, Span, issue_bound_ms, origin_pipeline, timeline
-from fxcost.propagate.totals import by_module, coverage, critical_path_ms, phase_totals, total_ms
+from fxcost.propagate.eager import (
+    Pipeline,
+    Span,
+    critical_path_ms,
+    issue_bound_ms,
+    origin_pipeline,
+    timeline,
+)
+from fxcost.propagate.totals import by_module, coverage, phase_totals, total_ms
 
 __all__ = [
     "Pipeline",

@@ -8,6 +8,9 @@ are shorter, the GPU waits and the host time bounds the iteration.
 :func:`timeline` simulates that two-stage pipeline node by node in program order: the host issues
 node ``i`` at ``t_host += host_ms``; the GPU runs it from ``max(gpu_free, t_host)`` for its kernel time.
 Its end is the iteration time an eager run measures with events around the whole step.
+:func:`critical_path_ms` runs the same kernels, issued at the same times, on as many streams as the
+step's data dependencies allow; each node starts no earlier than on the one-stream timeline, so the
+critical path never exceeds the eager step.
 
 The host's time per op depends on the model's Python and the machine's CPU far more than on the GPU:
 on the lent H100 and H200 the steps of Hugging Face models spent 33-80 us per launched op, not 10.
@@ -21,7 +24,7 @@ measured step the host costs :data:`~fxcost.cost_models.eager.HOST_MS` per op.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +33,7 @@ from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, kernel_ms
 from fxcost.gpus import Device
 from fxcost.records import NodeCost
 
-__all__ = ["Pipeline", "Span", "issue_bound_ms", "origin_pipeline", "timeline"]
+__all__ = ["Pipeline", "Span", "critical_path_ms", "issue_bound_ms", "origin_pipeline", "timeline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +96,48 @@ def timeline(
     ``on_origin``: ``device`` is the GPU the nodes were measured on, where they run for their
     recorded kernel times.
     """
-    if host_ms is None:
-        host_ms = pipeline.host_ms
-    if host_ms < 0:
-        raise ValueError(f"host_ms must be >= 0, got {host_ms}")
     host = gpu = 0.0
     spans = []
+    for node, kernel in _kernels(nodes, device, pipeline, on_origin):
+        host += _host_ms(pipeline, host_ms)
+        start = max(gpu, host)
+        gpu = start + kernel
+        spans.append(Span(node, host, start, gpu))
+    return spans
+
+
+def critical_path_ms(
+    nodes: Sequence[NodeCost], device: Device, pipeline: Pipeline, *, host_ms: float | None = None,
+    on_origin: bool = False,
+) -> float:  # fmt: skip
+    """The step's end if every kernel of :func:`timeline` ran as soon as the host issued it and its
+    inputs were done, on as many streams as it takes; graph after graph (a graph starts when the
+    previous one has finished). A node starts no earlier on the timeline's one stream, so this never
+    exceeds the eager step. Kernel-free nodes (views) pass their inputs' end on; nodes without
+    recorded inputs wait only for their issue."""
+    kernels = dict((id(node), kernel) for node, kernel in _kernels(nodes, device, pipeline, on_origin))
+    host_per_op = _host_ms(pipeline, host_ms)
+    host = barrier = end = 0.0
+    graph = None
+    finish: dict[str, float] = {}  # node name -> when its result is ready, in the current graph
+    for node in nodes:
+        if node.graph != graph:
+            graph, barrier, finish = node.graph, end, {}
+        ready = max((finish.get(i, barrier) for i in node.inputs), default=barrier)
+        kernel = kernels.get(id(node))
+        if kernel is not None:
+            host += host_per_op
+            ready = max(ready, host) + kernel
+        finish[node.name] = ready
+        end = max(end, ready)
+    return end
+
+
+def _kernels(
+    nodes: Sequence[NodeCost], device: Device, pipeline: Pipeline, on_origin: bool
+) -> Iterator[tuple[NodeCost, float]]:
+    """The kernel nodes with a prediction on ``device``, in order, with the time their kernel runs
+    in an eager step (see :func:`timeline`)."""
     for node in nodes:
         predicted = node.pred_ms.get(device.name)
         if not node.has_kernel or predicted is None:
@@ -106,12 +145,16 @@ def timeline(
         kernel = kernel_ms(predicted, node.pred_source.get(device.name), device)
         if on_origin and node.kernel_ms is not None:
             kernel = node.kernel_ms
-        kernel *= pipeline.kernel_scale
-        host += host_ms
-        start = max(gpu, host)
-        gpu = start + kernel
-        spans.append(Span(node, host, start, gpu))
-    return spans
+        yield node, kernel * pipeline.kernel_scale
+
+
+def _host_ms(pipeline: Pipeline, host_ms: float | None) -> float:
+    """The host time per op: ``host_ms`` where given (never negative), else the pipeline's."""
+    if host_ms is None:
+        return pipeline.host_ms
+    if host_ms < 0:
+        raise ValueError(f"host_ms must be >= 0, got {host_ms}")
+    return host_ms
 
 
 def issue_bound_ms(gpu_ms: float, ops: int, host_ms: float = HOST_MS) -> float:

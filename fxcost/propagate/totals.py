@@ -1,4 +1,4 @@
-"""From per-node predictions to a step's figures: totals by phase and module, coverage, critical path.
+"""From per-node predictions to a step's figures: totals by phase and module, coverage.
 
 Every function takes node records (``report.nodes``) and a canonical device name; they read
 ``pred_ms`` and never change a record. A node without a prediction adds nothing to a total and
@@ -13,7 +13,7 @@ import numpy as np
 
 from fxcost.records import PHASES, NodeCost
 
-__all__ = ["by_module", "coverage", "critical_path_ms", "phase_totals", "total_ms"]
+__all__ = ["by_module", "coverage", "phase_totals", "total_ms"]
 
 
 def total_ms(nodes: Sequence[NodeCost], device: str) -> float:
@@ -25,19 +25,6 @@ def phase_totals(ms: np.ndarray, counts: np.ndarray) -> dict[str, float]:
     """Totals per phase of distinct nodes whose predicted ``ms`` each run ``counts[i, phase]`` times
     (phases in :data:`~fxcost.records.PHASES` order); a node no model predicts adds nothing."""
     return dict(zip(PHASES, (float(x) for x in np.nan_to_num(ms) @ counts), strict=True))
-
-
-def critical_path_ms(nodes: Sequence[NodeCost], device: str) -> float:
-    """The longest chain of dependent nodes on ``device``, graph after graph: the step's time if every
-    independent op ran concurrently (on as many streams as it takes), a lower bound where
-    :func:`total_ms` is the one-stream sum. Nodes without recorded inputs depend on nothing."""
-    finish: dict[tuple[int, str], float] = {}  # (graph, node name) -> when the node ends
-    longest: dict[int, float] = {}  # graph -> its longest chain
-    for n in nodes:
-        start = max((finish.get((n.graph, i), 0.0) for i in n.inputs), default=0.0)
-        end = finish[n.graph, n.name] = start + (n.pred_ms.get(device) or 0.0)
-        longest[n.graph] = max(longest.get(n.graph, 0.0), end)
-    return sum(longest.values())
 
 
 def by_module(

@@ -120,6 +120,11 @@ def _summary_lines(report: Report) -> list[str]:
         covered = ", ".join(f"{d} {report.coverage(d):.0%}" for d in report.devices)
         lines.append(f"predicted by: {report.model}; coverage of kernel nodes: {covered}")
     lines.extend(spec_sheet_caveats(report.devices))
+    if report.apart:
+        lines.append(
+            f"not in this step: {len(report.apart)} captured graph(s) it did not run (a branch not "
+            "taken), left out of every figure above (report.apart)"
+        )
     fidelity = report.capture_fidelity
     if fidelity is not None:
         against = "the eager step" if report.step_ms is not None else "the graphs run whole"

@@ -54,6 +54,8 @@ class Report:
         step_ms: measured time of the whole eager step on the origin, when it was timed.
         torch_version: PyTorch version the trace was captured with.
         batch: the batch size of the step (the leading dimension of its first tensor input), if known.
+        apart: graphs captured but not run in the reported step (a branch it did not take); their
+            nodes are not in ``nodes``.
     """
 
     nodes: list[NodeCost] = field(default_factory=list)
@@ -64,6 +66,7 @@ class Report:
     step_ms: float | None = None
     torch_version: str = ""
     batch: int | None = None
+    apart: list[GraphRecord] = field(default_factory=list)
 
     # -- totals ----------------------------------------------------------------------------------
 
@@ -127,11 +130,16 @@ class Report:
         payload = json.dumps(chrome_trace(self, self._predicted_name(device))).encode()
         return atomic_write(path, payload)
 
-    def critical_path_ms(self, device: str | Device, phase: Phase | None = None) -> float:
-        """The longest chain of dependent nodes on ``device``, graph after graph: the step's time if
-        every independent op ran concurrently (on as many streams as it takes), a lower bound where
-        ``total_ms`` is the one-stream sum. Nodes without recorded inputs depend on nothing."""
-        return propagate.critical_path_ms(self._phase(phase), self._predicted_name(device))
+    def critical_path_ms(
+        self, device: str | Device, phase: Phase | None = None, host_ms: float | None = None
+    ) -> float:
+        """The eager step of :meth:`eager_ms` with every kernel started as soon as the host has issued
+        it and its inputs are ready, on as many streams as it takes (graph after graph): the bound
+        multi-stream execution meets, never above :meth:`eager_ms`. Nodes without recorded inputs
+        wait only for the host."""
+        target = get_device(self._predicted_name(device))
+        return propagate.critical_path_ms(self._phase(phase), target, self.pipeline(), host_ms=host_ms,
+                                          on_origin=self._origin_device() == target)  # fmt: skip
 
     def origin_ms(self, phase: Phase | None = None) -> float | None:
         """Sum of the measured node times on the origin device, or None if nothing was measured."""
@@ -250,6 +258,7 @@ class Report:
             "batch": self.batch,
             "graphs": [g.to_json() for g in self.graphs],
             "nodes": [n.to_json() for n in self.nodes],
+            "apart": [g.to_json() for g in self.apart],
         }
 
     @classmethod
@@ -271,6 +280,7 @@ class Report:
                 step_ms=data.get("step_ms"),
                 torch_version=str(data.get("torch_version", "")),
                 batch=data.get("batch"),
+                apart=[GraphRecord.from_json(g) for g in data.get("apart", [])],
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TraceFormatError(f"malformed fxcost trace: {e!r}") from e

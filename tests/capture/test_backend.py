@@ -13,6 +13,7 @@ import fxcost
 from fxcost import zoo
 from fxcost.passes import annotate, measure
 from fxcost.records import META_KEY, NodeCost
+from fxcost.report import Report
 
 SMALL_ZOO = {
     "mlp": dict(batch=4, features=32, hidden=64, layers=3, classes=10),
@@ -278,7 +279,7 @@ def test_two_backends_share_no_state() -> None:
     assert a.report().devices == ["T4"] and b.report().devices == ["L4"]
 
 
-def test_dynamic_shapes_are_recorded_at_their_traced_sizes() -> None:
+def test_dynamic_shapes_are_recorded_at_the_sizes_last_run() -> None:
     torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     backend = fxcost.estimate(devices=["T4"], measure=False)
@@ -294,3 +295,60 @@ def test_dynamic_shapes_are_recorded_at_their_traced_sizes() -> None:
     mms = [n for n in report.nodes if n.op == "aten.addmm.default"]
     assert mms and all(isinstance(n.flops, int) for n in mms)
     assert any(n.note and n.note.startswith("dynamic shape") for n in report.nodes)
+
+    # The report is the step last run, at the sizes it ran with (here 12 rows, not the traced 8).
+    (first,) = [n for n in mms if n.phase == "fw" and n.in_shapes[1] == (12, 16)]
+    assert first.out_shapes == [(12, 32)] and first.flops == 2 * 12 * 16 * 32
+
+
+class _Branchy(nn.Module):
+    """A data-dependent branch: Dynamo breaks the graph there and compiles each branch on first use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.wide, self.narrow = nn.Linear(16, 16), nn.Linear(16, 256), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.wide(h).sum() if h.sum() > 0 else self.narrow(h).sum()
+
+
+def _branch_input(model: _Branchy, positive: bool) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    while True:
+        x = torch.randn(8, 16, generator=generator)
+        if bool(model.a(x).sum() > 0) == positive:
+            return x
+
+
+def test_a_branch_not_taken_in_the_last_step_is_listed_apart() -> None:
+    model = _Branchy()
+    backend = fxcost.estimate(devices=["T4"], measure=False)
+    compiled = torch.compile(model, backend=backend)
+    compiled(_branch_input(model, True)).backward()
+    wide_only = backend.report()
+    compiled(_branch_input(model, False)).backward()
+    narrow = backend.report()
+    # Both branches were captured; the step ran one: its total is not the sum of both.
+    modules = {n.module for n in narrow.nodes}
+    assert modules >= {"a", "narrow"} and "wide" not in modules
+    assert [g.phase for g in narrow.apart] == ["fw", "bw"]
+    assert len(backend.report(all_graphs=True).graphs) == len(narrow.graphs) + 2
+    compiled(_branch_input(model, True)).backward()
+    again = backend.report()
+    assert again.total_ms("T4") == pytest.approx(wide_only.total_ms("T4"))
+    assert "narrow" not in {n.module for n in again.nodes}
+    assert Report.from_json(again.to_json()).apart == again.apart
+
+
+def test_last_report_of_a_capture_that_got_nothing_says_why() -> None:
+    """Found by a user: a GRU model compiled without allow_rnn gave no graph, and last_report()
+    silently returned the report of a model captured earlier in the process."""
+    _step(torch.compile(nn.Linear(4, 2), backend=fxcost.estimate(devices=["T4"], measure=False)),
+          (torch.randn(3, 4),))  # fmt: skip
+    gru = nn.GRU(8, 8, batch_first=True)
+    with torch._dynamo.config.patch(allow_rnn=False):
+        torch._dynamo.reset()
+        torch.compile(gru, backend=fxcost.estimate(devices=["T4"], measure=False))(torch.randn(2, 3, 8))
+    with pytest.raises(RuntimeError, match="allow_rnn"):
+        fxcost.last_report()
