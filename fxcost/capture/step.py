@@ -35,8 +35,8 @@ LossFn = Callable[[Any], torch.Tensor]
 def default_loss(output: Any) -> torch.Tensor:
     """The loss to backpropagate from a model's output.
 
-    A ``.loss`` attribute (Hugging Face outputs given labels) is used as is; otherwise the sum of every
-    floating-point output tensor that requires grad.
+    A ``.loss`` attribute (Hugging Face outputs given labels) or a lone scalar output is used as is;
+    otherwise the sum of every floating-point output tensor that requires grad.
     """
     loss = getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
@@ -51,6 +51,8 @@ def default_loss(output: Any) -> torch.Tensor:
             "the model's output has no floating-point tensor that requires grad, so there is nothing "
             "to backpropagate; pass loss_fn=..., or train=False for an inference step"
         )
+    if len(leaves) == 1 and leaves[0].dim() == 0:
+        return leaves[0]  # already the loss: a user's step backpropagates it as it is
     total = leaves[0].sum()
     for t in leaves[1:]:
         total = total + t.sum()

@@ -9,9 +9,11 @@ in an eager iteration, the GPU queue hides that overhead (:func:`kernel_ms`), an
 
 from __future__ import annotations
 
+import numpy as np
+
 from fxcost.gpus import Device
 
-__all__ = ["HOST_MS", "ISOLATED_MODELS", "MIN_KERNEL_MS", "kernel_ms"]
+__all__ = ["HOST_MS", "ISOLATED_MODELS", "MIN_KERNEL_MS", "kernel_ms", "kernel_times"]
 
 # Host time per launched op in eager PyTorch on a server CPU: the median CUDA-event time of the
 # kernel-free nodes (size, view, getitem) in the shared per-node traces, 9-12 us.
@@ -31,3 +33,9 @@ def kernel_ms(predicted_ms: float, source: str | None, device: Device) -> float:
     if source in ISOLATED_MODELS:
         return max(predicted_ms - device.overhead_ms, MIN_KERNEL_MS)
     return predicted_ms
+
+
+def kernel_times(predicted_ms: np.ndarray, sources: np.ndarray, device: Device) -> np.ndarray:
+    """:func:`kernel_ms` of many nodes at once (NaN stays NaN: no prediction)."""
+    isolated = np.isin(sources.astype(str), list(ISOLATED_MODELS))
+    return np.where(isolated, np.maximum(predicted_ms - device.overhead_ms, MIN_KERNEL_MS), predicted_ms)

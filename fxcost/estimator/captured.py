@@ -22,13 +22,14 @@ import torch
 from fxcost.capture import FxcostBackend, LossFn, batch_of, captured_report, trace_without_running
 from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
+from fxcost.cost_models.eager import HOST_MS, kernel_times
 from fxcost.cost_models.heads import spec_sheet_caveat
 from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
 from fxcost.gpus import Device, get_device
 from fxcost.lowering import is_matmul_class
 from fxcost.precision import Precision, PrecisionArg, itemsize, parse_precision
-from fxcost.propagate import phase_totals
+from fxcost.propagate import phase_totals, replay_ends
 from fxcost.records import META_KEY, PHASES, NodeCost
 from fxcost.report import Report
 
@@ -38,6 +39,11 @@ __all__ = ["Captured", "Cost"]
 @dataclass(frozen=True)
 class Cost:
     """Predicted time of one step on one device. ``float(cost)`` is ``cost.ms``.
+
+    ``ms`` is the eager step, as ``Report.eager_ms`` of the same step (forward, loss, backward): the
+    kernels back to back, the host issuing them; ``fw_ms`` and ``bw_ms`` split it where each phase's
+    last kernel ends (the optimizer's share is the rest). ``isolated_ms`` is the sum of the nodes'
+    isolated times (``Report.total_ms``).
 
     ``low_ms`` and ``high_ms`` bound ``ms`` by the nominal 80% interval of its origin-free predictions
     (:mod:`fxcost.cost_models.heads.intervals`); equal to ``ms`` where no interval is known.
@@ -51,6 +57,7 @@ class Cost:
     low_ms: float = math.nan
     high_ms: float = math.nan
     caveat: str = ""
+    isolated_ms: float = math.nan
 
     def __float__(self) -> float:
         return self.ms
@@ -101,6 +108,11 @@ class Captured:
             counts[distinct[signature]][PHASES.index(node.phase)] += 1
             self.index.append(distinct[signature])
         self.counts = np.asarray(counts, dtype=np.float64).reshape(-1, len(PHASES))
+        # The distinct node of each kernel the step issues, in issue order (phase by phase), and its phase.
+        issued = [(i, PHASES.index(n.phase)) for i, n in zip(self.index, report.nodes, strict=True)
+                  if i is not None]  # fmt: skip
+        self._issued = np.array([i for i, _ in issued], dtype=np.intp)
+        self._issued_phase = np.array([p for _, p in issued], dtype=np.intp)
         self.graph_hash = hashlib.sha256(repr(sorted(distinct.items())).encode()).hexdigest()[:16]
         self._polys = _PolyTable(kept)
         self._batches: OrderedDict[tuple[int | None, Precision | None], NodeBatch] = OrderedDict()
@@ -155,12 +167,20 @@ class Captured:
             return known
         batch = self._node_batch(batch_size, precision)
         ms, sources = predict_batch(batch, self.chain, target)
-        totals = phase_totals(ms, self.counts)
-        low, high = node_bounds(batch.nodes, ms, sources)
-        result = Cost(ms=sum(totals.values()), fw_ms=totals["fw"], bw_ms=totals["bw"], device=target.name,
-                      low_ms=sum(phase_totals(low, self.counts).values()),
-                      high_ms=sum(phase_totals(high, self.counts).values()),
-                      caveat=spec_sheet_caveat(target))  # fmt: skip
+        isolated = sum(phase_totals(ms, self.counts).values())
+        # The eager step (Report.eager_ms), split where each phase's last kernel ends.
+        kernels = kernel_times(ms, sources, target)[self._issued]
+        known = np.isfinite(kernels)
+        ends, phases = replay_ends(kernels[known], HOST_MS), self._issued_phase[known]
+        phase_end = [float(ends[phases <= p].max(initial=0.0)) for p in range(len(PHASES))]
+        step = phase_end[-1]
+        # The interval of the isolated sum, scaled as the eager step scales it (Report.eager_interval_ms).
+        scale = step / isolated if isolated > 0 else 1.0
+        bounds = node_bounds(batch.nodes, ms, sources)
+        low, high = (scale * sum(phase_totals(b, self.counts).values()) for b in bounds)
+        result = Cost(ms=step, fw_ms=phase_end[0], bw_ms=phase_end[1] - phase_end[0], device=target.name,
+                      low_ms=low, high_ms=high, caveat=spec_sheet_caveat(target),
+                      isolated_ms=isolated)  # fmt: skip
         with self._lock:
             self._costs[key] = result
         return result

@@ -10,6 +10,8 @@ from fxcost.propagate.eager import (
     critical_path_ms,
     issue_bound_ms,
     origin_pipeline,
+    replay_ends,
+    replay_ms,
     timeline,
 )
 from fxcost.propagate.totals import by_module, coverage, phase_totals, total_ms
@@ -23,6 +25,8 @@ __all__ = [
     "issue_bound_ms",
     "origin_pipeline",
     "phase_totals",
+    "replay_ends",
+    "replay_ms",
     "timeline",
     "total_ms",
 ]

@@ -33,7 +33,16 @@ from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, kernel_ms
 from fxcost.gpus import Device
 from fxcost.records import NodeCost
 
-__all__ = ["Pipeline", "Span", "critical_path_ms", "issue_bound_ms", "origin_pipeline", "timeline"]
+__all__ = [
+    "Pipeline",
+    "Span",
+    "critical_path_ms",
+    "issue_bound_ms",
+    "origin_pipeline",
+    "replay_ends",
+    "replay_ms",
+    "timeline",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +87,10 @@ def origin_pipeline(nodes: Sequence[NodeCost], origin: Device | None, step_ms: f
     kernels = np.array([t for t in times if t is not None])
     if not len(kernels):
         return Pipeline()
-    if _replay_ms(kernels, 0.0) >= step_ms:
+    if replay_ms(kernels, 0.0) >= step_ms:
         host = min(HOST_MS, step_ms / len(kernels))  # the host alone takes at most the step
-        return Pipeline(host, _solve(lambda scale: _replay_ms(scale * kernels, host), step_ms, 1.0), True)
-    return Pipeline(
-        _solve(lambda host: _replay_ms(kernels, host), step_ms, step_ms / len(kernels)), 1.0, True
-    )
+        return Pipeline(host, _solve(lambda scale: replay_ms(scale * kernels, host), step_ms, 1.0), True)
+    return Pipeline(_solve(lambda host: replay_ms(kernels, host), step_ms, step_ms / len(kernels)), 1.0, True)
 
 
 def timeline(
@@ -172,11 +179,18 @@ def _origin_kernel_ms(node: NodeCost, origin: Device) -> float | None:
     return max(node.origin_ms - origin.overhead_ms, MIN_KERNEL_MS)
 
 
-def _replay_ms(kernels: np.ndarray, host_ms: float) -> float:
-    """The pipeline's end for kernel times in issue order: op ``j`` (1-based) is issued at
-    ``j * host_ms``, so the last kernel ends at ``max_j (j * host_ms + sum(kernels[j-1:]))``."""
-    suffix = np.cumsum(kernels[::-1])[::-1]
-    return float(np.max(np.arange(1, len(kernels) + 1) * host_ms + suffix))
+def replay_ms(kernels: np.ndarray, host_ms: float) -> float:
+    """The eager pipeline's end for kernel times in issue order (0 for none)."""
+    return float(replay_ends(kernels, host_ms)[-1]) if len(kernels) else 0.0
+
+
+def replay_ends(kernels: np.ndarray, host_ms: float) -> np.ndarray:
+    """When each kernel ends in the eager pipeline, kernel times in issue order: op ``j`` (1-based) is
+    issued at ``j * host_ms`` and kernel ``i`` ends at ``max_{j <= i} (j * host_ms + sum(kernels[j-1:i]))``,
+    a prefix sum plus a running maximum."""
+    prefix = np.cumsum(kernels)
+    issued = np.arange(1, len(kernels) + 1) * host_ms
+    return prefix + np.maximum.accumulate(issued - (prefix - kernels))
 
 
 def _solve(replay: Callable[[float], float], step: float, high: float) -> float:
