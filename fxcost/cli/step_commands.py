@@ -164,8 +164,12 @@ def simulate_command(args: argparse.Namespace) -> int:
         from fxcost import zoo
 
         model, inputs = zoo.load(args.model, args.batch)
-    result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
-                      seqlen=args.seqlen, precision=args.precision)  # fmt: skip
+    with progress_bars() as update:
+        task = f"tracing {args.model} and simulating it on {args.cluster}"
+        update(task, 0, None)
+        result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
+                          seqlen=args.seqlen, precision=args.precision)  # fmt: skip
+        update(task, 1, 1)
     print(result.summary())
     if args.trace:
         print(f"timeline written to {result.to_chrome_trace(args.trace)}")

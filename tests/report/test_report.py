@@ -394,3 +394,13 @@ def test_the_precision_is_read_from_the_matmuls_dtypes_and_tf32_flags() -> None:
     assert captured_precision([NodeCost("a", "aten.add.Tensor", "fw", in_dtypes=["int64"])]) == (
         "no floating-point tensors"
     )
+
+
+def test_a_gpu_origin_is_named_with_its_measured_column(report: Report) -> None:
+    on_gpu = Report.from_json({**report.to_json(), "origin": "NVIDIA H100 80GB HBM3"}).predict(["T4", "L4"])
+    text = _printout(on_gpu, top=5)
+    assert "origin: H100-SXM (where the step was captured), each node timed there" in text
+    assert "other GPUs are predicted from those times" in text and "never use CPU times" not in text
+    header = [line for line in text.splitlines() if "(measured)" in line]
+    assert header and "H100-SXM" in text.splitlines()[text.splitlines().index(header[0]) - 1]
+    assert "predicted by auto (share of predicted time)" in text and "wave scaling" in text
