@@ -23,17 +23,16 @@ import threading
 import types
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
 import torch
 import torch.fx
 
+from fxcost.capture.graphs import CapturedGraph, placeholder_outputs, size_symbols
 from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import spec_name
 from fxcost.gpus import DEFAULT_DEVICES, Device
-from fxcost.lowering import bound_sizes, size_hint
+from fxcost.lowering import bound_sizes
 from fxcost.passes import annotate, measure, predict
 from fxcost.records import META_KEY, PHASES, GraphRecord, Phase
 from fxcost.report import Report
@@ -45,20 +44,6 @@ log = logging.getLogger(__name__)
 _last_backend: FxcostBackend | None = None
 _default_backend: FxcostBackend | None = None
 _globals_lock = threading.RLock()  # re-entered: the default backend remembers itself when made
-
-
-@dataclass
-class _CapturedGraph:
-    gm: torch.fx.GraphModule
-    record: GraphRecord
-    measure_pending: bool = True
-    last_run: int = -1  # the backend's run count at the graph's latest call; -1: never ran
-    # Where each size symbol of a dynamic-shape graph's inputs is read from its arguments (argument,
-    # dimension or None for a SymInt argument), the sizes of its latest call, and those its records
-    # were annotated at.
-    symbols: list[tuple[int, int | None, sympy.Symbol, int]] = field(default_factory=list)
-    sizes: dict[sympy.Symbol, int] = field(default_factory=dict)
-    annotated_sizes: dict[sympy.Symbol, int] = field(default_factory=dict)
 
 
 class FxcostBackend:
@@ -90,7 +75,7 @@ class FxcostBackend:
         self.failures: list[str] = []
         self.compiled_code: set[types.CodeType] = set()
         # The graphs of the latest compile of each Dynamo frame, by frame id, first compiled first.
-        self._frames: dict[int, list[_CapturedGraph]] = {}
+        self._frames: dict[int, list[CapturedGraph]] = {}
         self._lock = threading.Lock()
         self._runs = itertools.count()  # stamps graph calls in order
         self._step_start = 0  # the stamp of the latest call of the first frame's first graph
@@ -104,7 +89,7 @@ class FxcostBackend:
         try:
             from torch._dynamo.backends.common import aot_autograd
 
-            frame: list[_CapturedGraph] = []
+            frame: list[CapturedGraph] = []
             frame_id = _frame_id()
             code = _code_being_compiled()
             if code is not None:
@@ -160,14 +145,14 @@ class FxcostBackend:
         """Every captured ATen graph, in the order of ``report(all_graphs=True).graphs``."""
         return [g.gm for g in self._captured()]
 
-    def _captured(self) -> list[_CapturedGraph]:
+    def _captured(self) -> list[CapturedGraph]:
         """The latest graphs of every frame: forward graphs, then backward, then optimizer."""
         with self._lock:
             captured = [g for frame in self._frames.values() for g in frame]
         rank = {p: i for i, p in enumerate(PHASES)}
         return sorted(captured, key=lambda g: rank[g.record.phase])
 
-    def _annotate_at_last_sizes(self, graph: _CapturedGraph) -> None:
+    def _annotate_at_last_sizes(self, graph: CapturedGraph) -> None:
         """Annotate and predict a dynamic-shape graph again where it last ran at other sizes than its
         records hold (at report time, so training pays nothing for it; measurements of the old sizes
         go with them)."""
@@ -183,9 +168,7 @@ class FxcostBackend:
 
     # -- compile and run -------------------------------------------------------------------------
 
-    def _compiler(
-        self, frame: list[_CapturedGraph], frame_id: int | None, phase: Phase
-    ) -> Callable[..., Any]:
+    def _compiler(self, frame: list[CapturedGraph], frame_id: int | None, phase: Phase) -> Callable[..., Any]:
         from functorch.compile import make_boxed_func
 
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
@@ -196,9 +179,9 @@ class FxcostBackend:
                 return make_boxed_func(gm.forward)
             calls = sum(n.op == "call_function" for n in gm.graph.nodes)
             record = GraphRecord(index=-1, phase=phase, frame=frame_id, num_nodes=calls)
-            symbols = _size_symbols(gm)
+            symbols = size_symbols(gm)
             traced = {symbol: size for *_, symbol, size in symbols}
-            graph = _CapturedGraph(gm, record, measure_pending=self.options.measure, symbols=symbols,
+            graph = CapturedGraph(gm, record, measure_pending=self.options.measure, symbols=symbols,
                                    annotated_sizes=traced)  # fmt: skip
             with self._lock:
                 frame.append(graph)
@@ -214,10 +197,10 @@ class FxcostBackend:
         except Exception as e:
             self._warn("predict", e)
 
-    def _runner(self, graph: _CapturedGraph) -> Callable[..., Any]:
+    def _runner(self, graph: CapturedGraph) -> Callable[..., Any]:
         gm = graph.gm
         if not self.run_graphs:
-            placeholder = _placeholder_outputs(gm)
+            placeholder = placeholder_outputs(gm)
 
             def run_nothing(*args: Any) -> Any:
                 self._ran(graph, args)
@@ -246,7 +229,7 @@ class FxcostBackend:
 
         return run
 
-    def _ran(self, graph: _CapturedGraph, args: Sequence[Any]) -> None:
+    def _ran(self, graph: CapturedGraph, args: Sequence[Any]) -> None:
         """Note a call of ``graph``: when, and at which sizes; a call of the first frame's first graph
         starts a step."""
         graph.last_run = next(self._runs)
@@ -391,56 +374,7 @@ def _origin_name(example_inputs: Sequence[Any]) -> str:
     return "cpu"
 
 
-def _placeholder_outputs(gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """A stand-in for ``gm`` that computes nothing: inputs it returns come back as they are, every
-    other output as an uninitialized tensor of the traced size, stride, dtype and device (sizes at
-    the traced values under dynamic shapes)."""
-    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    (outputs,) = next(n for n in reversed(gm.graph.nodes) if n.op == "output").args
-
-    def placeholder(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            size = [size_hint(s) for s in value.shape]
-            stride = [size_hint(s) for s in value.stride()]
-            return torch.empty_strided(size, stride, dtype=value.dtype, device=value.device)
-        if isinstance(value, torch.SymInt):
-            return size_hint(value)
-        return value
-
-    def run(*args: Any) -> Any:
-        given = dict(zip(inputs, args, strict=True))
-
-        def value(a: Any) -> Any:
-            if not isinstance(a, torch.fx.Node):
-                return a
-            return given[a] if a in given else placeholder(a.meta["val"])
-
-        result = torch.fx.node.map_aggregate(outputs, value)
-        return list(result) if isinstance(result, list) else result  # not FX's immutable_list
-
-    return run
-
-
 def _is_optimizer_graph(gm: torch.fx.GraphModule) -> bool:
     """Whether a Dynamo graph was traced from ``torch.optim`` code (an optimizer step)."""
     optim_dir = os.path.dirname(torch.optim.__file__)
     return any(optim_dir in (n.meta.get("stack_trace") or "") for n in gm.graph.nodes)
-
-
-def _size_symbols(gm: torch.fx.GraphModule) -> list[tuple[int, int | None, sympy.Symbol, int]]:
-    """The plain size symbols of ``gm``'s inputs: the argument each is read from, its dimension (None
-    for a SymInt argument), the symbol and its value at the traced sizes. Empty for static shapes."""
-    found = []
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, node in enumerate(placeholders):
-        value = node.meta.get("val")
-        if isinstance(value, torch.SymInt):
-            sizes: list[tuple[int | None, Any]] = [(None, value)]
-        elif isinstance(value, torch.Tensor):
-            sizes = list(enumerate(value.shape))
-        else:
-            continue
-        for dim, size in sizes:
-            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
-                found.append((i, dim, size.node.expr, size_hint(size)))
-    return found

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-__all__ = ["as_call", "batch_of", "batch_of_leaves", "map_batched"]
+__all__ = ["as_call", "batch_of", "batch_of_leaves", "map_batched", "seqlen_of"]
 
 
 def as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -35,6 +35,16 @@ def batch_of_leaves(leaves: Iterable[Any]) -> int | None:
     """:func:`batch_of` from the inputs' flattened leaves."""
     first = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim()), None)
     return int(first.shape[0]) if first is not None else None
+
+
+def seqlen_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The sequence length of a step whose first integer input is a (batch, sequence) matrix of token
+    ids, as language models take; None for any other step (images, float sequences)."""
+    leaves = tree_leaves((args, kwargs))
+    first = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim()), None)
+    if first is None or first.dim() != 2 or first.dtype.is_floating_point or first.dtype == torch.bool:
+        return None
+    return int(first.shape[1])
 
 
 def map_batched(

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 from fxcost.bench.timing import bench_ms
 from fxcost.capture.backend import FxcostBackend
-from fxcost.capture.inputs import as_call, batch_of, map_batched
+from fxcost.capture.inputs import as_call, batch_of, map_batched, seqlen_of
 from fxcost.capture.options import CaptureOptions
 from fxcost.passes.measure import NODE_REPS
 from fxcost.report import Report
@@ -91,6 +91,8 @@ def profile(
     else:
         backend, _ = trace_without_running(model, args, kwargs, backend_of, train=train, loss_fn=loss_fn)
     report = captured_report(backend, args, kwargs)
+    named = isinstance(model, torch.nn.Module)
+    report.name = type(model).__name__ if named else getattr(model, "__name__", "")
     if measure:
         params = _grad_leaves(model, args, kwargs)
 
@@ -219,13 +221,13 @@ def _batch_marked(
 
 def captured_report(backend: FxcostBackend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Report:
     """The report of a step a backend of our own traced (its nodes not copied: the backend ends
-    here), with the step's batch.
+    here), with the step's batch and sequence length.
 
     Raises:
         RuntimeError: nothing was captured; the message says what Dynamo reported.
     """
     report = backend.report(copy_nodes=False)
-    report.batch = batch_of(args, kwargs)
+    report.batch, report.seqlen = batch_of(args, kwargs), seqlen_of(args, kwargs)
     if not report.nodes:
         failures = "; ".join(backend.failures) or "Dynamo produced no graph"
         raise RuntimeError(f"fxcost captured nothing from the step: {failures}")

@@ -54,6 +54,7 @@ def _step_commands(sub: Any) -> None:
     demo = _command(sub, step_commands.demo_command)
     _add_devices(demo, DEMO_DEVICES)
     demo.add_argument("--top", type=int, default=15, help="rows of the node table per model (default 15)")
+    demo.add_argument("--measure-cpu", action="store_true", help=MEASURE_CPU_HELP)
 
     profile = _command(sub, step_commands.profile_command)
     profile.lazy_description = lambda: (
@@ -63,7 +64,8 @@ def _step_commands(sub: Any) -> None:
         "--seqlen tokens of input."
     )
     _step_options(profile, batch=8, seqlen=512)
-    _flag(profile, "--measure", True, "time every node on this machine's device (default on)")
+    _flag(profile, "--measure", True, "time every node when running on a GPU (default on)")
+    profile.add_argument("--measure-cpu", action="store_true", help=MEASURE_CPU_HELP)
     _add_devices(profile, DEFAULT_DEVICES)
     profile.add_argument("--out", help="write the trace here (JSON; .json.gz compresses)")
     profile.add_argument("--model", dest="cost_model", default="auto", help=COST_MODEL_HELP)
@@ -158,6 +160,10 @@ SHOW_MODEL_HELP = (
 )
 MEASURE_FIRST_HELP = (
     "time every node on this machine's device first (default off: one capture predicts every GPU)"
+)
+MEASURE_CPU_HELP = (
+    "time every node when running on the CPU (default off: minutes for a large model, and CPU times "
+    "predict nothing about GPUs)"
 )
 PRICES_HELP = "USD per hour by GPU name, overriding the database's prices"
 PRICED_DEVICES_HELP = "GPUs to compare (default: every GPU with a price); see 'fxcost devices'"

@@ -31,25 +31,46 @@ DEMO_MODELS: tuple[tuple[str, int, dict[str, Any]], ...] = (
 
 
 def demo_command(args: argparse.Namespace) -> None:
-    """Capture ResNet-50 and a GPT-2-style model, predict on several GPUs."""
+    """Capture ResNet-50 and a GPT-2-style model, predict on several GPUs.
+
+    On a GPU the models run there and every node is timed; on a CPU nothing is timed unless
+    --measure-cpu asks (the predictions do not use CPU times), so the demo takes seconds."""
     from fxcost import zoo
 
+    device = _default_device()
     for name, batch, config in DEMO_MODELS:
         model, inputs = zoo.build(name, batch, **config)
-        title = f"{name} (batch {batch}{''.join(f', {k} {v}' for k, v in config.items())}), training step"
-        report = _capture(title, model, inputs, args.devices, train=True, measure=True)
+        if device != "cpu":
+            import torch
+
+            model, inputs = _to_device(model, inputs, torch.device(device))
+        sizes = ", ".join(f"{k} {v}" for k, v in config.items() if k != "seq")
+        report = _capture(name, model, inputs, args.devices, train=True, measure=_measures(args, device))
+        report.name = f"{name} ({sizes})" if sizes else name
         report.print(top=args.top)
         print()
 
 
 def profile_command(args: argparse.Namespace) -> None:
-    """Capture one step of a model, measure it here, predict it, save the trace."""
+    """Capture one step of a model, measure it here, predict it, save the trace.
+
+    On a GPU every node is timed (--no-measure skips it); on a CPU only with --measure-cpu: CPU
+    times take minutes to take and predict nothing about GPUs, whose predictions are then
+    origin-free."""
     device = args.device or _default_device()
-    report = _capture_spec(args, args.devices, batch=args.batch, measure=args.measure,
-                           cost_model=args.cost_model, device=device, where=f" on {device}")  # fmt: skip
+    report = _capture_spec(args, args.devices, batch=args.batch, measure=_measures(args, device),
+                           cost_model=args.cost_model, device=device)  # fmt: skip
     report.print(top=args.top)
     if args.out:
         print(f"trace written to {report.save(args.out)}")
+
+
+def _measures(args: argparse.Namespace, device: str) -> bool:
+    """Whether to time every node on ``device``: on a GPU unless --no-measure, on the CPU only with
+    --measure-cpu."""
+    if device.split(":")[0] == "cpu":
+        return bool(args.measure_cpu)
+    return bool(getattr(args, "measure", True))
 
 
 def show_command(args: argparse.Namespace) -> None:
@@ -58,8 +79,16 @@ def show_command(args: argparse.Namespace) -> None:
 
     report = Report.load(args.trace)
     if args.devices or args.model:
-        report = report.predict(args.devices or report.devices, cost_model=args.model)
+        report = _predicted(report, args.devices or report.devices, cost_model=args.model)
     report.print(top=args.top)
+
+
+def _predicted(report: Report, devices: Sequence[str], cost_model: str | None = None) -> Report:
+    """``report.predict(devices, cost_model)`` with a progress bar on stderr, a GPU at a time."""
+    label = f"predicting {len(devices)} GPUs"
+    with progress_bars() as update:
+        update(label, 0, len(devices))
+        return report.predict(devices, cost_model, progress=lambda done, total: update(label, done, total))
 
 
 def compare_gpus_command(args: argparse.Namespace) -> None:
@@ -69,11 +98,15 @@ def compare_gpus_command(args: argparse.Namespace) -> None:
     .json.gz) and ranks GPUs by predicted samples per dollar, as in Habitat's case studies (Yu et al.
     §5.3). The step time is the predicted eager step (the ops back to back, their launch overhead
     hidden by the GPU queue), not the sum of ops timed alone; throughput is the batch size per step."""
+    from fxcost.gpus import get_device
     from fxcost.report.gpu_choice import compare_gpus, load_prices, plot, priced_devices, print_choices
 
     prices = load_prices(args.prices) if args.prices else {}
     devices = args.devices or priced_devices(prices)
     report = _compare_gpus_report(args, devices)
+    missing = [name for name in (get_device(d).name for d in devices) if name not in report.devices]
+    if missing:  # a saved trace predicted for other GPUs: predicted here, with a progress bar
+        report = _predicted(report, [*report.devices, *missing])
     choices = compare_gpus(report, devices, prices)
     print_choices(choices)
     if args.plot:
@@ -107,9 +140,13 @@ def _compare_gpus_report(args: argparse.Namespace, devices: Sequence[str]) -> Re
     if config is not None and args.measure:
         raise ValueError("a Hugging Face config is captured on meta tensors; --measure needs a model")
     device = _default_device() if args.measure else None
-    where = f", measured on {device}" if device else ", captured on CPU"
-    return _capture_spec(args, devices, batch=args.batch or 8, measure=args.measure, device=device,
-                         where=where, config=config)  # fmt: skip
+    batch = args.batch or 8
+    mode = "training step" if args.train else "inference"
+    if config is not None:
+        print(f"{spec} (batch {batch}, {args.seqlen} tokens), {mode} on meta tensors")
+    else:
+        print(f"{spec} (batch {batch}), {mode}{f', measured on {device}' if device else ', captured on CPU'}")
+    return _capture_spec(args, devices, batch=batch, measure=args.measure, device=device, config=config)
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -127,8 +164,12 @@ def simulate_command(args: argparse.Namespace) -> int:
         from fxcost import zoo
 
         model, inputs = zoo.load(args.model, args.batch)
-    result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
-                      seqlen=args.seqlen, precision=args.precision)  # fmt: skip
+    with progress_bars() as update:
+        task = f"tracing {args.model} and simulating it on {args.cluster}"
+        update(task, 0, None)
+        result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
+                          seqlen=args.seqlen, precision=args.precision)  # fmt: skip
+        update(task, 1, 1)
     print(result.summary())
     if args.trace:
         print(f"timeline written to {result.to_chrome_trace(args.trace)}")
@@ -169,50 +210,53 @@ def _cell(value: float | None, uncertain: bool) -> str:
 
 def _capture_spec(
     args: argparse.Namespace, devices: Sequence[str], *, batch: int, measure: bool, cost_model: str = "auto",
-    device: str | None = None, where: str = "", config: dict[str, Any] | None = None,
+    device: str | None = None, config: dict[str, Any] | None = None,
 ) -> Report:  # fmt: skip
     """One step of MODEL (``args.model``, with ``args.train`` and ``args.seqlen``) captured and predicted
-    for ``devices``, as 'profile' and 'compare-gpus' do.
+    for ``devices``, as 'profile' and 'compare-gpus' do; the report is named after MODEL.
 
     A Hugging Face config.json (``config``: its contents, if read already) is captured on meta tensors,
     nothing measured. A zoo name or 'module:callable' is moved to the torch ``device`` (None: left on
-    the CPU it was built on) and measured there if ``measure``; ``where`` ends its title, after the mode.
+    the CPU it was built on) and measured there if ``measure``.
     """
-    mode = "training step" if args.train else "inference"
     spec = args.model
     if spec.endswith(".json"):
         from fxcost.zoo.hf import hf_step
 
         step = hf_step(spec if config is None else config, batch, args.seqlen, train=args.train)
-        title = f"{spec} (batch {batch}, {args.seqlen} tokens), {mode} on meta tensors"
-        return _capture(title, step.model, step.inputs, devices, train=args.train, measure=False,
-                        cost_model=cost_model, loss_fn=step.loss_fn)  # fmt: skip
-    import torch
+        report = _capture(spec, step.model, step.inputs, devices, train=args.train, measure=False,
+                          cost_model=cost_model, loss_fn=step.loss_fn)  # fmt: skip
+    else:
+        import torch
 
-    from fxcost import zoo
+        from fxcost import zoo
 
-    model, inputs = zoo.load(spec, batch)
-    if device is not None:
-        model, inputs = _to_device(model, inputs, torch.device(device))
-    title = f"{spec} (batch {batch}), {mode}{where}"
-    return _capture(title, model, inputs, devices, train=args.train, measure=measure, cost_model=cost_model)
+        model, inputs = zoo.load(spec, batch)
+        if device is not None:
+            model, inputs = _to_device(model, inputs, torch.device(device))
+        report = _capture(spec, model, inputs, devices, train=args.train, measure=measure,
+                          cost_model=cost_model)  # fmt: skip
+    report.name = spec
+    return report
 
 
 def _capture(
-    title: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool,
+    label: str, model: Any, inputs: Any, devices: Sequence[str], *, train: bool, measure: bool,
     cost_model: str = "auto", loss_fn: Callable[[Any], Any] | None = None,
 ) -> Report:  # fmt: skip
+    """``fxcost.profile`` of the step, with a progress display on stderr: a spinner while ``label`` is
+    captured and predicted, a bar per graph while its nodes are timed."""
     from fxcost.capture import default_loss, profile
 
+    task = f"capturing and predicting {label}" + (", then timing its nodes" if measure else "")
     with progress_bars() as update:
-        update(f"capturing {title}", 0, None)
+        update(task, 0, None)
         report = profile(
             model, inputs, devices=devices, train=train, measure=measure, cost_model=cost_model,
             loss_fn=loss_fn or default_loss,
-            progress=lambda phase, done, total: update(f"  measuring {phase} graph nodes", done, total),
+            progress=lambda phase, done, total: update(f"  timing {phase} graph nodes", done, total),
         )  # fmt: skip
-        update(f"capturing {title}", 1, 1)
-    print(title)  # on stdout, with the table it heads (the progress display is on stderr)
+        update(task, 1, 1)
     return report
 
 

@@ -11,7 +11,7 @@ import copy
 import gzip
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -54,6 +54,9 @@ class Report:
         step_ms: measured time of the whole eager step on the origin, when it was timed.
         torch_version: PyTorch version the trace was captured with.
         batch: the batch size of the step (the leading dimension of its first tensor input), if known.
+        seqlen: tokens per sequence of a step whose first input is token ids, else None.
+        name: what was captured, for printouts: the model's class name (``fxcost.profile``) or what
+            the command line was given (``resnet50``); may be empty.
         apart: graphs captured but not run in the reported step (a branch it did not take); their
             nodes are not in ``nodes``.
     """
@@ -66,6 +69,8 @@ class Report:
     step_ms: float | None = None
     torch_version: str = ""
     batch: int | None = None
+    seqlen: int | None = None
+    name: str = ""
     apart: list[GraphRecord] = field(default_factory=list)
 
     # -- totals ----------------------------------------------------------------------------------
@@ -187,19 +192,26 @@ class Report:
         devices: Iterable[str | Device],
         cost_model: str | CostModel | None = None,
         overrides: Mapping[str, str | CostModel] | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> Report:
         """A copy of this report with predictions for ``devices`` (replacing the previous ones).
 
         ``cost_model`` is ``"auto"`` (the policy of :mod:`fxcost.cost_models.policy`), a cost model,
         its name, or a comma-separated fallback chain; by default the report's own (``model``).
-        ``overrides`` maps op names to the chain their nodes use instead.
+        ``overrides`` maps op names to the chain their nodes use instead. ``progress(done, total)``
+        is called after each device is predicted.
         """
         names = [get_device(d).name for d in devices]
         spec = cost_model or self.model
         out = copy.deepcopy(self)
         for n in out.nodes:
             n.pred_ms, n.pred_source = {}, {}
-        predict_nodes(out.nodes, names, spec, origin=self.origin, overrides=overrides)
+        if progress is None:  # all devices in one call: the nodes are batched once
+            predict_nodes(out.nodes, names, spec, origin=self.origin, overrides=overrides)
+        else:
+            for done, name in enumerate(names, 1):
+                predict_nodes(out.nodes, [name], spec, origin=self.origin, overrides=overrides)
+                progress(done, len(names))
         out.devices = names
         out.model = spec_name(spec)
         return out
@@ -221,7 +233,9 @@ class Report:
     # -- presentation ----------------------------------------------------------------------------
 
     def print(self, top: int | None = None, file: TextIO | None = None) -> None:
-        """Print the per-node table (``top``: only the N most expensive nodes), then the totals."""
+        """Print a header (model, batch, precision, where predictions come from), the per-node table
+        (``top``: only the N nodes slowest on the first GPU predicted), then the totals. Tables fit the
+        terminal's width, or 120 columns in a file or a pipe."""
         from fxcost.report.table import print_report
 
         print_report(self, top=top, file=file)
@@ -256,6 +270,8 @@ class Report:
             "devices": self.devices,
             "step_ms": self.step_ms,
             "batch": self.batch,
+            "seqlen": self.seqlen,
+            "name": self.name,
             "graphs": [g.to_json() for g in self.graphs],
             "nodes": [n.to_json() for n in self.nodes],
             "apart": [g.to_json() for g in self.apart],
@@ -280,6 +296,8 @@ class Report:
                 step_ms=data.get("step_ms"),
                 torch_version=str(data.get("torch_version", "")),
                 batch=data.get("batch"),
+                seqlen=data.get("seqlen"),
+                name=str(data.get("name") or ""),
                 apart=[GraphRecord.from_json(g) for g in data.get("apart", [])],
             )
         except (KeyError, TypeError, ValueError) as e:

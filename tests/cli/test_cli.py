@@ -21,32 +21,48 @@ def test_help_lists_every_command() -> None:
 
 def test_profile_then_show(tmp_path, capsys) -> None:
     trace = tmp_path / "mlp.json"
-    assert (
-        main(
-            [
-                "profile",
-                "mlp",
-                "--batch",
-                "2",
-                "--devices",
-                "T4",
-                "L4",
-                "--out",
-                str(trace),
-                "--top",
-                "5",
-            ]
-        )
-        == 0
-    )
+    argv = ["profile", "mlp", "--batch", "2", "--devices", "T4", "L4", "--out", str(trace), "--top", "5",
+            "--device", "cpu"]  # fmt: skip
+    assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "totals (ms)" in out and "T4" in out and "capture fidelity" in out
+    assert out.startswith("mlp: training step (fw + bw), batch 2, fp32") and "totals (ms)" in out
+    # A CPU machine times nothing unless asked: no CPU column, no fidelity, the GPUs predicted anyway.
+    assert "nothing timed" in out and "(measured)" not in out and "capture fidelity" not in out
     report = Report.load(trace)
-    assert report.devices == ["T4", "L4"]
+    assert report.devices == ["T4", "L4"] and report.origin_ms() is None
+    assert report.name == "mlp" and report.batch == 2
 
     assert main(["show", str(trace), "--devices", "H100-SXM", "--top", "3"]) == 0
     out = capsys.readouterr().out
-    assert "H100-SXM" in out and "the 3 most expensive" in out
+    assert out.startswith("mlp: training step") and "H100-SXM" in out and "the 3 slowest of" in out
+
+
+def test_profile_times_nodes_on_the_cpu_only_when_asked(capsys) -> None:
+    argv = ["profile", "mlp", "--batch", "2", "--devices", "T4", "--top", "3", "--device", "cpu"]
+    argv.append("--measure-cpu")
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "(measured)" in captured.out and "capture fidelity" in captured.out
+    assert "GPU predictions never use CPU times" in captured.out
+    assert "timing" not in captured.out and "capturing" not in captured.out  # progress stays off stdout
+
+
+def test_demo_prints_tables_that_fit_120_columns(monkeypatch, capsys) -> None:
+    from fxcost.cli import step_commands
+
+    monkeypatch.setattr(step_commands, "_default_device", lambda: "cpu")  # as on a machine without a GPU
+    monkeypatch.setattr(step_commands, "DEMO_MODELS", (("mlp", 2, {"layers": 2}), ("gpt2", 2, {
+        "layers": 1, "dim": 64, "heads": 2, "seq": 16, "vocab": 128})))  # fmt: skip
+    assert main(["demo", "--top", "5"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 120
+    assert "mlp (layers 2): training step (fw + bw), batch 2, fp32" in out
+    gpt2 = "gpt2 (layers 1, dim 64, heads 2, vocab 128): training step (fw + bw), batch 2, sequence length 16"
+    assert gpt2 in out
+    assert "(measured)" not in out  # nothing timed on a CPU
+    header = next(line for line in lines if line.lstrip().startswith("node"))
+    assert "GFLOP" in header and "T4" in header and "L4" in header and "H100-SXM" in header
 
 
 def test_profile_module_callable(tmp_path, capsys, monkeypatch) -> None:

@@ -53,18 +53,99 @@ def test_print_shows_every_node_and_the_totals(report: Report) -> None:
         assert word in text
 
 
-def test_print_top_keeps_the_most_expensive(report: Report) -> None:
-    import re
-
-    out = io.StringIO()
-    report.print(top=3, file=out)
-    text = out.getvalue()
-    assert "the 3 most expensive" in text
-    shown = [int(m.group(1)) for m in re.finditer(r"^\s*(\d+)\s+g\d+/", text, re.MULTILINE)]
-    ranked = sorted(range(len(report.nodes)), key=lambda i: report.nodes[i].origin_ms or 0.0, reverse=True)
-    assert shown == ranked[:3]
+def test_print_top_keeps_the_slowest_on_the_first_gpu(report: Report) -> None:
+    text = _printout(report, top=3)
+    assert "the 3 slowest of" in text and "on H100-SXM" in text
+    # Not the CPU's order: the one the printout is for.
+    for first in ("H100-SXM", "T4"):
+        gpus = report.predict([first, *{"H100-SXM", "T4"} - {first}])
+        ranked = sorted(gpus.nodes, key=lambda n: n.pred_ms[first] or 0.0, reverse=True)
+        assert _row_names(_printout(gpus, top=5)) == [f"g{n.graph}/{n.name}" for n in ranked[:5]]
     with pytest.raises(ValueError, match="top must be a positive"):
         report.print(top=0)
+
+
+FOUR_GPUS = ["H100-SXM", "A100-SXM4-80GB", "L4", "T4"]
+
+
+def _printout(report: Report, top: int | None = 15) -> str:
+    out = io.StringIO()
+    report.print(top=top, file=out)
+    return out.getvalue()
+
+
+def _row_names(text: str) -> list[str]:
+    """The first cell of each row of the node table (the first table printed)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("─")) + 1
+    rows = itertools.takewhile(str.strip, lines[start:])
+    return [row.split()[0] for row in rows]
+
+
+def test_the_printout_of_four_gpus_fits_120_columns_and_cuts_no_figure(report: Report) -> None:
+    import re
+
+    from fxcost.report.table import WIDTH
+
+    four = report.predict(FOUR_GPUS)
+    four.nodes[0].module = "encoder.layers.11.attention.output.dense.dropout"  # longer than any column
+    for top in (15, None):
+        lines = _printout(four, top).splitlines()
+        assert WIDTH == 120 and max(map(len, lines)) <= WIDTH
+    text = _printout(four)
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("node"))
+    assert "GFLOP" in header and "L4" in header and "T4" in header and "H100-SXM" in header
+    # Every figure is whole: a shape, a GFLOP and a time never end in an ellipsis.
+    assert not re.search(r"[\dx]…", text)
+    slowest = sorted(four.nodes, key=lambda n: n.pred_ms["H100-SXM"] or 0.0, reverse=True)[:15]
+    for n in slowest:
+        row = next(line for line in text.splitlines() if f"g{n.graph}/{n.name} " in line)
+        assert row.split()[-4:] == [f"{n.pred_ms[d]:.4f}" for d in FOUR_GPUS]
+
+
+def test_a_table_too_wide_leaves_out_the_least_useful_columns_first(report: Report) -> None:
+    from fxcost.report.table import _DROPPABLE
+
+    def header(gpus: list[str]) -> list[str]:
+        text = _printout(report.predict(gpus))
+        return next(line for line in text.splitlines() if line.lstrip().startswith("node")).split()
+
+    assert {"node", "phase", "module", "output", "GFLOP", "MB"} <= set(header(["T4"]))
+    four = header(FOUR_GPUS)
+    dropped = [c for c in _DROPPABLE if c not in four]
+    assert dropped and dropped == list(_DROPPABLE[: len(dropped)])
+    assert {"node", "output", "GFLOP"} <= set(four)
+
+
+def test_shapes_are_abbreviated_to_the_largest_tensor() -> None:
+    from fxcost.report.table import shape_text
+
+    assert shape_text([(8, 64), (8, 1024, 14, 14), (1024,)]) == "8x1024x14x14 +2"
+    assert shape_text([(8, 32)]) == "8x32"
+    assert shape_text([()]) == "scalar"
+    assert shape_text([]) == "-"
+
+
+def test_the_header_states_the_step_its_precision_and_origin(report: Report) -> None:
+    text = _printout(report)
+    first = text.splitlines()[0]
+    assert first.startswith("Sequential: training step (fw + bw), batch 8, fp32") and "eager" in first
+    assert "sequence length" not in first  # float inputs: no sequence
+    assert "origin: cpu (where the step was captured); node times shown for reference" in text
+    assert "GPU predictions never use CPU times" in text
+    assert "predicted by auto (share of predicted time): MLP heads" in text
+
+
+def test_the_header_names_autocast_and_the_sequence_length() -> None:
+    from fxcost import zoo
+
+    model, inputs = zoo.build("gpt2", 2, layers=1, dim=64, heads=2, seq=16, vocab=128)
+    mixed = fxcost.profile(zoo.Autocast(model, "cpu"), inputs, devices=["T4"], measure=False)
+    text = _printout(mixed, top=3)
+    assert "GPT2" not in text.splitlines()[0] and "Autocast: training step (fw + bw), batch 2" in text
+    assert "sequence length 16, bf16 autocast, eager" in text
+    assert "nothing timed: GPU predictions are origin-free" in text
+    assert "(measured)" not in text and "capture fidelity" not in text  # nothing measured: no column
 
 
 def test_to_dataframe(report: Report) -> None:
@@ -320,3 +401,35 @@ def test_the_printout_gives_intervals_and_warns_where_spec_sheets_are_all_there_
     assert "caveat: MI250 is unlike every GPU the heads were fit on" in text and "caveat: H100" not in text
     low, high = amd.eager_interval_ms("H100-SXM")
     assert low < amd.eager_ms("H100-SXM") < high
+
+
+def test_the_precision_is_read_from_the_matmuls_dtypes_and_tf32_flags() -> None:
+    from fxcost.records import NodeCost
+    from fxcost.report.header import captured_precision
+
+    def mm(dtype: str, tf32: bool = False) -> NodeCost:
+        return NodeCost("mm", "aten.mm.default", "fw", in_dtypes=[dtype] * 2, out_dtypes=[dtype], tf32=tf32)
+
+    fp32 = ["float32"]
+    norm = NodeCost("ln", "aten.native_layer_norm.default", "fw", in_dtypes=fp32, out_dtypes=fp32)
+    ids = NodeCost("emb", "aten.embedding.default", "fw", in_dtypes=[*fp32, "int64"], out_dtypes=fp32)
+    assert captured_precision([mm("float32"), norm]) == "fp32"
+    assert captured_precision([mm("float32", tf32=True), norm]) == "fp32 (TF32 allowed)"
+    assert captured_precision([mm("bfloat16"), norm]) == "bf16 autocast"
+    assert captured_precision([mm("float16"), mm("float16")]) == "fp16"
+    # A half-precision cast outside the matmuls does not make an fp32 step mixed.
+    cast = NodeCost("c", "aten._to_copy.default", "fw", in_dtypes=["float32"], out_dtypes=["bfloat16"])
+    assert captured_precision([mm("float32"), cast, ids]) == "fp32"
+    assert captured_precision([NodeCost("a", "aten.add.Tensor", "fw", in_dtypes=["int64"])]) == (
+        "no floating-point tensors"
+    )
+
+
+def test_a_gpu_origin_is_named_with_its_measured_column(report: Report) -> None:
+    on_gpu = Report.from_json({**report.to_json(), "origin": "NVIDIA H100 80GB HBM3"}).predict(["T4", "L4"])
+    text = _printout(on_gpu, top=5)
+    assert "origin: H100-SXM (where the step was captured), each node timed there" in text
+    assert "other GPUs are predicted from those times" in text and "never use CPU times" not in text
+    header = [line for line in text.splitlines() if "(measured)" in line]
+    assert header and "H100-SXM" in text.splitlines()[text.splitlines().index(header[0]) - 1]
+    assert "predicted by auto (share of predicted time)" in text and "wave scaling" in text
