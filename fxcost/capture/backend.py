@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from fxcost.capture.graphs import CapturedGraph, placeholder_outputs, size_symbols
+from fxcost.capture.graphs import CapturedGraph, StepFacts, placeholder_outputs, size_symbols, step_facts
 from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import spec_name
 from fxcost.gpus import DEFAULT_DEVICES, Device
@@ -79,6 +79,7 @@ class FxcostBackend:
         self._lock = threading.Lock()
         self._runs = itertools.count()  # stamps graph calls in order
         self._step_start = 0  # the stamp of the latest call of the first frame's first graph
+        self._step = StepFacts()  # what the first frame's inputs say of the step
         _remember(self)
 
     def __repr__(self) -> str:
@@ -97,6 +98,8 @@ class FxcostBackend:
             with self._lock:
                 # A recompile of a frame replaces its graphs; graphs of other frames (breaks) stay.
                 key = frame_id if frame_id is not None else -len(self._frames) - 1
+                if not self._frames or key == next(iter(self._frames)):  # the model's own frame
+                    self._step = step_facts(gm, example_inputs)
                 self._frames[key] = frame
             origin = _origin_name(example_inputs)
             if origin != "cpu":  # a graph with only CPU inputs (after a break) measures nothing on the GPU
@@ -129,6 +132,9 @@ class FxcostBackend:
             origin=self.origin,
             model=spec_name(self.options.cost_model),
             torch_version=torch.__version__,
+            batch=self._step.batch,
+            seqlen=self._step.seqlen,
+            name=self._step.name,
             apart=[dataclasses.replace(g.record, index=i)
                    for i, g in enumerate(g for g in captured if g not in in_step)],
         )  # fmt: skip

@@ -3,12 +3,13 @@
 :class:`CapturedGraph` holds a graph with its record, when it last ran (a step is the graphs run
 since the model's first graph last started) and, for a graph compiled for dynamic shapes, the sizes
 of its latest run, read through :func:`size_symbols`. :func:`placeholder_outputs` stands in for a
-graph whose results nobody reads.
+graph whose results nobody reads. :func:`step_facts` reads the batch, sequence length and model
+name of a step compiled by a user from the model's own Dynamo graph.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +17,11 @@ import sympy
 import torch
 import torch.fx
 
+from fxcost.capture.inputs import batch_of_leaves, seqlen_of
 from fxcost.lowering import size_hint
 from fxcost.records import GraphRecord
 
-__all__ = ["CapturedGraph", "placeholder_outputs", "size_symbols"]
+__all__ = ["CapturedGraph", "StepFacts", "placeholder_outputs", "size_symbols", "step_facts"]
 
 
 @dataclass
@@ -85,3 +87,37 @@ def size_symbols(gm: torch.fx.GraphModule) -> list[tuple[int, int | None, sympy.
             if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
                 found.append((i, dim, size.node.expr, size_hint(size)))
     return found
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What a printout says of a step: its batch, sequence length and model name, where known."""
+
+    batch: int | None = None
+    seqlen: int | None = None
+    name: str = ""
+
+
+def step_facts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> StepFacts:
+    """The facts of the step whose first Dynamo graph is ``gm``: the batch and sequence length of the
+    caller's tensors among its inputs (not the module's parameters and buffers, which Dynamo lifts
+    to inputs too), and the compiled module's class name. Unknown where Dynamo does not say."""
+    try:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        given = [value for node, value in zip(placeholders, example_inputs, strict=False)
+                 if _is_callers(node)]  # fmt: skip
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        f_locals = InstructionTranslator.current_tx().f_locals
+    except Exception:  # a private corner of Dynamo that moved: the facts stay unknown
+        return StepFacts()
+    module = f_locals.get("self", f_locals.get("fn"))
+    name = type(module).__name__ if isinstance(module, torch.nn.Module) else ""
+    return StepFacts(batch_of_leaves(given), seqlen_of(tuple(given), {}), name)
+
+
+def _is_callers(placeholder: torch.fx.Node) -> bool:
+    """Whether a Dynamo graph input is one the caller passed, not a module's parameter or buffer."""
+    source = placeholder.meta.get("grapharg")
+    name = source.source.name if source is not None and source.source is not None else ""
+    return name.startswith("L[") and not name.startswith(("L['self']", "L['fn']")) and "._" not in name

@@ -352,3 +352,12 @@ def test_last_report_of_a_capture_that_got_nothing_says_why() -> None:
         torch.compile(gru, backend=fxcost.estimate(devices=["T4"], measure=False))(torch.randn(2, 3, 8))
     with pytest.raises(RuntimeError, match="allow_rnn"):
         fxcost.last_report()
+
+
+def test_the_report_names_the_model_batch_and_sequence_length_it_was_given() -> None:
+    model, inputs = zoo.build("gpt2", **SMALL_ZOO["gpt2"])
+    backend = fxcost.estimate(devices=["T4"], measure=False)
+    torch.compile(model, backend=backend)(*inputs).sum().backward()
+    report = backend.report()
+    # The batch is the caller's (2), not the leading dimension of a lifted parameter.
+    assert (report.name, report.batch, report.seqlen) == (type(model).__name__, 2, 8)
