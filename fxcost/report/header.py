@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from fxcost.cost_models.heads import measured_in_training
 from fxcost.gpus import UnknownDeviceError, get_device
 from fxcost.lowering.flops import is_matmul_class
 from fxcost.precision import HALF_DTYPES, is_float
@@ -42,6 +43,12 @@ def header_lines(report: Report) -> list[str]:
     lines = [f"{report.name or 'model'}: {', '.join(facts)}", _origin_line(report)]
     if report.devices:
         lines.append(_sources_line(report))
+    unmeasured = [d for d in report.devices if not measured_in_training(get_device(d))]
+    if unmeasured:
+        lines.append(
+            f"never measured for the heads' fit: {', '.join(unmeasured)}; predicted from spec sheets "
+            "(the totals' 80% interval is how far that has been off on GPUs left out of the fit)"
+        )
     return lines
 
 

@@ -134,6 +134,9 @@ def test_the_header_states_the_step_its_precision_and_origin(report: Report) -> 
     assert "origin: cpu (where the step was captured); node times shown for reference" in text
     assert "GPU predictions never use CPU times" in text
     assert "predicted by auto (share of predicted time): MLP heads" in text
+    # The heads were fit on T4 measurements, never on an H100's: the header says which rest on specs.
+    (unmeasured,) = [line for line in text.splitlines() if line.startswith("never measured")]
+    assert "H100-SXM" in unmeasured and "T4" not in unmeasured
 
 
 def test_the_header_names_autocast_and_the_sequence_length() -> None:

@@ -22,6 +22,7 @@ from fxcost.cost_models.heads.features import (
 from fxcost.cost_models.heads.model import Heads, HeadsRatio, default_heads
 from fxcost.cost_models.heads.weights import (
     load_heads,
+    measured_in_training,
     shipped_heads,
     shipped_manifest,
     spec_sheet_caveat,
@@ -42,6 +43,7 @@ __all__ = [
     "fp32_traffic",
     "head_of",
     "load_heads",
+    "measured_in_training",
     "node_features",
     "roofline_ms",
     "shipped_heads",

@@ -15,7 +15,14 @@ from fxcost.cost_models.heads.features import FEATURE_VERSION, HEAD_OUTPUT
 from fxcost.cost_models.mlp import MLP, read_mlps
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 
-__all__ = ["load_heads", "shipped_heads", "shipped_manifest", "spec_sheet_caveat", "unlike_training"]
+__all__ = [
+    "load_heads",
+    "measured_in_training",
+    "shipped_heads",
+    "shipped_manifest",
+    "spec_sheet_caveat",
+    "unlike_training",
+]
 
 
 def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
@@ -63,14 +70,24 @@ def unlike_training(device: Device) -> bool:
     return device.vendor not in _trained_vendors()
 
 
+def measured_in_training(device: Device) -> bool:
+    """Whether the shipped heads were fit on measurements of ``device`` itself; for every other GPU
+    they read its spec sheet (the 80% interval says how far that has been off on held-out GPUs)."""
+    return device.name in _trained_devices()
+
+
+@functools.cache
+def _trained_devices() -> frozenset[str]:
+    trained = set()
+    for name in {d for head in shipped_manifest().get("heads", {}).values() for d in head.get("devices", [])}:
+        with contextlib.suppress(UnknownDeviceError):  # a GPU of a file this fxcost does not know
+            trained.add(get_device(name).name)
+    return frozenset(trained)
+
+
 @functools.cache
 def _trained_vendors() -> frozenset[str]:
-    trained = {d for head in shipped_manifest().get("heads", {}).values() for d in head.get("devices", [])}
-    vendors = set()
-    for name in trained:
-        with contextlib.suppress(UnknownDeviceError):  # a GPU of a file this fxcost does not know
-            vendors.add(get_device(name).vendor)
-    return frozenset(vendors)
+    return frozenset(get_device(name).vendor for name in _trained_devices())
 
 
 def spec_sheet_caveat(device: Device) -> str:
