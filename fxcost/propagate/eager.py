@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, kernel_ms
+from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_ms
 from fxcost.gpus import Device
 from fxcost.records import NodeCost
 
@@ -145,11 +145,12 @@ def _kernels(
 ) -> Iterator[tuple[NodeCost, float]]:
     """The kernel nodes with a prediction on ``device``, in order, with the time their kernel runs
     in an eager step (see :func:`timeline`)."""
+    hidden = hidden_overhead_ms(device)
     for node in nodes:
         predicted = node.pred_ms.get(device.name)
         if not node.has_kernel or predicted is None:
             continue
-        kernel = kernel_ms(predicted, node.pred_source.get(device.name), device)
+        kernel = kernel_ms(predicted, node.pred_source.get(device.name), hidden)
         if on_origin and node.kernel_ms is not None:
             kernel = node.kernel_ms
         yield node, kernel * pipeline.kernel_scale

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
-from fxcost.cost_models.eager import kernel_ms
+from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms
 from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator import Captured
 from fxcost.gpus import Device
@@ -301,7 +301,8 @@ def _vocab(nodes: Sequence[NodeCost]) -> int | None:
 
 def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
     """Kernel time per node (:func:`fxcost.cost_models.eager.kernel_ms`), 0 where there is no prediction."""
-    return [kernel_ms(m, src, device) for m, src in zip(np.nan_to_num(ms).tolist(), source, strict=True)]
+    hidden = hidden_overhead_ms(device)
+    return [kernel_ms(m, src, hidden) for m, src in zip(np.nan_to_num(ms).tolist(), source, strict=True)]
 
 
 def _layer(module: str, layers: Collection[str]) -> str:
