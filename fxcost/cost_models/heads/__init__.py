@@ -25,6 +25,7 @@ from fxcost.cost_models.heads.weights import (
     shipped_heads,
     shipped_manifest,
     spec_sheet_caveat,
+    trained_devices,
     unlike_training,
 )
 
@@ -47,6 +48,7 @@ __all__ = [
     "shipped_heads",
     "shipped_manifest",
     "spec_sheet_caveat",
+    "trained_devices",
     "unlike_training",
     "with_device",
 ]

@@ -15,7 +15,14 @@ from fxcost.cost_models.heads.features import FEATURE_VERSION, HEAD_OUTPUT
 from fxcost.cost_models.mlp import MLP, read_mlps
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 
-__all__ = ["load_heads", "shipped_heads", "shipped_manifest", "spec_sheet_caveat", "unlike_training"]
+__all__ = [
+    "load_heads",
+    "shipped_heads",
+    "shipped_manifest",
+    "spec_sheet_caveat",
+    "trained_devices",
+    "unlike_training",
+]
 
 
 def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
@@ -64,13 +71,19 @@ def unlike_training(device: Device) -> bool:
 
 
 @functools.cache
+def trained_devices() -> frozenset[str]:
+    """Canonical names of the GPUs whose measurements the shipped heads were fit on (any head)."""
+    names = set()
+    for head in shipped_manifest().get("heads", {}).values():
+        for name in head.get("devices", []):
+            with contextlib.suppress(UnknownDeviceError):  # a GPU of a file this fxcost does not know
+                names.add(get_device(name).name)
+    return frozenset(names)
+
+
+@functools.cache
 def _trained_vendors() -> frozenset[str]:
-    trained = {d for head in shipped_manifest().get("heads", {}).values() for d in head.get("devices", [])}
-    vendors = set()
-    for name in trained:
-        with contextlib.suppress(UnknownDeviceError):  # a GPU of a file this fxcost does not know
-            vendors.add(get_device(name).vendor)
-    return frozenset(vendors)
+    return frozenset(get_device(name).vendor for name in trained_devices())
 
 
 def spec_sheet_caveat(device: Device) -> str:
