@@ -6,24 +6,43 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import keystr, tree_flatten_with_path, tree_leaves, tree_map
 
 __all__ = ["as_call", "batch_of", "batch_of_leaves", "map_batched", "seqlen_of"]
 
 
 def as_call(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` of a step from example inputs: a tensor, a tuple or list of positional
-    arguments, or a dict of keyword arguments."""
+    arguments, or a dict of keyword arguments.
+
+    Raises:
+        TypeError: ``example_inputs`` is none of those.
+        ValueError: a tensor among them has no elements (a dimension of size 0): a step on it does
+            no work to price.
+    """
     if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,), {}
-    if isinstance(example_inputs, dict):
-        return (), dict(example_inputs)
-    if isinstance(example_inputs, (tuple, list)):
-        return tuple(example_inputs), {}
-    raise TypeError(
-        "example_inputs must be a tensor, a tuple/list of positional arguments or a dict of keyword "
-        f"arguments, got {type(example_inputs).__name__}"
-    )
+        call: tuple[tuple[Any, ...], dict[str, Any]] = (example_inputs,), {}
+    elif isinstance(example_inputs, dict):
+        call = (), dict(example_inputs)
+    elif isinstance(example_inputs, (tuple, list)):
+        call = tuple(example_inputs), {}
+    else:
+        raise TypeError(
+            "example_inputs must be a tensor, a tuple/list of positional arguments or a dict of keyword "
+            f"arguments, got {type(example_inputs).__name__}"
+        )
+    _check_not_empty(example_inputs)
+    return call
+
+
+def _check_not_empty(example_inputs: Any) -> None:
+    """Refuse a tensor with a dimension of size 0, naming where it is among ``example_inputs``."""
+    for path, leaf in tree_flatten_with_path(example_inputs)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.numel() == 0:
+            raise ValueError(
+                f"example_inputs{keystr(path)} has shape {tuple(leaf.shape)}, no elements; fxcost "
+                "prices a step on inputs whose every dimension is >= 1 (a batch of at least one)"
+            )
 
 
 def batch_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:

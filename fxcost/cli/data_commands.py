@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from fxcost._progress import progress_bars
+from fxcost.cli.status import OK
 
 __all__ = ["calibrate_command", "collect_command", "compare_command", "fit_runs_command", "train_command"]
 
@@ -27,7 +28,7 @@ def collect_command(args: argparse.Namespace) -> int:
         rate = f", {done / stats.seconds[op]:.1f} configs/s" if stats.seconds[op] > 0 else ""
         print(f"{op}: {stats.existing[op]} rows kept, {stats.written[op]} measured, "
               f"{stats.skipped_oom[op]} out of memory{rate} -> {path}")  # fmt: skip
-    return 0
+    return OK
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
@@ -51,7 +52,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     )
     if args.out:
         print(f"device profile written to {to_yaml(cal, args.out, name=args.name, base=args.base)}")
-    return 0
+    return OK
 
 
 def train_command(args: argparse.Namespace) -> None:

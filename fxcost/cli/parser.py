@@ -11,20 +11,29 @@ import argparse
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from fxcost._version import __version__
 from fxcost.cli import data_commands, step_commands
+from fxcost.cli.status import BAD_INPUT, EXIT_STATUSES
 from fxcost.gpus import DEFAULT_DEVICES
 from fxcost.kernels_triton.calibrate import DEFAULT_SIZES
 from fxcost.precision import PRECISIONS
 
-__all__ = ["DEMO_DEVICES", "parser"]
+__all__ = ["DEMO_DEVICES", "exit_statuses_text", "parser", "positive_int"]
 
 DEMO_DEVICES = (*DEFAULT_DEVICES, "T4")
 
 
-class _Parser(argparse.ArgumentParser):
+class _OneLineErrors(argparse.ArgumentParser):
+    """A parser whose usage errors are one line on stderr, exit status ``BAD_INPUT``, as every other
+    error of the command (argparse's own print the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+class _Parser(_OneLineErrors):
     """A subcommand's parser whose description may be written only when its help is shown: the zoo's
     names, which ``profile`` lists, need torch."""
 
@@ -38,9 +47,11 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     """The ``fxcost`` command line: every subcommand, its options, and the function that runs it."""
-    root = argparse.ArgumentParser(
+    root = _OneLineErrors(
         prog="fxcost",
         description="Predict how long a PyTorch training iteration takes on GPUs you may not have.",
+        epilog=exit_statuses_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     root.add_argument("--version", action="version", version=f"fxcost {__version__}")
     sub = root.add_subparsers(title="commands", required=True, metavar="COMMAND", parser_class=_Parser)
@@ -49,11 +60,29 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def exit_statuses_text() -> str:
+    """The exit statuses as ``fxcost --help`` ends with them (and the README lists them)."""
+    return "exit status:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in EXIT_STATUSES.items())
+
+
+def positive_int(text: str) -> int:
+    """An argument that must be a whole number >= 1 (a batch, a count of rows or repetitions)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 def _step_commands(sub: Any) -> None:
     """demo, profile, show, compare-gpus, simulate, devices."""
     demo = _command(sub, step_commands.demo_command)
     _add_devices(demo, DEMO_DEVICES)
-    demo.add_argument("--top", type=int, default=15, help="rows of the node table per model (default 15)")
+    demo.add_argument(
+        "--top", type=positive_int, default=15, help="rows of the node table per model (default 15)"
+    )
     demo.add_argument("--measure-cpu", action="store_true", help=MEASURE_CPU_HELP)
 
     profile = _command(sub, step_commands.profile_command)
@@ -69,13 +98,13 @@ def _step_commands(sub: Any) -> None:
     _add_devices(profile, DEFAULT_DEVICES)
     profile.add_argument("--out", help="write the trace here (JSON; .json.gz compresses)")
     profile.add_argument("--model", dest="cost_model", default="auto", help=COST_MODEL_HELP)
-    profile.add_argument("--top", type=int, default=20, help="rows of the node table (default 20)")
+    profile.add_argument("--top", type=positive_int, default=20, help="rows of the node table (default 20)")
     profile.add_argument("--device", default=None, help="run on this torch device (default: cuda if present)")
 
     show = _command(sub, step_commands.show_command)
     show.add_argument("trace")
     show.add_argument("--devices", nargs="+", metavar="GPU", help="GPUs to predict (default: the trace's)")
-    show.add_argument("--top", type=int, default=None, help="only the N most expensive nodes")
+    show.add_argument("--top", type=positive_int, default=None, help="only the N most expensive nodes")
     show.add_argument("--model", help=SHOW_MODEL_HELP)
 
     gpus = _command(sub, step_commands.compare_gpus_command)
@@ -111,7 +140,7 @@ def _data_commands(sub: Any) -> None:
     train.add_argument("--include-held-out", action="store_true", help=INCLUDE_HELD_OUT_HELP)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument(
-        "--epochs", type=int, default=None, help="epochs per head (default: the study's choice)"
+        "--epochs", type=positive_int, default=None, help="epochs per head (default: the study's choice)"
     )
 
     fit_runs = _command(sub, data_commands.fit_runs_command)
@@ -130,10 +159,10 @@ def _data_commands(sub: Any) -> None:
     calibrate = _command(sub, data_commands.calibrate_command)
     calibrate.add_argument("--out", metavar="YAML", help="write the device profile here")
     calibrate.add_argument(
-        "--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES), metavar="N", help=SIZES_HELP
+        "--sizes", type=positive_int, nargs="+", default=list(DEFAULT_SIZES), metavar="N", help=SIZES_HELP
     )
     calibrate.add_argument(
-        "--repeats", type=int, default=10, help="minimum timed runs per kernel (default 10)"
+        "--repeats", type=positive_int, default=10, help="minimum timed runs per kernel (default 10)"
     )
     calibrate.add_argument("--device", default="cuda", help="CUDA device (default: cuda)")
     calibrate.add_argument("--name", help="device name in the profile (default: the GPU's name)")
@@ -141,7 +170,7 @@ def _data_commands(sub: Any) -> None:
 
     collect = _command(sub, data_commands.collect_command)
     collect.add_argument("--ops", required=True, help=OPS_HELP)
-    collect.add_argument("--samples", type=int, required=True, help="configurations per op")
+    collect.add_argument("--samples", type=positive_int, required=True, help="configurations per op")
     collect.add_argument("--out", type=Path, required=True, metavar="DIR", help="data directory")
     collect.add_argument("--no-resume", dest="resume", action="store_false", help="overwrite existing files")
     collect.add_argument("--seed", type=int, default=0, help="configuration sequence (default 0)")
@@ -196,10 +225,13 @@ def _step_options(
     """MODEL and the step it is captured at: --batch, --seqlen (Hugging Face configs), --train."""
     parser.add_argument("model", metavar="MODEL", help=model_help)
     parser.add_argument(
-        "--batch", type=int, default=batch, help=batch_help or f"batch size (default {batch})"
+        "--batch", type=positive_int, default=batch, help=batch_help or f"batch size (default {batch})"
     )
     parser.add_argument(
-        "--seqlen", type=int, default=seqlen, help=f"tokens per sequence, HF configs (default {seqlen})"
+        "--seqlen",
+        type=positive_int,
+        default=seqlen,
+        help=f"tokens per sequence, HF configs (default {seqlen})",
     )
     if train:
         _flag(

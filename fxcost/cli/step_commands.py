@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fxcost._progress import progress_bars
+from fxcost.cli.status import OK, OUT_OF_MEMORY
 
 if TYPE_CHECKING:
     from fxcost.report import Report
@@ -140,7 +141,7 @@ def _compare_gpus_report(args: argparse.Namespace, devices: Sequence[str]) -> Re
     if config is not None and args.measure:
         raise ValueError("a Hugging Face config is captured on meta tensors; --measure needs a model")
     device = _default_device() if args.measure else None
-    batch = args.batch or 8
+    batch = args.batch if args.batch is not None else 8
     mode = "training step" if args.train else "inference"
     if config is not None:
         print(f"{spec} (batch {batch}, {args.seqlen} tokens), {mode} on meta tensors")
@@ -154,16 +155,14 @@ def simulate_command(args: argparse.Namespace) -> int:
 
     Traces one step of MODEL (no GPU needed), splits it over the cluster by the strategy, and simulates
     one iteration (Proteus): time, throughput, per-stage peak memory and OOM verdict. Exit status 3
-    when a rank runs out of memory."""
+    when a rank runs out of memory (the result is printed all the same)."""
     from fxcost.sim import Strategy, simulate
 
     strategy = Strategy.load(args.strategy) if args.strategy.endswith((".yaml", ".yml")) else args.strategy
     if args.model.endswith(".json"):  # a Hugging Face config: simulate builds it at --batch and --seqlen
         model, inputs = args.model, None
     else:
-        from fxcost import zoo
-
-        model, inputs = zoo.load(args.model, args.batch)
+        model, inputs = _load(args.model, args.batch)
     with progress_bars() as update:
         task = f"tracing {args.model} and simulating it on {args.cluster}"
         update(task, 0, None)
@@ -173,7 +172,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     print(result.summary())
     if args.trace:
         print(f"timeline written to {result.to_chrome_trace(args.trace)}")
-    return 3 if result.oom else 0
+    return OUT_OF_MEMORY if result.oom else OK
 
 
 def devices_command(args: argparse.Namespace) -> None:
@@ -229,9 +228,7 @@ def _capture_spec(
     else:
         import torch
 
-        from fxcost import zoo
-
-        model, inputs = zoo.load(spec, batch)
+        model, inputs = _load(spec, batch)
         if device is not None:
             model, inputs = _to_device(model, inputs, torch.device(device))
         report = _capture(spec, model, inputs, devices, train=args.train, measure=measure,
@@ -258,6 +255,19 @@ def _capture(
         )  # fmt: skip
         update(task, 1, 1)
     return report
+
+
+def _load(spec: str, batch: int) -> tuple[Any, Any]:
+    """``(model, inputs)`` of a zoo name or a 'module:callable', the module imported from the current
+    directory first as ``python -m`` does (the installed ``fxcost`` script does not look there)."""
+    import os
+    import sys
+
+    from fxcost import zoo
+
+    if ":" in spec and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return zoo.load(spec, batch)
 
 
 def _default_device() -> str:

@@ -6,6 +6,10 @@ Habitat's throughput divided by the hourly cost of renting the GPU (§5, Figures
 ``Report.eager_ms``, the whole eager step, rather than ``total_ms``: the latter adds up ops timed one
 by one, each with a launch overhead that the GPU queue hides when they run back to back.
 
+A GPU no measurement of which went into the heads, predicted without a GPU origin to scale from, has
+figures that rest on spec sheets alone (``GpuChoice.spec_sheet_only``): the printout marks it and
+says so, since such a GPU can top the ranking on its spec sheet's word only.
+
 Prices come from the device database (``price_usd_per_hr``, a typical cloud on-demand price) and can be
 overridden per GPU, e.g. with your provider's prices from a YAML file (:func:`load_prices`).
 
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fxcost.cost_models.heads import trained_devices, unlike_training
 from fxcost.gpus import Device, UnknownDeviceError, device_names, get_device
 
 if TYPE_CHECKING:
@@ -47,6 +52,9 @@ class GpuChoice:
         samples_per_usd: cost-normalized throughput, ``samples_per_s * 3600 / usd_per_hr``, or None.
         price_unconfirmed: the price is a database value marked unconfirmed (``?`` in ``gpus.csv``).
         step_low_ms, step_high_ms: the nominal 80% interval of ``step_ms`` (``Report.eager_interval_ms``).
+        spec_sheet_only: nothing measured on this GPU informs its figures: no measurement of it went
+            into the heads, and it is predicted without a GPU origin (or is of a vendor the heads never
+            saw, :func:`~fxcost.cost_models.heads.unlike_training`).
     """
 
     device: str
@@ -57,6 +65,7 @@ class GpuChoice:
     price_unconfirmed: bool = False
     step_low_ms: float = math.nan
     step_high_ms: float = math.nan
+    spec_sheet_only: bool = False
 
 
 def load_prices(path: str | os.PathLike[str]) -> dict[str, float]:
@@ -115,8 +124,8 @@ def print_choices(choices: Sequence[GpuChoice], file: TextIO | None = None) -> N
 
     from fxcost.report.table import console_for, format_interval, spec_sheet_caveats
 
-    table = Table(title="GPUs by samples per dollar (? = unconfirmed price)", box=box.SIMPLE_HEAD,
-                  title_justify="left")  # fmt: skip
+    table = Table(title="GPUs by samples per dollar (? = unconfirmed price, * = spec sheets alone)",
+                  box=box.SIMPLE_HEAD, title_justify="left")  # fmt: skip
     table.add_column("#", justify="right")
     table.add_column("GPU")
     for header in ("step ms", "80% interval", "samples/s", "$/h", "samples/$"):
@@ -126,23 +135,31 @@ def print_choices(choices: Sequence[GpuChoice], file: TextIO | None = None) -> N
         per_usd = "-" if c.samples_per_usd is None else f"{c.samples_per_usd:,.0f}"
         interval = format_interval(c.step_low_ms, c.step_high_ms)
         rate = f"{c.samples_per_s:,.1f}"
-        table.add_row(str(rank), c.device, f"{c.step_ms:.3f}", interval, rate, price, per_usd)
+        table.add_row(str(rank), _name(c), f"{c.step_ms:.3f}", interval, rate, price, per_usd)
     console = console_for(file)
     console.print(table)
     if choices:
-        fastest = max(choices, key=lambda c: c.samples_per_s).device
+        fastest = _name(max(choices, key=lambda c: c.samples_per_s))
         cheapest = min(choices, key=_best_value_first)
-        best_value = cheapest.device if cheapest.samples_per_usd is not None else "- (no prices)"
+        best_value = _name(cheapest) if cheapest.samples_per_usd is not None else "- (no prices)"
         console.print(f"fastest: {fastest}; most samples per dollar: {best_value}")
     console.print("step: the predicted eager step (op times back to back, launch overhead hidden); "
                   "a sample is one entry of the batch")  # fmt: skip
+    untrained = [c.device for c in choices if c.spec_sheet_only and not unlike_training(get_device(c.device))]
+    if untrained:
+        console.print(
+            f"* spec sheets alone: no measurement of {', '.join(untrained)} went into the heads and none "
+            "was taken here; their times scale from spec-sheet rates with efficiencies learned on "
+            f"{', '.join(sorted(trained_devices()))}"
+        )
     for line in spec_sheet_caveats(c.device for c in choices):
-        console.print(line)
+        console.print("* " + line)
 
 
 def plot(choices: Sequence[GpuChoice], path: str | os.PathLike[str], title: str = "") -> Path:
-    """Save two bar charts to ``path`` (format from its suffix): throughput, and samples per dollar
-    for the GPUs with a price, in the order of ``choices`` (as Habitat's Figures 7-8). Returns the path.
+    """Save two bar charts to ``path`` (format from its suffix): throughput, highest first, and
+    samples per dollar for the GPUs with a price, highest first (as Habitat's Figures 7-8). A GPU
+    whose figures rest on spec sheets alone is named with a ``*``. Returns the path.
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -150,17 +167,17 @@ def plot(choices: Sequence[GpuChoice], path: str | os.PathLike[str], title: str 
     except ImportError as e:
         raise ImportError("plotting needs matplotlib: pip install 'fxcost[plot]'") from e
 
-    priced = [c for c in choices if c.samples_per_usd is not None]
+    fastest, priced = _chart_orders(choices)
     figure = Figure(figsize=(max(6.0, 0.6 * len(choices) + 2), 7), layout="constrained")
     FigureCanvasAgg(figure)  # attaches itself: rendering without pyplot's global state
     top, bottom = figure.subplots(2, 1)
-    panels = [(top, choices, [c.samples_per_s for c in choices], "samples / s", "throughput"),
+    panels = [(top, fastest, [c.samples_per_s for c in fastest], "samples / s", "throughput"),
               (bottom, priced, [c.samples_per_usd or 0.0 for c in priced], "samples / $",
                "cost-normalized throughput")]  # fmt: skip
     for axes, shown, values, ylabel, name in panels:
         bars = axes.bar(range(len(shown)), values, color="tab:blue" if axes is top else "tab:green")
         axes.bar_label(bars, fmt="{:,.0f}", fontsize=7)
-        axes.set_xticks(range(len(shown)), [c.device for c in shown], rotation=45, ha="right", fontsize=8)
+        axes.set_xticks(range(len(shown)), [_name(c) for c in shown], rotation=45, ha="right", fontsize=8)
         axes.yaxis.set_major_formatter("{x:,.0f}")
         axes.margins(y=0.12)  # room for the labels above the tallest bar
         axes.set_ylabel(ylabel)
@@ -181,7 +198,30 @@ def _choice(report: Report, batch: int, device: Device, prices: Mapping[str, flo
     unconfirmed = device.name not in prices and "price_usd_per_hr" in device.uncertain
     per_usd = samples_per_s * 3600 / price if price else None
     low, high = report.eager_interval_ms(device, eager_ms=step_ms)
-    return GpuChoice(device.name, step_ms, samples_per_s, price, per_usd, unconfirmed, low, high)
+    return GpuChoice(device.name, step_ms, samples_per_s, price, per_usd, unconfirmed, low, high,
+                     _spec_sheet_only(report, device))  # fmt: skip
+
+
+def _chart_orders(choices: Sequence[GpuChoice]) -> tuple[list[GpuChoice], list[GpuChoice]]:
+    """The bars of each chart: every GPU by throughput, and the priced ones by samples per dollar."""
+    fastest = sorted(choices, key=lambda c: -c.samples_per_s)
+    priced = sorted((c for c in choices if c.samples_per_usd is not None), key=_best_value_first)
+    return fastest, priced
+
+
+def _spec_sheet_only(report: Report, device: Device) -> bool:
+    """Whether nothing measured on ``device`` informs its predictions in ``report`` (see GpuChoice)."""
+    if unlike_training(device):
+        return True
+    try:
+        gpu_origin = get_device(report.origin) if report.origin_ms() is not None else None
+    except UnknownDeviceError:  # measured on a CPU (or a device fxcost does not know): no GPU to scale
+        gpu_origin = None
+    return gpu_origin is None and device.name not in trained_devices()
+
+
+def _name(c: GpuChoice) -> str:
+    return f"{c.device}*" if c.spec_sheet_only else c.device
 
 
 def _best_value_first(c: GpuChoice) -> tuple[bool, float, float]:

@@ -140,7 +140,8 @@ def compile_plan(
     ``params``: parameter count by owning module path (``model.named_parameters()``).
 
     Raises:
-        ValueError: the batch does not split into ``dp * micro_batches``, or ``pp`` exceeds layers.
+        ValueError: the batch does not split into ``dp * micro_batches``, ``tp`` does not divide the
+            attention heads and the width, or ``pp`` exceeds layers.
     """
     s = strategy
     precision = parse_precision(precision)
@@ -167,6 +168,8 @@ def compile_plan(
     def outside(n: NodeCost) -> NodeCost | None:
         return shard_vocabulary(n, s.tp, tokens, vocab) if vocab else None
 
+    if s.tp > 1:
+        _check_tp(s.tp, hidden, _heads([n for n in batch_nodes.nodes if _layer(n.module, set(layers))]))
     layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
     outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
 
@@ -287,6 +290,39 @@ def _interval(
     low, high = node_bounds(nodes, ms, source)
     total = float(ms @ counts)
     return (float(low @ counts) / total, float(high @ counts) / total) if total > 0 else (1.0, 1.0)
+
+
+# Ops whose first input is (batch, heads, tokens, ...) in an attention layer.
+_ATTENTION = frozenset(
+    f"aten.{op}.default"
+    for op in ("_softmax", "_safe_softmax", "scaled_dot_product_attention",
+               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+)  # fmt: skip
+
+
+def _heads(nodes: Sequence[NodeCost]) -> int | None:
+    """The attention heads of the layers' ``nodes``: dimension 1 of the 4-d inputs of their softmaxes
+    and fused attentions (the most common), or None if they have none."""
+    counts = Counter(
+        n.in_shapes[0][1] for n in nodes if n.op in _ATTENTION and n.in_shapes and len(n.in_shapes[0]) == 4
+    )
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _check_tp(tp: int, hidden: int, heads: int | None) -> None:
+    """Megatron splits every attention head and the width (so the MLP's 4x width too) evenly over the
+    ``tp`` ranks: refuse a degree that divides them unevenly, listing the degrees that do not."""
+    sizes = {"{} attention heads": heads, "width {}": hidden if hidden > 1 else None}
+    known = {name: size for name, size in sizes.items() if size}
+    uneven = [name.format(size) for name, size in known.items() if size % tp]
+    if uneven:
+        common = math.gcd(*known.values())
+        accepted = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
+        raise ValueError(
+            f"tp={tp} does not divide the model's {' and '.join(uneven)}: tensor parallelism splits "
+            f"them evenly over its ranks; accepted tp: {accepted}"
+        )
 
 
 def _vocab(nodes: Sequence[NodeCost]) -> int | None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fxcost._checks import positive_int
 from fxcost._io import atomic_write
 from fxcost.capture import LossFn, as_call, batch_of, default_loss
 from fxcost.cost_models.heads import spec_sheet_caveat
@@ -125,8 +126,13 @@ def simulate(
             Estimator if None.
 
     Raises:
-        ValueError: the strategy needs more GPUs than the cluster has, or does not fit the model.
+        ValueError: ``batch`` or ``seqlen`` is below 1, the strategy needs another number of GPUs than
+            the cluster has, or does not fit the model (the batch does not split into ``dp x mb``
+            micro-batches, ``tp`` does not divide the attention heads and the width, ``pp`` exceeds
+            the layers).
     """
+    batch = None if batch is None else positive_int("batch", batch)
+    seqlen = None if seqlen is None else positive_int("seqlen", seqlen)
     strategy = Strategy.parse(strategy) if isinstance(strategy, str) else strategy
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     parsed = parse_precision(precision)
@@ -162,7 +168,7 @@ def _traced(
     if isinstance(model, Captured):
         if params is None:
             raise ValueError("simulating a Captured step needs params= (parameter counts by module path)")
-        return model, params, batch or model.batch or 1
+        return model, params, batch if batch is not None else model.batch or 1
     if isinstance(model, (str, Path, dict)):
         from fxcost.zoo.hf import hf_step
 
@@ -172,7 +178,8 @@ def _traced(
         model, example_inputs, loss_fn = step.model, step.inputs, step.loss_fn
     if example_inputs is None:
         raise ValueError("simulate needs example_inputs= for a model (a tensor, tuple or dict)")
-    batch = batch or batch_of(*as_call(example_inputs)) or 1
+    if batch is None:
+        batch = batch_of(*as_call(example_inputs)) or 1
     micro = strategy.micro_batch(batch)
     captured = estimator.capture(model, example_inputs, True, loss_fn=loss_fn, batch_size=micro)
     return captured, params if params is not None else _params_by_module(model), batch

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from fxcost._checks import positive_int
+
 __all__ = ["SCHEDULES", "Strategy"]
 
 Schedule = Literal["gpipe", "1f1b"]
@@ -71,9 +73,7 @@ class Strategy:
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batches"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"strategy {name} must be a positive int, got {value!r}")
+            positive_int(f"strategy {name}", getattr(self, name))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; accepted: {', '.join(SCHEDULES)}")
         if self.zero not in (0, 1, 2, 3):
@@ -101,9 +101,11 @@ class Strategy:
             ValueError: ``batch`` does not split into ``dp * micro_batches`` equal parts.
         """
         parts = self.dp * self.micro_batches
-        if batch < 1 or batch % parts:
+        positive_int("batch", batch)
+        if batch % parts:
             raise ValueError(
-                f"batch {batch} does not split into dp={self.dp} x {self.micro_batches} micro-batches"
+                f"batch {batch} does not split into dp={self.dp} x {self.micro_batches} micro-batches; "
+                f"accepted: a multiple of {parts}"
             )
         return batch // parts
 

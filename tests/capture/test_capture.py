@@ -97,3 +97,25 @@ def test_models_that_fail_to_trace_do_not_use_up_dynamos_recompile_cap() -> None
             with pytest.raises(Exception, match=r"same reduction dim|cannot be multiplied"):
                 fxcost.cost(nn.Linear(8, 8), torch.randn(4, width), device="T4")
         assert fxcost.cost(nn.Linear(8, 8), torch.randn(4, 8), device="T4").ms > 0
+
+
+def test_an_input_without_elements_is_refused_naming_it_and_its_shape() -> None:
+    model = nn.Linear(4, 2)
+    with pytest.raises(ValueError, match=r"example_inputs\[0\] has shape \(0, 4\), no elements"):
+        fxcost.cost(model, (torch.zeros(0, 4),), device="T4")
+    with pytest.raises(ValueError, match=r"example_inputs has shape \(0, 4\)"):
+        fxcost.profile(model, torch.zeros(0, 4), devices=["T4"])  # before anything is measured
+    with pytest.raises(ValueError, match=r"example_inputs\['mask'\] has shape \(2, 0\)"):
+        fxcost.profile(lambda x, mask: model(x), {"x": torch.ones(2, 4), "mask": torch.ones(2, 0)},
+                       devices=["T4"], measure=False)  # fmt: skip
+
+
+def test_the_backend_runs_an_empty_batch_as_eager_does() -> None:
+    """Bad input to fxcost's own entry points is an error; a step the user compiles runs regardless."""
+    torch._dynamo.reset()
+    model = nn.Linear(4, 2)
+    x = torch.zeros(0, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fxcost may warn that it could not price the step
+        out = torch.compile(model, backend=fxcost.estimate(devices=["T4"]))(x)
+    assert out.shape == (0, 2) and torch.equal(out, model(x))

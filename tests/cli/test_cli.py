@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from fxcost.cli import main
+from fxcost.cli import main, status
+from fxcost.cli.status import BAD_INPUT, OK, OUT_OF_MEMORY
 from fxcost.report import Report
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_help_lists_every_command() -> None:
@@ -125,3 +131,102 @@ def test_simulate_takes_a_hugging_face_config(tiny_gpt2_config, capsys) -> None:
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "dp=2" in out and "on 1x2xT4" in out and "samples/s" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compare-gpus", "mlp", "--batch", "0"], "argument --batch: must be a whole number >= 1, got '0'"),
+        (["profile", "mlp", "--batch", "-2"], "argument --batch: must be a whole number >= 1, got '-2'"),
+        (["simulate", "mlp", "--cluster", "T4", "--strategy", "dp=1", "--batch", "0"], "--batch"),
+        (["profile", "x.json", "--seqlen", "0"], "argument --seqlen: must be a whole number >= 1"),
+        (["show", "t.json", "--top", "zero"], "argument --top: must be a whole number >= 1, got 'zero'"),
+        (["profile"], "the following arguments are required: MODEL"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == BAD_INPUT and message in err and err.count("\n") == 1
+
+
+def test_bad_input_is_one_line_on_stderr_without_a_traceback() -> None:
+    argv = ["simulate", "mlp", "--cluster", "2xT4", "--strategy", "dp=2,mb=3", "--batch", "4"]
+    done = subprocess.run([sys.executable, "-m", "fxcost", *argv], capture_output=True, text=True)
+    assert done.returncode == BAD_INPUT
+    assert (
+        done.stderr
+        == "fxcost: error: batch 4 does not split into dp=2 x 3 micro-batches; accepted: a multiple of 6\n"
+    )
+
+
+def test_a_plan_out_of_memory_exits_3(tmp_path, monkeypatch, fresh_database, capsys) -> None:
+    (tmp_path / "tiny.yaml").write_text("Tiny-T4:\n  base: T4\n  memory_gb: 0.001\n")
+    monkeypatch.setenv("FXCOST_DEVICES", str(tmp_path / "tiny.yaml"))
+    fresh_database._database.cache_clear()
+    argv = ["simulate", "mlp", "--strategy", "dp=2", "--batch", "4", "--cluster"]
+    assert main([*argv, "2xTiny-T4"]) == OUT_OF_MEMORY
+    assert "ms per iteration" in capsys.readouterr().out  # the result is printed all the same
+    assert main([*argv, "2xT4"]) == OK
+
+
+def test_a_fault_inside_fxcost_keeps_its_traceback(monkeypatch) -> None:
+    """Status 1 is Python's for an exception nothing catches: main does not turn a bug into bad input."""
+    from fxcost.cli import step_commands
+
+    def devices_command(args: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(step_commands, "devices_command", devices_command)
+    with pytest.raises(ZeroDivisionError):
+        main(["devices"])
+
+
+def _listed_statuses(text: str, after: str) -> set[int]:
+    """The status numbers listed in ``text`` after the line that starts with ``after``: the first
+    number of each following line, until a blank line."""
+    lines = text[text.index(after) :].splitlines()[1:]
+    listed = set()
+    for line in lines:
+        number = re.match(r"^\W*(\d+)\b", line)
+        if not line.strip() or (number is None and listed):
+            break
+        if number:
+            listed.add(int(number.group(1)))
+    return listed
+
+
+def _returned_statuses() -> tuple[set[str], list[str]]:
+    """The names of fxcost.cli.status the command's code returns or exits with, and any bare number
+    it returns or exits with instead (file:line)."""
+    names, literals = set(), []
+    for path in sorted((REPO / "fxcost" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            values = []
+            if isinstance(node, ast.Return) and node.value is not None:
+                values = [node.value]
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "self.exit", "exit"):
+                values = node.args[:1]
+            for value in values:
+                for part in ast.walk(value):
+                    if isinstance(part, ast.Constant) and type(part.value) is int:
+                        literals.append(f"{path.name}:{node.lineno}")
+                    elif isinstance(part, ast.Name) and isinstance(getattr(status, part.id, None), int):
+                        names.add(part.id)
+    return names, literals
+
+
+def test_the_exit_statuses_in_help_and_readme_are_those_the_command_uses() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "fxcost", "--help"], capture_output=True, text=True, check=True
+    )
+    listed = _listed_statuses(out.stdout, "exit status:")
+    assert listed == set(status.EXIT_STATUSES) == {0, 1, 2, 3, 130}
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert _listed_statuses(readme, "| status | meaning |") == listed
+    names, literals = _returned_statuses()
+    assert not literals, f"exit statuses as bare numbers (use fxcost.cli.status): {literals}"
+    used = {getattr(status, name) for name in names}
+    # Status 1 is Python's own, for an exception no handler catches; every other one is returned.
+    assert used | {status.INTERNAL_ERROR} == listed

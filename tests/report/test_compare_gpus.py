@@ -101,6 +101,42 @@ def test_print_shows_prices_and_missing_ones(mlp_report) -> None:
     assert "fastest: H100-SXM" in text
 
 
+def test_gpus_known_from_spec_sheets_alone_are_marked_and_explained(mlp_report) -> None:
+    """The issue's case: an MI300X topping the table on its spec sheet's word, with nothing said."""
+    choices = {c.device: c for c in compare_gpus(mlp_report, ["T4", "H100-SXM", "MI300X"])}
+    assert not choices["T4"].spec_sheet_only  # a GPU the heads were fit on
+    assert choices["H100-SXM"].spec_sheet_only and choices["MI300X"].spec_sheet_only
+    out = io.StringIO()
+    print_choices(list(choices.values()), file=out)
+    text = out.getvalue()
+    assert "H100-SXM*" in text and "MI300X*" in text and "T4*" not in text
+    assert "* spec sheets alone: no measurement of H100-SXM went into the heads" in text
+    assert "* caveat: MI300X is unlike every GPU the heads were fit on" in text
+    fastest = max(choices.values(), key=lambda c: c.samples_per_s)
+    assert f"fastest: {fastest.device}{'*' if fastest.spec_sheet_only else ''};" in text
+
+
+def test_a_gpu_origin_makes_nvidia_gpus_runtime_based_not_spec_sheet_only() -> None:
+    from fxcost.data.datasets import kernel_alike_node
+
+    node = kernel_alike_node("add", 8192, 1024)
+    node.origin_ms = 0.2
+    report = Report(nodes=[node], origin="Tesla V100-PCIE-32GB", devices=[], batch=8)
+    choices = {c.device: c for c in compare_gpus(report, ["H100-SXM", "MI300X"])}
+    assert not choices["H100-SXM"].spec_sheet_only  # scaled from what the V100 measured
+    assert choices["MI300X"].spec_sheet_only  # no AMD GPU informs the scaling
+
+
+def test_the_throughput_chart_is_sorted_by_throughput(mlp_report) -> None:
+    from fxcost.report.gpu_choice import _chart_orders
+
+    choices = compare_gpus(mlp_report, DEVICES)  # by samples per dollar
+    fastest, priced = _chart_orders(choices)
+    assert [c.samples_per_s for c in fastest] == sorted((c.samples_per_s for c in choices), reverse=True)
+    assert [c.device for c in fastest] != [c.device for c in choices]  # the order differs from the table's
+    assert [c.device for c in priced] == [c.device for c in choices if c.samples_per_usd is not None]
+
+
 def test_plot_writes_a_png(mlp_report, tmp_path) -> None:
     pytest.importorskip("matplotlib")
     path = plot(compare_gpus(mlp_report, DEVICES), tmp_path / "gpus.png", title="mlp")
@@ -115,9 +151,9 @@ def test_cli_ranks_gpus_with_a_price_file_and_plots(tmp_path, capsys) -> None:
     argv = ["compare-gpus", "mlp", "--batch", "2", "--devices", *DEVICES, "--prices", str(prices)]
     assert main([*argv, "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    ranked = [line.split()[1] for line in out.splitlines() if line.strip()[:1].isdigit()]
+    ranked = [line.split()[1].rstrip("*") for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert len(ranked) == 4 and ranked[0] == "L4" and ranked[-1] == "P100-PCIE-16GB"
-    assert "most samples per dollar: L4" in out
+    assert "most samples per dollar: L4*" in out  # no L4 measurement went into the heads
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -274,6 +274,38 @@ def test_simulate_checks_the_strategy_against_the_cluster(gpt: tuple[object, tup
         simulate(gpt[0], "dp=4,mb=3", "4xA100-SXM4-40GB", example_inputs=gpt[1], batch=8)
 
 
+def test_simulate_refuses_counts_below_one_and_plans_that_split_the_model_unevenly(
+    gpt: tuple[object, tuple[object, ...]],
+) -> None:
+    model, inputs = gpt  # 4 heads, width 64
+    for batch in (0, -8):
+        with pytest.raises(ValueError, match=f"batch must be a whole number >= 1, got {batch}"):
+            simulate(model, "dp=1", "A100-SXM4-40GB", example_inputs=inputs, batch=batch)
+    with pytest.raises(ValueError, match="seqlen must be a whole number >= 1, got 0"):
+        simulate({"model_type": "gpt2"}, "dp=1", "A100-SXM4-40GB", batch=4, seqlen=0)
+    with pytest.raises(ValueError, match="strategy dp must be a whole number >= 1, got 0"):
+        Strategy.parse("dp=0")
+    with pytest.raises(
+        ValueError, match="does not split into dp=2 x 2 micro-batches; accepted: a multiple of 4"
+    ):
+        simulate(model, "dp=2,mb=2", "2xA100-SXM4-40GB", example_inputs=inputs, batch=6)
+    message = r"tp=3 does not divide the model's 4 attention heads and width 64: .* accepted tp: 1, 2, 4$"
+    with pytest.raises(ValueError, match=message):
+        simulate(model, "tp=3", "3xA100-SXM4-40GB", example_inputs=inputs, batch=8)
+    with pytest.raises(ValueError, match=r"tp=8 does not divide the model's 4 attention heads:"):
+        simulate(model, "tp=8", "8xA100-SXM4-40GB", example_inputs=inputs, batch=8)  # 64 splits 8 ways
+
+
+def test_gpt2_small_splits_over_its_heads_only() -> None:
+    """The issue's case: GPT-2 small (12 heads, width 768) on tp=5 or 7 was simulated without a word."""
+    model, inputs = zoo.build("gpt2", 2, seq=8, vocab=64, layers=1)
+    for tp in (5, 7):
+        with pytest.raises(ValueError, match=f"tp={tp} does not divide the model's 12 attention heads and "
+                                             "width 768: .* accepted tp: 1, 2, 3, 4, 6, 12"):  # fmt: skip
+            simulate(model, f"tp={tp}", f"{tp}xH100-SXM", example_inputs=inputs)
+    assert simulate(model, "tp=4", "4xH100-SXM", example_inputs=inputs).iteration_ms > 0
+
+
 def test_data_parallel_gpus_add_throughput_less_their_reductions(
     gpt: tuple[object, tuple[object, ...]], tmp_path: Path
 ) -> None:

@@ -26,6 +26,7 @@ from fxcost.cost_models.heads.weights import (
     shipped_heads,
     shipped_manifest,
     spec_sheet_caveat,
+    trained_devices,
     unlike_training,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "shipped_heads",
     "shipped_manifest",
     "spec_sheet_caveat",
+    "trained_devices",
     "unlike_training",
     "with_device",
 ]

@@ -21,6 +21,7 @@ __all__ = [
     "shipped_heads",
     "shipped_manifest",
     "spec_sheet_caveat",
+    "trained_devices",
     "unlike_training",
 ]
 
@@ -73,21 +74,23 @@ def unlike_training(device: Device) -> bool:
 def measured_in_training(device: Device) -> bool:
     """Whether the shipped heads were fit on measurements of ``device`` itself; for every other GPU
     they read its spec sheet (the 80% interval says how far that has been off on held-out GPUs)."""
-    return device.name in _trained_devices()
+    return device.name in trained_devices()
 
 
 @functools.cache
-def _trained_devices() -> frozenset[str]:
-    trained = set()
-    for name in {d for head in shipped_manifest().get("heads", {}).values() for d in head.get("devices", [])}:
-        with contextlib.suppress(UnknownDeviceError):  # a GPU of a file this fxcost does not know
-            trained.add(get_device(name).name)
-    return frozenset(trained)
+def trained_devices() -> frozenset[str]:
+    """Canonical names of the GPUs whose measurements the shipped heads were fit on (any head)."""
+    names = set()
+    for head in shipped_manifest().get("heads", {}).values():
+        for name in head.get("devices", []):
+            with contextlib.suppress(UnknownDeviceError):  # a GPU of a file this fxcost does not know
+                names.add(get_device(name).name)
+    return frozenset(names)
 
 
 @functools.cache
 def _trained_vendors() -> frozenset[str]:
-    return frozenset(get_device(name).vendor for name in _trained_devices())
+    return frozenset(get_device(name).vendor for name in trained_devices())
 
 
 def spec_sheet_caveat(device: Device) -> str:
