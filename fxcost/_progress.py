@@ -20,15 +20,17 @@ Update = Callable[[str, int, int | None], None]
 @contextlib.contextmanager
 def progress_bars(enabled: bool = True) -> Iterator[Update]:
     """A transient progress display on stderr and its ``update`` function (which does nothing
-    when ``enabled`` is False)."""
-    if not enabled:
+    when ``enabled`` is False or stderr is not a terminal)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:  # a log file or a pipe gets errors only, not redraws
         yield lambda label, done, total: None
         return
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=console, transient=True) as bar:
         tasks: dict[str, object] = {}
 
         def update(label: str, done: int, total: int | None) -> None:
