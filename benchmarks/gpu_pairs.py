@@ -40,7 +40,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fxcost.cost_models.eager import kernel_ms
+from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms
 from fxcost.gpus import get_device
 from fxcost.report import Report
 
@@ -82,8 +82,9 @@ def origin_free(report: Report) -> Report:
 def gpu_ms(report: Report, device: str) -> float:
     """The predicted kernel time of the step on ``device`` (``report`` predicted for it)."""
     target = get_device(device)
+    hidden = hidden_overhead_ms(target)
     return sum(
-        kernel_ms(n.pred_ms[target.name], n.pred_source.get(target.name), target)
+        kernel_ms(n.pred_ms[target.name], n.pred_source.get(target.name), hidden)
         for n in report.nodes
         if n.has_kernel and n.pred_ms.get(target.name) is not None
     )
