@@ -84,7 +84,7 @@ def gpu_ms(report: Report, device: str) -> float:
     target = get_device(device)
     hidden = hidden_overhead_ms(target)
     return sum(
-        kernel_ms(n.pred_ms[target.name], n.pred_source.get(target.name), hidden)
+        kernel_ms(n.pred_ms[target.name], n.pred_source.get(target.name), target, hidden)
         for n in report.nodes
         if n.has_kernel and n.pred_ms.get(target.name) is not None
     )

@@ -22,7 +22,7 @@ import torch
 from fxcost.capture import FxcostBackend, LossFn, batch_of, captured_report, trace_without_running
 from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
-from fxcost.cost_models.eager import HOST_MS, hidden_overhead_ms, kernel_times
+from fxcost.cost_models.eager import HOST_MS, kernel_times
 from fxcost.cost_models.heads import spec_sheet_caveat
 from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
@@ -169,7 +169,7 @@ class Captured:
         ms, sources = predict_batch(batch, self.chain, target)
         isolated = sum(phase_totals(ms, self.counts).values())
         # The eager step (Report.eager_ms), split where each phase's last kernel ends.
-        kernels = kernel_times(ms, sources, hidden_overhead_ms(target))[self._issued]
+        kernels = kernel_times(ms, sources, target)[self._issued]
         known = np.isfinite(kernels)
         ends, phases = replay_ends(kernels[known], HOST_MS), self._issued_phase[known]
         phase_end = [float(ends[phases <= p].max(initial=0.0)) for p in range(len(PHASES))]

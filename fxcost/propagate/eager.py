@@ -150,7 +150,7 @@ def _kernels(
         predicted = node.pred_ms.get(device.name)
         if not node.has_kernel or predicted is None:
             continue
-        kernel = kernel_ms(predicted, node.pred_source.get(device.name), hidden)
+        kernel = kernel_ms(predicted, node.pred_source.get(device.name), device, hidden)
         if on_origin and node.kernel_ms is not None:
             kernel = node.kernel_ms
         yield node, kernel * pipeline.kernel_scale

@@ -338,7 +338,9 @@ def _vocab(nodes: Sequence[NodeCost]) -> int | None:
 def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
     """Kernel time per node (:func:`fxcost.cost_models.eager.kernel_ms`), 0 where there is no prediction."""
     hidden = hidden_overhead_ms(device)
-    return [kernel_ms(m, src, hidden) for m, src in zip(np.nan_to_num(ms).tolist(), source, strict=True)]
+    return [
+        kernel_ms(m, src, device, hidden) for m, src in zip(np.nan_to_num(ms).tolist(), source, strict=True)
+    ]
 
 
 def _layer(module: str, layers: Collection[str]) -> str:
