@@ -34,7 +34,7 @@ from fxcost.lowering.flops import is_matmul_class
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["MEMORY_BOUND", "KernelSpec", "lower", "resolve_op"]
+__all__ = ["MEMORY_BOUND", "KernelSpec", "lower", "memory_bound", "resolve_op", "tensor_in", "tensor_out"]
 
 aten = torch.ops.aten
 
@@ -136,6 +136,11 @@ def _elementwise_launch(numel: int) -> Launch:
          aten.ones_like.default, aten.full_like.default)  # fmt: skip
 def _copy_like(node: NodeCost) -> list[KernelSpec]:
     return _pieces(node, "elementwise_kernel", _largest_numel(node), exact=False)
+
+
+# TensorIterator elementwise kernels that PyTorch does not tag pointwise.
+_lowers(aten.hardswish.default, aten.hardswish_backward.default, aten.hardsigmoid_backward.default,
+        aten.floor_divide.default)(_elementwise)  # fmt: skip
 
 
 # -- layer norm -------------------------------------------------------------------------------------
@@ -255,7 +260,8 @@ def _pool_backward(node: NodeCost) -> list[tuple[str, float]]:
     return [(node.op.split(".")[1], _in(node, 0) + _out(node, 0))]
 
 
-@_memory_bound(aten.embedding.default, aten.index_select.default, aten.gather.default, aten.index.Tensor)
+@_memory_bound(aten.embedding.default, aten.index_select.default, aten.gather.default, aten.index.Tensor,
+               aten._unsafe_index.Tensor)  # fmt: skip
 def _gather(node: NodeCost) -> list[tuple[str, float]]:
     """A gather reads the indices and only the source rows it copies, not the whole source."""
     indices = sum(_in(node, i) for i in range(1, len(node.in_shapes)))
@@ -273,13 +279,6 @@ def _zero_then_copy(node: NodeCost) -> list[tuple[str, float]]:
 def _copy_then_scatter(node: NodeCost) -> list[tuple[str, float]]:
     """Copy ``self`` to the output, then the source into its slice."""
     return [("copy", 2 * _in(node, 0)), ("copy", 2 * _in(node, 1))]
-
-
-@_memory_bound(aten.index_put.default)
-def _index_put(node: NodeCost) -> list[tuple[str, float]]:
-    """Copy ``self``, then write the values (the last input) where the indices say."""
-    indices = sum(_in(node, i) for i in range(1, len(node.in_shapes) - 1))
-    return [("copy", 2 * _in(node, 0)), ("index_put", 2 * _in(node, -1) + indices)]
 
 
 @_memory_bound(aten.embedding_dense_backward.default)
@@ -374,3 +373,8 @@ def _f(x: int | None) -> float:
 
 def _share(x: int | None, parts: int) -> float:
     return _f(x) / parts
+
+
+# For the recipes of other modules (``lowering.memory_ops``): register memory passes, bytes of a
+# node's i-th input and output.
+memory_bound, tensor_in, tensor_out = _memory_bound, _in, _out
