@@ -124,12 +124,12 @@ register_flops(
     aten.repeat, aten.new_zeros, aten.new_ones, aten.new_full, aten.lift_fresh_copy,
     aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
     aten.bernoulli, aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.randint,
-    aten.roll, aten._unsafe_index, aten.scatter, aten.sort, aten.topk,
+    aten.roll, aten.flip, aten._unsafe_index, aten.scatter, aten.sort, aten.topk,
 )(lambda args, kwargs, out: 0)  # fmt: skip
 
 # Elementwise ops PyTorch does not tag pointwise: one FLOP per output element, as for tagged ones.
-register_flops(aten.hardswish, aten.hardswish_backward, aten.hardsigmoid_backward, aten.floor_divide,
-               aten.histc)(_per_element(1, of="output"))  # fmt: skip
+register_flops(aten.hardswish, aten.hardswish_backward, aten.hardsigmoid_backward, aten.hardtanh_backward,
+               aten.floor_divide, aten.histc)(_per_element(1, of="output"))  # fmt: skip
 # Scatter-adds: one add per added element (the values, the source); a plain index_put only copies.
 register_flops(aten.scatter_add)(lambda args, kwargs, out: _numel(args[3]))
 
@@ -168,7 +168,7 @@ register_flops(
 )(_per_element(10, of="output"))
 
 # Softmax: max, subtract, exp, sum, divide; its backward: multiply, sum, subtract, multiply.
-register_flops(aten._softmax, aten._log_softmax)(_per_element(5))
+register_flops(aten._softmax, aten._log_softmax, aten._safe_softmax)(_per_element(5))
 register_flops(aten._softmax_backward_data, aten._log_softmax_backward_data)(_per_element(4))
 
 # Dropout draws a random number, compares and scales; its backward multiplies by the mask.
@@ -176,7 +176,8 @@ register_flops(aten.native_dropout)(_per_element(3))
 register_flops(aten.native_dropout_backward)(_per_element(2))
 
 register_flops(aten.embedding_dense_backward)(_per_element(1))  # scatter-add of the gradient rows
-register_flops(aten.nll_loss_forward, aten.nll_loss_backward, aten.mse_loss)(_per_element(1))
+register_flops(aten.nll_loss_forward, aten.nll_loss_backward, aten.nll_loss2d_forward,
+               aten.nll_loss2d_backward, aten.mse_loss)(_per_element(1))  # fmt: skip
 register_flops(aten.mse_loss_backward)(_per_element(3))
 
 

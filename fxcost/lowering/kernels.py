@@ -140,7 +140,7 @@ def _copy_like(node: NodeCost) -> list[KernelSpec]:
 
 # TensorIterator elementwise kernels that PyTorch does not tag pointwise.
 _lowers(aten.hardswish.default, aten.hardswish_backward.default, aten.hardsigmoid_backward.default,
-        aten.floor_divide.default)(_elementwise)  # fmt: skip
+        aten.hardtanh_backward.default, aten.floor_divide.default)(_elementwise)  # fmt: skip
 
 
 # -- layer norm -------------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def _layer_norm(node: NodeCost) -> list[KernelSpec]:
 
 
 @_lowers(aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
-         aten._log_softmax_backward_data.default)  # fmt: skip
+         aten._log_softmax_backward_data.default, aten._safe_softmax.default)  # fmt: skip
 def _softmax(node: NodeCost) -> list[KernelSpec]:
     shape = node.in_shapes[0]
     dim = node.args["dim"] % len(shape) if shape else 0
@@ -293,7 +293,7 @@ def _max_pool_backward(node: NodeCost) -> list[tuple[str, float]]:
     return [("fill", _out(node, 0)), ("max_pool_backward", 2 * _in(node, 0) + _in(node, 2))]
 
 
-@_memory_bound(aten.nll_loss_forward.default)
+@_memory_bound(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def _nll_loss(node: NodeCost) -> list[tuple[str, float]]:
     """Reads the targets and the one log-probability each picks, not the whole input."""
     picked = math.prod(node.in_shapes[1]) * itemsize(node.in_dtypes[0])
@@ -302,7 +302,7 @@ def _nll_loss(node: NodeCost) -> list[tuple[str, float]]:
     ]
 
 
-@_memory_bound(aten.nll_loss_backward.default)
+@_memory_bound(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def _nll_loss_backward(node: NodeCost) -> list[tuple[str, float]]:
     """Zero the gradient of the log-probabilities, then write one element per target, reading the
     targets and the output's gradient (one per target without reduction)."""

@@ -1,4 +1,4 @@
-"""Memory passes of indexing, sorting and bag ops: scatters, index puts, roll, sort, top-k, histograms
+"""Memory passes of indexing, sorting and bag ops: scatters, index puts, roll, flip, sort, top-k, histograms
 and embedding bags, as the kernels of PyTorch's CUDA sources move their bytes (see
 :data:`~fxcost.lowering.kernels.MEMORY_BOUND`).
 
@@ -47,10 +47,17 @@ def _numel(node: NodeCost, i: int) -> int:
     return math.prod(node.in_shapes[i])
 
 
-@memory_bound(aten.roll.default)
-def _roll(node: NodeCost) -> list[tuple[str, float]]:
-    """``roll_cuda_kernel``: each element read once and written once at its shifted place."""
-    return [("roll", tensor_in(node, 0) + tensor_out(node, 0))]
+@memory_bound(aten.roll.default, aten.flip.default, aten.repeat.default)
+def _moved(node: NodeCost) -> list[tuple[str, float]]:
+    """``roll_cuda_kernel``, ``flip_kernel``, the copy of ``repeat``: the input read, the output
+    written once. Kernels are named after their op."""
+    return [(node.op.split(".")[1], tensor_in(node, 0) + tensor_out(node, 0))]
+
+
+@memory_bound(aten.as_strided_scatter.default)
+def _copy_then_scatter(node: NodeCost) -> list[tuple[str, float]]:
+    """Copy ``self`` to the output, then the source into its strided view."""
+    return [("copy", 2 * tensor_in(node, 0)), ("copy", 2 * tensor_in(node, 1))]
 
 
 @memory_bound(aten.index_put.default, aten._unsafe_index_put.default)

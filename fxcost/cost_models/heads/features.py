@@ -80,7 +80,12 @@ _HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "ate
          "aten.scalar_tensor.default": "ew",
          # TensorIterator elementwise kernels PyTorch does not tag pointwise.
          "aten.hardswish.default": "ew", "aten.hardswish_backward.default": "ew",
-         "aten.hardsigmoid_backward.default": "ew", "aten.floor_divide.default": "ew"}  # fmt: skip
+         "aten.hardsigmoid_backward.default": "ew", "aten.hardtanh_backward.default": "ew",
+         "aten.floor_divide.default": "ew",
+         # Random fills, one elementwise pass over their output.
+         "aten.rand.default": "ew", "aten.bernoulli.p": "ew",
+         # Softmax that gives zeros for fully masked rows (SDPA's math path): the softmax kernel.
+         "aten._safe_softmax.default": "softmax"}  # fmt: skip
 
 # The reference roofline whose ratio to the measured time is the learned target; its 10 us floor keeps
 # the ratio of tiny ops finite.
