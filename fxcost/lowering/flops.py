@@ -29,20 +29,33 @@ __all__ = ["count_flops", "is_matmul_class", "register_flops"]
 
 aten = torch.ops.aten
 
-FlopFormula = Callable[..., int]
-_FORMULAS: dict[Any, FlopFormula] = {}
+FlopFormula = Callable[..., int | None]
+# By canonical packet name (``"aten.mm"``): the ops of optional libraries (``transformers.*``) exist as
+# objects only once the library is imported, which importing fxcost must not do.
+_FORMULAS: dict[str, FlopFormula] = {}
+# Packets that count as matmul-class work besides those of PyTorch's registry.
+_MATMUL_EXTRA: set[str] = set()
 
 
-def register_flops(*packets: Any) -> Callable[[FlopFormula], FlopFormula]:
-    """Register a formula ``f(args, kwargs, out) -> flops`` for ATen op packets; refuses duplicates."""
+def register_flops(
+    *packets: Any, replace_torch: bool = False, matmul: bool = False
+) -> Callable[[FlopFormula], FlopFormula]:
+    """Register a formula ``f(args, kwargs, out) -> flops`` for op packets (``aten.mm``, or the
+    canonical name of an optional library's op, ``"transformers.grouped_mm_fallback"``); refuses
+    duplicates. ``replace_torch`` lets it stand in for PyTorch's own formula of the op (which
+    ``count_flops`` otherwise uses); ``matmul`` makes the op matmul-class (:func:`is_matmul_class`)."""
 
     def decorator(formula: FlopFormula) -> FlopFormula:
         for packet in packets:
-            if not isinstance(packet, torch._ops.OpOverloadPacket):
-                raise TypeError(f"register_flops takes op packets like aten.mm, got {packet!r}")
-            if packet in _FORMULAS or packet in flop_registry:
-                raise ValueError(f"a FLOP formula for {packet} is already registered")
-            _FORMULAS[packet] = formula
+            if not isinstance(packet, (torch._ops.OpOverloadPacket, str)):
+                raise TypeError(f"register_flops takes op packets (aten.mm) or their names, got {packet!r}")
+            name = str(packet)
+            in_torch = any(str(p) == name for p in flop_registry)
+            if name in _FORMULAS or (in_torch and not replace_torch):
+                raise ValueError(f"a FLOP formula for {name} is already registered")
+            _FORMULAS[name] = formula
+            if matmul:
+                _MATMUL_EXTRA.add(name)
         return formula
 
     return decorator
@@ -65,10 +78,11 @@ def count_flops(
     symbolic: converting it to an int would add a guard that specializes the graph).
     """
     packet = getattr(op, "overloadpacket", None)
+    formula = _FORMULAS.get(str(packet)) if packet is not None else None
+    if formula is not None:
+        return formula(args, kwargs, out)
     if packet in flop_registry:
         return flop_registry[packet](*args, **kwargs, out_val=out)
-    if packet in _FORMULAS:
-        return _FORMULAS[packet](args, kwargs, out)
     if isinstance(op, torch._ops.OpOverload):
         if op.is_view:
             return 0
@@ -84,7 +98,8 @@ def is_matmul_class(op: str) -> bool:
 
     These are the ops PyTorch's own FLOP registry covers, and the ones tensor cores run.
     """
-    return op.rsplit(".", 1)[0] in _MATMUL_CLASS
+    packet = op.rsplit(".", 1)[0]
+    return packet in _MATMUL_CLASS or packet in _MATMUL_EXTRA
 
 
 _MATMUL_CLASS = frozenset(str(packet) for packet in flop_registry)
@@ -109,7 +124,35 @@ register_flops(
     aten.repeat, aten.new_zeros, aten.new_ones, aten.new_full, aten.lift_fresh_copy,
     aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
     aten.bernoulli, aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.randint,
+    aten.roll, aten.flip, aten._unsafe_index, aten.scatter, aten.sort, aten.topk,
 )(lambda args, kwargs, out: 0)  # fmt: skip
+
+# Elementwise ops PyTorch does not tag pointwise: one FLOP per output element, as for tagged ones.
+register_flops(aten.hardswish, aten.hardswish_backward, aten.hardsigmoid_backward, aten.hardtanh_backward,
+               aten.floor_divide, aten.histc)(_per_element(1, of="output"))  # fmt: skip
+# Scatter-adds: one add per added element (the values, the source); a plain index_put only copies.
+register_flops(aten.scatter_add)(lambda args, kwargs, out: _numel(args[3]))
+
+
+@register_flops(aten._unsafe_index_put, aten.index_put)
+def _index_put(args: Any, kwargs: Any, out: Any) -> int:
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    return _numel(args[2]) if accumulate else 0
+
+
+@register_flops(aten._embedding_bag, aten._embedding_bag_forward_only)
+def _embedding_bag(args: Any, kwargs: Any, out: Any) -> int:
+    """One add per gathered element: a row of the weight per index (sum, mean or max of the bag)."""
+    weight, indices = args[0], args[1]
+    return _numel(indices) * weight.shape[-1]
+
+
+@register_flops(aten._embedding_bag_backward, aten._embedding_bag_dense_backward)
+def _embedding_bag_backward(args: Any, kwargs: Any, out: Any) -> int:
+    """One add per index: its bag's gradient row added into the weight row it names."""
+    grad, indices = args[0], args[1]
+    return _numel(indices) * grad.shape[-1]
+
 
 # Normalizations: mean, variance, normalize, scale and shift, as fvcore counts them (5 per element
 # with an affine transform); their backward passes cost about twice the forward.
@@ -125,7 +168,7 @@ register_flops(
 )(_per_element(10, of="output"))
 
 # Softmax: max, subtract, exp, sum, divide; its backward: multiply, sum, subtract, multiply.
-register_flops(aten._softmax, aten._log_softmax)(_per_element(5))
+register_flops(aten._softmax, aten._log_softmax, aten._safe_softmax)(_per_element(5))
 register_flops(aten._softmax_backward_data, aten._log_softmax_backward_data)(_per_element(4))
 
 # Dropout draws a random number, compares and scales; its backward multiplies by the mask.
@@ -133,7 +176,8 @@ register_flops(aten.native_dropout)(_per_element(3))
 register_flops(aten.native_dropout_backward)(_per_element(2))
 
 register_flops(aten.embedding_dense_backward)(_per_element(1))  # scatter-add of the gradient rows
-register_flops(aten.nll_loss_forward, aten.nll_loss_backward, aten.mse_loss)(_per_element(1))
+register_flops(aten.nll_loss_forward, aten.nll_loss_backward, aten.nll_loss2d_forward,
+               aten.nll_loss2d_backward, aten.mse_loss)(_per_element(1))  # fmt: skip
 register_flops(aten.mse_loss_backward)(_per_element(3))
 
 

@@ -34,7 +34,7 @@ from fxcost.lowering.flops import is_matmul_class
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["MEMORY_BOUND", "KernelSpec", "lower", "resolve_op"]
+__all__ = ["MEMORY_BOUND", "KernelSpec", "lower", "memory_bound", "resolve_op", "tensor_in", "tensor_out"]
 
 aten = torch.ops.aten
 
@@ -138,6 +138,11 @@ def _copy_like(node: NodeCost) -> list[KernelSpec]:
     return _pieces(node, "elementwise_kernel", _largest_numel(node), exact=False)
 
 
+# TensorIterator elementwise kernels that PyTorch does not tag pointwise.
+_lowers(aten.hardswish.default, aten.hardswish_backward.default, aten.hardsigmoid_backward.default,
+        aten.hardtanh_backward.default, aten.floor_divide.default)(_elementwise)  # fmt: skip
+
+
 # -- layer norm -------------------------------------------------------------------------------------
 
 
@@ -165,7 +170,7 @@ def _layer_norm(node: NodeCost) -> list[KernelSpec]:
 
 
 @_lowers(aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
-         aten._log_softmax_backward_data.default)  # fmt: skip
+         aten._log_softmax_backward_data.default, aten._safe_softmax.default)  # fmt: skip
 def _softmax(node: NodeCost) -> list[KernelSpec]:
     shape = node.in_shapes[0]
     dim = node.args["dim"] % len(shape) if shape else 0
@@ -255,7 +260,8 @@ def _pool_backward(node: NodeCost) -> list[tuple[str, float]]:
     return [(node.op.split(".")[1], _in(node, 0) + _out(node, 0))]
 
 
-@_memory_bound(aten.embedding.default, aten.index_select.default, aten.gather.default, aten.index.Tensor)
+@_memory_bound(aten.embedding.default, aten.index_select.default, aten.gather.default, aten.index.Tensor,
+               aten._unsafe_index.Tensor)  # fmt: skip
 def _gather(node: NodeCost) -> list[tuple[str, float]]:
     """A gather reads the indices and only the source rows it copies, not the whole source."""
     indices = sum(_in(node, i) for i in range(1, len(node.in_shapes)))
@@ -275,13 +281,6 @@ def _copy_then_scatter(node: NodeCost) -> list[tuple[str, float]]:
     return [("copy", 2 * _in(node, 0)), ("copy", 2 * _in(node, 1))]
 
 
-@_memory_bound(aten.index_put.default)
-def _index_put(node: NodeCost) -> list[tuple[str, float]]:
-    """Copy ``self``, then write the values (the last input) where the indices say."""
-    indices = sum(_in(node, i) for i in range(1, len(node.in_shapes) - 1))
-    return [("copy", 2 * _in(node, 0)), ("index_put", 2 * _in(node, -1) + indices)]
-
-
 @_memory_bound(aten.embedding_dense_backward.default)
 def _embedding_backward(node: NodeCost) -> list[tuple[str, float]]:
     """Zero the weight's gradient, then add each gradient row into the row its index names."""
@@ -294,7 +293,7 @@ def _max_pool_backward(node: NodeCost) -> list[tuple[str, float]]:
     return [("fill", _out(node, 0)), ("max_pool_backward", 2 * _in(node, 0) + _in(node, 2))]
 
 
-@_memory_bound(aten.nll_loss_forward.default)
+@_memory_bound(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def _nll_loss(node: NodeCost) -> list[tuple[str, float]]:
     """Reads the targets and the one log-probability each picks, not the whole input."""
     picked = math.prod(node.in_shapes[1]) * itemsize(node.in_dtypes[0])
@@ -303,7 +302,7 @@ def _nll_loss(node: NodeCost) -> list[tuple[str, float]]:
     ]
 
 
-@_memory_bound(aten.nll_loss_backward.default)
+@_memory_bound(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def _nll_loss_backward(node: NodeCost) -> list[tuple[str, float]]:
     """Zero the gradient of the log-probabilities, then write one element per target, reading the
     targets and the output's gradient (one per target without reduction)."""
@@ -374,3 +373,8 @@ def _f(x: int | None) -> float:
 
 def _share(x: int | None, parts: int) -> float:
     return _f(x) / parts
+
+
+# For the recipes of other modules (``lowering.memory_ops``): register memory passes, bytes of a
+# node's i-th input and output.
+memory_bound, tensor_in, tensor_out = _memory_bound, _in, _out

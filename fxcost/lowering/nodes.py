@@ -41,8 +41,9 @@ def synthetic_node(
     args: dict[str, Any] | None = None,
     extra: tuple[Any, ...] = (),
     flops: int | None = None,
+    dtype: str = "float32",
 ) -> NodeCost:
-    """A float32 node of ``aten_name`` on tensors of ``in_shapes``; ``extra`` are the op's other call
+    """A node of ``aten_name`` on ``dtype`` tensors of ``in_shapes``; ``extra`` are the op's other call
     arguments, after the tensors, for counting its FLOPs (unless ``flops`` gives them)."""
     if flops is None:
         import torch
@@ -52,7 +53,7 @@ def synthetic_node(
         out = outs[0] if len(outs) == 1 else tuple(outs)
         counted = count_flops(resolve_op(aten_name), (*ins, *extra), {}, out)
         flops = None if counted is None else int(counted)
-    in_dtypes, out_dtypes = ["float32"] * len(in_shapes), ["float32"] * len(out_shapes)
+    in_dtypes, out_dtypes = [dtype] * len(in_shapes), [dtype] * len(out_shapes)
     return NodeCost(
         name=aten_name.split(".")[1],
         op=aten_name,
@@ -68,11 +69,14 @@ def synthetic_node(
     )
 
 
-def gemm_node(op: str, batch: int, m: int, n: int, k: int) -> NodeCost:
+def gemm_node(op: str, batch: int, m: int, n: int, k: int, dtype: str = "float32") -> NodeCost:
     """A ``linear`` ([B, M, K] x [N, K]^T, one GEMM of B*M rows) or ``bmm`` problem as a node."""
+    flops = 2 * batch * m * n * k  # a multiply-add per output element per reduced element
     if op == "linear":
-        return synthetic_node("aten.mm.default", [(batch * m, k), (k, n)], [(batch * m, n)])
-    return synthetic_node("aten.bmm.default", [(batch, m, k), (batch, k, n)], [(batch, m, n)])
+        return synthetic_node("aten.mm.default", [(batch * m, k), (k, n)], [(batch * m, n)], flops=flops,
+                              dtype=dtype)  # fmt: skip
+    return synthetic_node("aten.bmm.default", [(batch, m, k), (batch, k, n)], [(batch, m, n)], flops=flops,
+                          dtype=dtype)  # fmt: skip
 
 
 def conv_node(

@@ -54,7 +54,9 @@ def test_pointwise_reduction_view_and_unknown() -> None:
     assert count_flops(aten.sum.default, (x,), {}, torch.empty(())) == 24
     assert count_flops(aten.view.default, (x, [24]), {}, torch.empty(24)) == 0
     assert count_flops(aten.clone.default, (x,), {}, x) == 0
-    assert count_flops(aten.sort.default, (x,), {}, (x, x)) is None  # no formula: unknown, not zero
+    values, indices = torch.empty(4), torch.empty(4, dtype=torch.long)
+    # No formula: unknown, not zero.
+    assert count_flops(aten.kthvalue.default, (x, 2), {}, (values, indices)) is None
 
 
 def test_matmul_class() -> None:

@@ -27,8 +27,8 @@ from fxcost.cost_models.roofline import Roofline
 from fxcost.cost_models.wave_scaling import dram_traffic_factor, kernels_of
 from fxcost.gpus import Device
 from fxcost.lowering import MEMORY_BOUND, recorded_bytes, resolve_op
+from fxcost.lowering.composite import COMPOSITE_OPS
 from fxcost.lowering.nodes import conv_dims, gemm_dims
-from fxcost.lowering.rnn import RNN_OPS
 from fxcost.precision import HALF_DTYPES
 from fxcost.records import NodeCost
 
@@ -77,7 +77,15 @@ _HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "ate
          "aten.fill.Scalar": "ew", "aten.fill.Tensor": "ew", "aten.new_zeros.default": "ew",
          "aten.new_ones.default": "ew", "aten.new_full.default": "ew", "aten.zeros_like.default": "ew",
          "aten.ones_like.default": "ew", "aten.full_like.default": "ew",
-         "aten.scalar_tensor.default": "ew"}  # fmt: skip
+         "aten.scalar_tensor.default": "ew",
+         # TensorIterator elementwise kernels PyTorch does not tag pointwise.
+         "aten.hardswish.default": "ew", "aten.hardswish_backward.default": "ew",
+         "aten.hardsigmoid_backward.default": "ew", "aten.hardtanh_backward.default": "ew",
+         "aten.floor_divide.default": "ew",
+         # Random fills, one elementwise pass over their output.
+         "aten.rand.default": "ew", "aten.bernoulli.p": "ew",
+         # Softmax that gives zeros for fully masked rows (SDPA's math path): the softmax kernel.
+         "aten._safe_softmax.default": "softmax"}  # fmt: skip
 
 # The reference roofline whose ratio to the measured time is the learned target; its 10 us floor keeps
 # the ratio of tiny ops finite.
@@ -85,9 +93,9 @@ REFERENCE = Roofline(launch_floor_ms=0.01)
 
 
 LOWERED = "lowered"
-"""What :func:`head_of` says of a node the heads price as the work it lowers to: a cuDNN RNN as its
-GEMMs and gate math, a memory-bound op (``lowering.MEMORY_BOUND``) as elementwise passes moving the
-bytes its kernels move."""
+"""What :func:`head_of` says of a node the heads price as the work it lowers to: a cuDNN RNN, fused
+attention or a grouped MoE GEMM as its GEMMs (``lowering.composite``), a memory-bound op
+(``lowering.MEMORY_BOUND``) as elementwise passes moving the bytes its kernels move."""
 
 
 def head_of(node: NodeCost) -> str | None:
@@ -97,7 +105,7 @@ def head_of(node: NodeCost) -> str | None:
     head = _HEAD_OF_OP.get(node.op)
     if head is not None:
         return head
-    if node.op in RNN_OPS or node.op in MEMORY_BOUND:
+    if node.op in COMPOSITE_OPS or node.op in MEMORY_BOUND:
         return LOWERED
     return "ew" if node.out_shapes and _pointwise(node.op) else None
 

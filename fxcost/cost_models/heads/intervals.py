@@ -28,7 +28,7 @@ import numpy as np
 
 from fxcost._io import atomic_write
 from fxcost.cost_models.heads.features import LOWERED, head_of
-from fxcost.lowering.rnn import RNN_OPS
+from fxcost.lowering.composite import COMPOSITE_OPS, composite_head
 from fxcost.records import NodeCost
 
 __all__ = ["NOMINAL", "Intervals", "node_bounds", "shipped_intervals", "write_intervals"]
@@ -147,7 +147,8 @@ def node_bounds(
     """The low and high ends of each node's predicted ``ms`` (NaN where there is none).
 
     A node the heads predicted (``sources[i] == "mlp"``) spans its class's interval; a node priced
-    as the work it lowers to, the GEMM one (an RNN) or the elementwise one (a memory-bound op).
+    as the work it lowers to, the GEMM one (an RNN, attention, MoE experts) or the elementwise one
+    (a memory-bound op).
     Nodes other models predicted (a measured origin scaled, the roofline's fallback) add their
     prediction to both ends: no interval is known for them. ``intervals`` defaults to the shipped
     ones; without any, both ends are the prediction.
@@ -159,8 +160,8 @@ def node_bounds(
         for i, (node, source) in enumerate(zip(nodes, sources, strict=True)):
             if source == "mlp":
                 head = head_of(node)
-                if head == LOWERED:  # an RNN runs mostly GEMMs; memory-bound ops, elementwise passes
-                    head = "linear" if node.op in RNN_OPS else "ew"
+                if head == LOWERED:  # RNNs, attention, MoE run mostly GEMMs; memory-bound ops, passes
+                    head = composite_head(node.op) if node.op in COMPOSITE_OPS else "ew"
                 if head is not None and head in intervals.quantiles:
                     low[i], high[i] = (math.exp(q) for q in intervals.quantiles[head])
     return ms * low, ms * high

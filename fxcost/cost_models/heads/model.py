@@ -32,8 +32,8 @@ from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
 from fxcost.lowering import lower
+from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
 from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward, memory_pass
-from fxcost.lowering.rnn import RNN_OPS, lower_rnn
 from fxcost.precision import is_float
 from fxcost.records import NodeCost
 
@@ -151,10 +151,10 @@ class _Lowered:
 def _work(node: NodeCost) -> list[tuple[NodeCost, int]] | None:
     """What a lowered node runs, as (node a head predicts, repetitions): empty if it launches nothing,
     None where it cannot tell."""
-    if node.op in RNN_OPS:
+    if node.op in COMPOSITE_OPS:
         try:
-            return lower_rnn(node) or None
-        except (IndexError, KeyError, TypeError, ValueError):  # an RNN node without the arguments we read
+            return lower_composite(node) or None
+        except (IndexError, KeyError, TypeError, ValueError):  # a node without the arguments we read
             return None
     dtype = next((d for d in (*node.out_dtypes, *node.in_dtypes) if is_float(d)), "float32")
     kernels = lower(node)
