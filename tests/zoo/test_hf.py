@@ -72,7 +72,7 @@ def test_profile_command_takes_a_hugging_face_config(tmp_path, capsys) -> None:
     argv = ["profile", str(path), "--batch", "2", "--seqlen", "128", "--devices", "T4", "--top", "3"]
     assert main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "meta tensors" in printed and "eager step" in printed
+    assert "nothing timed" in printed and "eager step" in printed
     report = fxcost.Report.load(out)
     assert report.phases() == ["fw", "bw"] and report.total_ms("T4") > 0
 
