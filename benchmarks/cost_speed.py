@@ -15,11 +15,17 @@ Triton queries, for the estimate only. For information, the roofline of
 ``torch._inductor.fx_passes.overlap_scheduling.estimate_roofline_runtime_ms`` over every node of
 fxcost's captured ATen graphs (no re-trace) is timed too, under the same shim.
 
-    python benchmarks/cost_speed.py [--quick] [--device T4] [--repeats 3]
+A search loop runs several estimators at once (Optuna's ``n_jobs``, Ray workers); ``--parallel N``
+runs GPT-2's estimate loop (new devices, then new batches) in N spawned processes at once, each after
+its own capture, all starting together.
+
+    python benchmarks/cost_speed.py [--quick] [--device T4] [--repeats 3] [--parallel 4]
 
 Last line: ``capture_s_gpt2=.. cost_ms_gpt2=.. cost_ms_resnet50=.. runtime_estimator_ms_gpt2=..
-speedup_vs_runtime_estimator=..``; ``cost_ms_*`` is the median time of a ``.cost()`` for a new device,
-and the speedup is the smaller over the two models of the in-tree estimator's ms per estimate over it.
+speedup_vs_runtime_estimator=..`` (and ``cost_ms_gpt2_parallel4=..`` with ``--parallel 4``);
+``cost_ms_*`` is the median time of a ``.cost()`` for a new device (pooled over the processes for the
+parallel one), and the speedup is the smaller over the two models of the in-tree estimator's ms per
+estimate over it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import multiprocessing
 import os
 import signal
 import statistics
@@ -79,6 +86,13 @@ def main() -> int:
     )
     parser.add_argument("--device", default="T4", help="capture device, priced with the capture")
     parser.add_argument("--repeats", type=int, default=3, help="in-tree estimates per model (median)")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run GPT-2's estimate loop in N processes at once, as a search loop's workers do",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     base = get_device(args.device)
@@ -107,6 +121,11 @@ def main() -> int:
     print_table(rows, base.name, len(new_devices))
     print(f"\nin-tree estimator: {substitution}")
     print("speedup = RuntimeEstimator ms per estimate / fxcost median ms per .cost() for a new device")
+    parallel: dict[str, Any] = {}
+    if args.parallel > 0:
+        name, batch, config = models[0]
+        print(f"\n-- {name}: the estimate loop in {args.parallel} processes at once", flush=True)
+        parallel = time_parallel(args.parallel, name, batch, config, base, new_devices)
     sweep_points, sweep_s = time_sweep(1000 if args.quick else 10_000)
     print(f"sweep: {sweep_points} points (4 transformer widths x batches x 10 GPUs x 5 precisions) "
           f"in {sweep_s:.1f} s, traces included")  # fmt: skip
@@ -119,7 +138,9 @@ def main() -> int:
           f"speedup_vs_runtime_estimator={min(r['speedup'] for r in rows):.0f} "
           f"cost_ms_new_batch_gpt2={statistics.median(gpt2['batch_ms']):.3f} "
           f"cost_ms_new_batch_resnet50={statistics.median(resnet['batch_ms']):.3f} "
-          f"sweep_points={sweep_points} sweep_s={sweep_s:.1f}")  # fmt: skip
+          f"sweep_points={sweep_points} sweep_s={sweep_s:.1f}"
+          + (f" cost_ms_gpt2_parallel{args.parallel}={statistics.median(parallel['device_ms']):.3f}"
+             if parallel else ""))  # fmt: skip
     return 0
 
 
@@ -133,6 +154,24 @@ def time_fxcost(
     predicted_ms = est.cost(model, inputs, train=True, device=base.name).ms
     capture_s = time.perf_counter() - t0
     captured = est.capture(model, inputs)
+    timed = estimate_loop(est, model, inputs, batch, base, devices)
+    print(f"   fxcost: capture {capture_s:.1f} s, new device {statistics.median(timed['device_ms']):.2f} ms, "
+          f"new batch {statistics.median(timed['batch_ms']):.2f} ms", flush=True)  # fmt: skip
+    return {
+        "capture_s": capture_s,
+        "fxcost_ms": predicted_ms,
+        "distinct": len(captured.nodes),
+        "kernels": int(captured.counts.sum()),
+        "all_nodes": len(captured.report.nodes),
+        **timed,
+    }
+
+
+def estimate_loop(
+    est: Estimator, model: Any, inputs: Any, batch: int, base: Device, devices: list[str]
+) -> dict[str, Any]:
+    """Time ``.cost()`` for each new device (at the traced batch), then for each new batch (on the
+    capture device), in ms; also the new batches that forced a re-trace."""
 
     def timed(**kw: Any) -> float:
         t = time.perf_counter()
@@ -147,18 +186,48 @@ def time_fxcost(
             batch_ms.append(timed(device=base.name, batch_size=b))
             if est.cache_info()["captures"] > traced:  # the symbolic graph did not hold at b
                 retraced.append(b)
-    print(f"   fxcost: capture {capture_s:.1f} s, new device {statistics.median(device_ms):.2f} ms, "
-          f"new batch {statistics.median(batch_ms):.2f} ms", flush=True)  # fmt: skip
-    return {
-        "capture_s": capture_s,
-        "fxcost_ms": predicted_ms,
-        "distinct": len(captured.nodes),
-        "kernels": int(captured.counts.sum()),
-        "all_nodes": len(captured.report.nodes),
-        "retraced": retraced,
-        "device_ms": device_ms,
-        "batch_ms": sorted(batch_ms),
-    }
+    return {"device_ms": device_ms, "batch_ms": sorted(batch_ms), "retraced": retraced}
+
+
+def time_parallel(
+    workers: int, name: str, batch: int, config: dict[str, Any], base: Device, devices: list[str]
+) -> dict[str, Any]:
+    """:func:`estimate_loop` in ``workers`` processes at once (spawned, as a search loop's workers
+    are): each builds and captures the model, all wait for the slowest capture, then run the loop
+    together. Returns every worker's times, pooled."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(workers), ctx.Queue()
+    procs = [ctx.Process(target=_parallel_worker, args=(barrier, results, name, batch, config, base.name,
+                                                        devices)) for _ in range(workers)]  # fmt: skip
+    for p in procs:
+        p.start()
+    timed = [results.get() for _ in procs]
+    for p in procs:
+        p.join()
+    failed = [t["error"] for t in timed if "error" in t]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {workers} parallel estimators failed: {failed[0]}")
+    pooled = {k: sorted(x for t in timed for x in t[k]) for k in ("device_ms", "batch_ms")}
+    medians = ", ".join(f"{statistics.median(t['device_ms']):.2f}" for t in timed)
+    device_ms = statistics.median(pooled["device_ms"])
+    print(f"   fxcost x{workers} processes at once: new device {device_ms:.2f} ms "
+          f"(per process {medians}), new batch {statistics.median(pooled['batch_ms']):.2f} ms, "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    return pooled
+
+
+def _parallel_worker(
+    barrier: Any, results: Any, name: str, batch: int, config: dict[str, Any], base: str, devices: list[str]
+) -> None:
+    try:
+        model, inputs = zoo.build(name, batch, **config)
+        est = Estimator(devices=[base])
+        est.cost(model, inputs, train=True, device=base)  # the capture, not timed
+        barrier.wait()
+        results.put(estimate_loop(est, model, inputs, batch, get_device(base), devices))
+    except Exception as e:  # the parent reports it; a worker that died silently would hang it
+        barrier.abort()
+        results.put({"error": f"{type(e).__name__}: {e}"})
 
 
 def time_sweep(points: int) -> tuple[int, float]:

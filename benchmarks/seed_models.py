@@ -12,11 +12,17 @@ small batches and test on the largest; fit on the less powerful GPUs and test on
 and the in-sample fit. fxcost's default predicts the same held-out runs with no measurement at all
 (captured on this CPU, as in ``models_e2e.py``).
 
-    python benchmarks/seed_models.py --data ../shared/data [--holdout V100-PCIE-32GB] [--epochs 300]
+By default the protocol is reduced to finish in minutes on a 2-core machine: the retrained networks
+of the held-out column train for a tenth of their schedules (Justus 30 epochs of §VI-E's 300, the
+heads 2 of their 20), so only the ``*_unseen`` columns change; the shipped networks, Lattuada and
+every fxcost capture are as in the full protocol. ``--full`` runs the complete schedules (tens of
+minutes there). The output and the last line say which protocol ran.
 
-Last line: ``justus_mape=.. fxcost_mape_same_rows=.. lattuada_mape=.. fxcost_mape_lattuada_rows=..``
-(Justus and fxcost on the held-out layer rows of the GPUs seen in training; Lattuada and fxcost on the
-runs Lattuada extrapolates to).
+    python benchmarks/seed_models.py --data ../shared/data [--holdout V100-PCIE-32GB] [--full | --epochs N]
+
+Last line: ``justus_mape=.. fxcost_mape_same_rows=.. lattuada_mape=.. fxcost_mape_lattuada_rows=..
+protocol=reduced|full`` (Justus and fxcost on the held-out layer rows of the GPUs seen in training;
+Lattuada and fxcost on the runs Lattuada extrapolates to).
 """
 
 from __future__ import annotations
@@ -45,29 +51,44 @@ from fxcost.train.heads import TrainConfig, split, train
 from fxcost.train.justus import JustusConfig, examples, train_justus
 
 LAYERS = ("linear", "conv")
+FULL_JUSTUS_EPOCHS = JustusConfig().epochs  # §VI-E: 300
+FULL_HEADS_EPOCHS = 20
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="../shared/data")
     parser.add_argument("--holdout", default="V100-PCIE-32GB", help="training GPU left out (§VII-C)")
-    parser.add_argument("--epochs", type=int, default=JustusConfig().epochs, help="Justus epochs")
+    parser.add_argument(
+        "--full", action="store_true", help=f"the complete schedules: Justus {FULL_JUSTUS_EPOCHS} epochs, "
+        f"the heads {FULL_HEADS_EPOCHS} (default: a tenth of each)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--epochs", type=int, help="Justus epochs of the held-out column (overrides the protocol)"
+    )
     parser.add_argument("--cache", help="captured HF reports and the held-out models (kept between runs)")
     args = parser.parse_args()
     start = time.perf_counter()
     holdout = get_device(args.holdout).name
+    epochs = args.epochs or (FULL_JUSTUS_EPOCHS if args.full else FULL_JUSTUS_EPOCHS // 10)
+    heads_epochs = FULL_HEADS_EPOCHS if args.full else FULL_HEADS_EPOCHS // 10
+    protocol = "full" if args.full and epochs == FULL_JUSTUS_EPOCHS else "reduced"
+    if protocol == "reduced":
+        print(f"REDUCED protocol (--full for the complete one): the held-out column's networks train "
+              f"{epochs} epochs (Justus) and {heads_epochs} (heads), not {FULL_JUSTUS_EPOCHS} and "
+              f"{FULL_HEADS_EPOCHS}\n")  # fmt: skip
 
     justus = JustusPredictor.load(Path(__file__).parent.parent / "fxcost/cost_models/weights/justus.npz")
     print(f"Justus et al. vs fxcost's heads on held-out layer rows (Justus retrained without {holdout} "
-          f"for its column: {args.epochs} epochs)")  # fmt: skip
+          f"for its column: {epochs} epochs)")  # fmt: skip
     cache = Path(args.cache or tempfile.mkdtemp(prefix="fxcost-seed-"))
     cache.mkdir(parents=True, exist_ok=True)
-    config = dataclasses.replace(JustusConfig(), epochs=args.epochs)
-    saved = cache / f"justus-{args.epochs}-without-{holdout}.npz"
+    config = dataclasses.replace(JustusConfig(), epochs=epochs)
+    saved = cache / f"justus-{epochs}-without-{holdout}.npz"
     justus_out = train_justus(args.data, exclude=[holdout], config=config, out=saved)
-    work = cache / f"heads-without-{holdout}"
+    work = cache / f"heads-{heads_epochs}-without-{holdout}"
     train([args.data], work, heads=LAYERS, exclude=set(HELD_OUT_DEVICES) | {holdout},
-          config=dataclasses.replace(TrainConfig(), epochs=20))  # fmt: skip
+          config=dataclasses.replace(TrainConfig(), epochs=heads_epochs))  # fmt: skip
     heads_out = load_heads(work)
     heads = load_heads()
     rows = []
@@ -128,7 +149,8 @@ def main() -> int:
     print(f"({time.perf_counter() - start:.0f} s)")
     print(f"justus_mape={justus_mape:.2f} fxcost_mape_same_rows={fxcost_mape:.2f} "
           f"lattuada_mape={extrapolated['lattuada_err'].abs().mean():.2f} "
-          f"fxcost_mape_lattuada_rows={extrapolated['fxcost_err'].abs().mean():.2f}")  # fmt: skip
+          f"fxcost_mape_lattuada_rows={extrapolated['fxcost_err'].abs().mean():.2f} "
+          f"protocol={protocol}")  # fmt: skip
     return 0
 
 

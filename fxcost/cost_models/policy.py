@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from fxcost._threads import single_threaded
 from fxcost.cost_models.interface import CostModel, NodeBatch, get_model
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.records import NodeCost
@@ -100,18 +101,22 @@ def predict_batch(
     batch: NodeBatch, chain: Sequence[CostModel], device: Device
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-node ms of ``batch`` on ``device`` from a fallback chain (NaN where no model predicts), and
-    the name of the model that predicted each node (``"unsupported"`` where none did)."""
+    the name of the model that predicted each node (``"unsupported"`` where none did).
+
+    Runs on one thread (:func:`fxcost._threads.single_threaded`): the models' arrays are small, and
+    a search loop's estimators share the cores with each other."""
     ms = np.full(len(batch), np.nan)
     source = np.full(len(batch), "unsupported", dtype=object)
-    for cost_model in chain:
-        todo = ~np.isfinite(ms)
-        if not todo.any():
-            break
-        predicted = np.asarray(cost_model.predict(batch, device), dtype=np.float64)
-        if predicted.shape != (len(batch),):
-            raise ValueError(
-                f"cost model {cost_model.name!r} returned shape {predicted.shape} for {len(batch)} nodes"
-            )
-        fill = todo & np.isfinite(predicted)
-        ms[fill], source[fill] = predicted[fill], cost_model.name
+    with single_threaded():
+        for cost_model in chain:
+            todo = ~np.isfinite(ms)
+            if not todo.any():
+                break
+            predicted = np.asarray(cost_model.predict(batch, device), dtype=np.float64)
+            if predicted.shape != (len(batch),):
+                raise ValueError(
+                    f"cost model {cost_model.name!r} returned shape {predicted.shape} for {len(batch)} nodes"
+                )
+            fill = todo & np.isfinite(predicted)
+            ms[fill], source[fill] = predicted[fill], cost_model.name
     return ms, source

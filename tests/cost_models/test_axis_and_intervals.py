@@ -171,3 +171,28 @@ def test_the_envelope_never_undercuts_a_gpus_own_bound_in_half_precision() -> No
     for gpu in ("RTX3090", "A10G", "H100-SXM", "T4"):
         device = get_device(gpu)
         assert Heads().predict(batch, device)[0] >= roofline_ms(batch, device)[0] * (1 - 1e-9), gpu
+
+
+def test_tables_enveloped_ahead_for_every_gpu_are_the_ones_it_would_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second GPU asking for a class has it read on every GPU and enveloped for each of them
+    then; a GPU priced after finds its tables, equal to those it builds itself when nothing is
+    enveloped ahead."""
+    from fxcost.cost_models.heads.envelope import Envelope
+
+    nodes = [gemm_node("linear", 1, 512, 768, 768), gemm_node("bmm", 12, 128, 64, 128), _outer_add(512, 768),
+             kernel_alike_node("ln", 512, 768), kernel_alike_node("gelu", 512, 3072)]  # fmt: skip
+    batch = NodeBatch.of(nodes)
+    first, second, later = (get_device(g) for g in ("T4", "A10G", "H100-SXM"))
+    ahead = Heads()
+    for device in (first, second):
+        ahead.predict(NodeBatch.of(nodes), device)
+    assert len(ahead.axis_tables._envelope._tables[later]) > 0  # built before H100 was asked for
+    assert len(ahead.size_tables._envelope._tables[later]) > 0
+    monkeypatch.setattr(Envelope, "_envelope", lambda *args: None)
+    lazy = Heads()
+    for device in (first, second):
+        lazy.predict(NodeBatch.of(nodes), device)
+    assert later not in lazy.axis_tables._envelope._tables
+    np.testing.assert_array_equal(ahead.predict(batch, later), lazy.predict(NodeBatch.of(nodes), later))

@@ -205,3 +205,19 @@ def test_only_the_bandwidth_share_of_a_kernel_follows_a_change_of_bandwidth() ->
     speedup_at_roof = roof_ms / (fast - A100.overhead_ms)
     speedup_slow = 4 * roof_ms / (slowed - A100.overhead_ms)
     assert speedup_at_roof > speedup_slow > 1.0
+
+
+def test_a_chunked_launch_is_one_kernel_repeated() -> None:
+    """A softmax over 2^24 rows launches in chunks for 32-bit indexing: one kernel, built once and
+    repeated, equal to the kernel of a single chunk's launch."""
+    import dataclasses
+
+    from fxcost.cost_models.wave_scaling import kernels_of
+    from fxcost.lowering import lower
+
+    node = kernel_alike_node("softmax", 2**24, 128)
+    specs, kernels = lower(node) or [], kernels_of(node)
+    assert len(kernels) == len(specs) > 1
+    assert len({id(k) for k in kernels}) == 1
+    one = kernels_of(dataclasses.replace(node, kernels=[]))[0]
+    assert kernels[0] == one and kernels[0].launch == specs[0].launch
