@@ -18,7 +18,6 @@ import copy
 import dataclasses
 import itertools
 import logging
-import os
 import threading
 import types
 import warnings
@@ -28,7 +27,15 @@ from typing import Any
 import torch
 import torch.fx
 
-from fxcost.capture.graphs import CapturedGraph, StepFacts, placeholder_outputs, size_symbols, step_facts
+from fxcost.capture.graphs import (
+    CapturedGraph,
+    StepFacts,
+    code_being_compiled,
+    is_optimizer_graph,
+    placeholder_outputs,
+    size_symbols,
+    step_facts,
+)
 from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import spec_name
 from fxcost.gpus import DEFAULT_DEVICES, Device
@@ -74,12 +81,13 @@ class FxcostBackend:
         self.origin = "cpu"
         self.failures: list[str] = []
         self.compiled_code: set[types.CodeType] = set()
-        # The graphs of the latest compile of each Dynamo frame, by frame id, first compiled first.
-        self._frames: dict[int, list[CapturedGraph]] = {}
+        # The graphs of each compile of each Dynamo frame, by (frame id, compile of it).
+        self._frames: dict[tuple[int, int], list[CapturedGraph]] = {}
         self._lock = threading.Lock()
         self._runs = itertools.count()  # stamps graph calls in order
-        self._step_start = 0  # the stamp of the latest call of the first frame's first graph
-        self._step = StepFacts()  # what the first frame's inputs say of the step
+        self._model_frame: int | None = None  # the frame id of the model's own (first) frame
+        self._step_start = 0  # the stamp of the latest call of a graph that starts a step
+        self._step_graph: CapturedGraph | None = None  # that graph
         _remember(self)
 
     def __repr__(self) -> str:
@@ -91,24 +99,27 @@ class FxcostBackend:
             from torch._dynamo.backends.common import aot_autograd
 
             frame: list[CapturedGraph] = []
-            frame_id = _frame_id()
-            code = _code_being_compiled()
+            compile_id = _compile_id()
+            frame_id = None if compile_id is None else compile_id[0]
+            code = code_being_compiled()
             if code is not None:
                 self.compiled_code.add(code)
             with self._lock:
-                # A recompile of a frame replaces its graphs; graphs of other frames (breaks) stay.
-                key = frame_id if frame_id is not None else -len(self._frames) - 1
-                if not self._frames or key == next(iter(self._frames)):  # the model's own frame
-                    self._step = step_facts(gm, example_inputs)
+                # Every compile of a frame keeps its graphs (a recompile for new shapes, another for
+                # eval under no_grad): Dynamo runs whichever its guards pick, and the step is what ran.
+                key = compile_id if compile_id is not None else (-len(self._frames) - 1, 0)
+                if self._model_frame is None:
+                    self._model_frame = key[0]
+                facts = step_facts(gm, example_inputs) if key[0] == self._model_frame else None
                 self._frames[key] = frame
             origin = _origin_name(example_inputs)
             if origin != "cpu":  # a graph with only CPU inputs (after a break) measures nothing on the GPU
                 self.origin = origin
-            no_grad_phase: Phase = "opt" if _is_optimizer_graph(gm) else "fw"
+            no_grad_phase: Phase = "opt" if is_optimizer_graph(gm) else "fw"
             compiler = aot_autograd(
-                fw_compiler=self._compiler(frame, frame_id, "fw"),
+                fw_compiler=self._compiler(frame, frame_id, "fw", facts),
                 bw_compiler=self._compiler(frame, frame_id, "bw"),
-                inference_compiler=self._compiler(frame, frame_id, no_grad_phase),
+                inference_compiler=self._compiler(frame, frame_id, no_grad_phase, facts),
             )
             return compiler(gm, example_inputs)
         except Exception as e:
@@ -126,15 +137,17 @@ class FxcostBackend:
         captured = self._captured()
         for graph in captured:
             self._annotate_at_last_sizes(graph)
-        in_step = [g for g in captured if all_graphs or g.last_run >= self._step_start]
+        in_step = self._in_step(captured, all_graphs)
+        start = self._step_graph
+        facts = start.facts.at(start.sizes) if start is not None and start.facts is not None else StepFacts()
         report = Report(
             devices=list(self.devices),
             origin=self.origin,
             model=spec_name(self.options.cost_model),
             torch_version=torch.__version__,
-            batch=self._step.batch,
-            seqlen=self._step.seqlen,
-            name=self._step.name,
+            batch=facts.batch,
+            seqlen=facts.seqlen,
+            name=facts.name,
             apart=[dataclasses.replace(g.record, index=i)
                    for i, g in enumerate(g for g in captured if g not in in_step)],
         )  # fmt: skip
@@ -147,9 +160,13 @@ class FxcostBackend:
                     report.nodes.append(cost)
         return report
 
-    def graph_modules(self) -> list[torch.fx.GraphModule]:
-        """Every captured ATen graph, in the order of ``report(all_graphs=True).graphs``."""
-        return [g.gm for g in self._captured()]
+    def graph_modules(self, *, all_graphs: bool = False) -> list[torch.fx.GraphModule]:
+        """The captured ATen graphs, in the order of ``report(all_graphs=all_graphs).graphs``."""
+        return [g.gm for g in self._in_step(self._captured(), all_graphs)]
+
+    def _in_step(self, captured: list[CapturedGraph], all_graphs: bool) -> list[CapturedGraph]:
+        """The graphs of ``captured`` run since the latest step started (all of them if asked)."""
+        return [g for g in captured if all_graphs or g.last_run >= self._step_start]
 
     def _captured(self) -> list[CapturedGraph]:
         """The latest graphs of every frame: forward graphs, then backward, then optimizer."""
@@ -174,7 +191,11 @@ class FxcostBackend:
 
     # -- compile and run -------------------------------------------------------------------------
 
-    def _compiler(self, frame: list[CapturedGraph], frame_id: int | None, phase: Phase) -> Callable[..., Any]:
+    def _compiler(
+        self, frame: list[CapturedGraph], frame_id: int | None, phase: Phase, facts: StepFacts | None = None
+    ) -> Callable[..., Any]:
+        """The compiler of one AOT graph of a Dynamo compile; ``facts`` where that compile is of the
+        model's own frame, whose first graph then starts a step when it runs."""
         from functorch.compile import make_boxed_func
 
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
@@ -190,6 +211,8 @@ class FxcostBackend:
             graph = CapturedGraph(gm, record, measure_pending=self.options.measure, symbols=symbols,
                                    annotated_sizes=traced)  # fmt: skip
             with self._lock:
+                if facts is not None and not frame:
+                    graph.facts = facts
                 frame.append(graph)
             self._predict(gm)
             return make_boxed_func(self._runner(graph))
@@ -239,10 +262,8 @@ class FxcostBackend:
         """Note a call of ``graph``: when, and at which sizes; a call of the first frame's first graph
         starts a step."""
         graph.last_run = next(self._runs)
-        with self._lock:
-            entry = next(iter(self._frames.values()), None)
-        if entry and entry[0] is graph:
-            self._step_start = graph.last_run
+        if graph.facts is not None:
+            self._step_start, self._step_graph = graph.last_run, graph
         if graph.symbols:
             try:
                 graph.sizes = {symbol: int(args[i] if dim is None else args[i].shape[dim])
@@ -355,21 +376,14 @@ def _why_nothing_captured(backend: FxcostBackend) -> str:
     )
 
 
-def _frame_id() -> int | None:
+def _compile_id() -> tuple[int, int] | None:
+    """The Dynamo frame being compiled and which compile of it this is (recompiles count up)."""
     from torch._guards import CompileContext
 
     compile_id = CompileContext.current_compile_id()
-    return None if compile_id is None else compile_id.frame_id
-
-
-def _code_being_compiled() -> types.CodeType | None:
-    """The code object of the frame Dynamo is compiling, if this runs inside a Dynamo compile."""
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        return InstructionTranslator.current_tx().f_code
-    except (ImportError, AttributeError):
+    if compile_id is None or compile_id.frame_id is None:
         return None
+    return compile_id.frame_id, compile_id.frame_compile_id or 0
 
 
 def _origin_name(example_inputs: Sequence[Any]) -> str:
@@ -378,9 +392,3 @@ def _origin_name(example_inputs: Sequence[Any]) -> str:
         if isinstance(t, torch.Tensor) and t.device.type == "cuda":
             return torch.cuda.get_device_name(t.device)
     return "cpu"
-
-
-def _is_optimizer_graph(gm: torch.fx.GraphModule) -> bool:
-    """Whether a Dynamo graph was traced from ``torch.optim`` code (an optimizer step)."""
-    optim_dir = os.path.dirname(torch.optim.__file__)
-    return any(optim_dir in (n.meta.get("stack_trace") or "") for n in gm.graph.nodes)

@@ -9,6 +9,9 @@ name of a step compiled by a user from the model's own Dynamo graph.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +24,15 @@ from fxcost.capture.inputs import batch_of_leaves, seqlen_of
 from fxcost.lowering import size_hint
 from fxcost.records import GraphRecord
 
-__all__ = ["CapturedGraph", "StepFacts", "placeholder_outputs", "size_symbols", "step_facts"]
+__all__ = [
+    "CapturedGraph",
+    "StepFacts",
+    "code_being_compiled",
+    "is_optimizer_graph",
+    "placeholder_outputs",
+    "size_symbols",
+    "step_facts",
+]
 
 
 @dataclass
@@ -38,6 +49,9 @@ class CapturedGraph:
     symbols: list[tuple[int, int | None, sympy.Symbol, int]] = field(default_factory=list)
     sizes: dict[sympy.Symbol, int] = field(default_factory=dict)
     annotated_sizes: dict[sympy.Symbol, int] = field(default_factory=dict)
+    # The first graph of a compile of the model's own frame starts a step when it runs; it keeps what
+    # its compile saw of the step.
+    facts: StepFacts | None = None
 
 
 def placeholder_outputs(gm: torch.fx.GraphModule) -> Callable[..., Any]:
@@ -91,11 +105,24 @@ def size_symbols(gm: torch.fx.GraphModule) -> list[tuple[int, int | None, sympy.
 
 @dataclass(frozen=True)
 class StepFacts:
-    """What a printout says of a step: its batch, sequence length and model name, where known."""
+    """What a printout says of a step: its batch, sequence length and model name, where known, and
+    the size symbols that carry the batch and sequence length under dynamic shapes."""
 
     batch: int | None = None
     seqlen: int | None = None
     name: str = ""
+    batch_symbol: sympy.Symbol | None = None
+    seqlen_symbol: sympy.Symbol | None = None
+
+    def at(self, sizes: dict[sympy.Symbol, int]) -> StepFacts:
+        """The facts at the sizes of a run (a dynamic-shape graph's symbols bound)."""
+        return dataclasses.replace(
+            self,
+            batch=sizes.get(self.batch_symbol, self.batch) if self.batch_symbol is not None else self.batch,
+            seqlen=sizes.get(self.seqlen_symbol, self.seqlen)
+            if self.seqlen_symbol is not None
+            else self.seqlen,
+        )
 
 
 def step_facts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> StepFacts:
@@ -104,8 +131,15 @@ def step_facts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> StepF
     to inputs too), and the compiled module's class name. Unknown where Dynamo does not say."""
     try:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        given = [value for node, value in zip(placeholders, example_inputs, strict=False)
-                 if _is_callers(node)]  # fmt: skip
+        callers = [(node, value) for node, value in zip(placeholders, example_inputs, strict=False)
+                   if _is_callers(node)]  # fmt: skip
+        given = [value for _, value in callers]
+        batch, seqlen = batch_of_leaves(given), seqlen_of(tuple(given), {})
+        first = next(
+            (node for node, value in callers if isinstance(value, torch.Tensor) and value.dim()), None
+        )
+        fake = first.meta.get("example_value") if first is not None else None
+        symbols = [_symbol(s) for s in fake.shape[:2]] if isinstance(fake, torch.Tensor) else []
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         f_locals = InstructionTranslator.current_tx().f_locals
@@ -113,7 +147,16 @@ def step_facts(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> StepF
         return StepFacts()
     module = f_locals.get("self", f_locals.get("fn"))
     name = type(module).__name__ if isinstance(module, torch.nn.Module) else ""
-    return StepFacts(batch_of_leaves(given), seqlen_of(tuple(given), {}), name)
+    batch_symbol = symbols[0] if symbols else None
+    seqlen_symbol = symbols[1] if len(symbols) > 1 and seqlen is not None else None
+    return StepFacts(batch, seqlen, name, batch_symbol, seqlen_symbol)
+
+
+def _symbol(size: int | torch.SymInt) -> sympy.Symbol | None:
+    """The plain size symbol of a dimension, None for a static one or an expression."""
+    if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+        return size.node.expr
+    return None
 
 
 def _is_callers(placeholder: torch.fx.Node) -> bool:
@@ -121,3 +164,19 @@ def _is_callers(placeholder: torch.fx.Node) -> bool:
     source = placeholder.meta.get("grapharg")
     name = source.source.name if source is not None and source.source is not None else ""
     return name.startswith("L[") and not name.startswith(("L['self']", "L['fn']")) and "._" not in name
+
+
+def is_optimizer_graph(gm: torch.fx.GraphModule) -> bool:
+    """Whether a Dynamo graph was traced from ``torch.optim`` code (an optimizer step)."""
+    optim_dir = os.path.dirname(torch.optim.__file__)
+    return any(optim_dir in (n.meta.get("stack_trace") or "") for n in gm.graph.nodes)
+
+
+def code_being_compiled() -> types.CodeType | None:
+    """The code object of the frame Dynamo is compiling, if this runs inside a Dynamo compile."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        return InstructionTranslator.current_tx().f_code
+    except (ImportError, AttributeError):
+        return None

@@ -29,14 +29,18 @@ __all__ = ["ATTENTION_OPS", "attention_flops", "lower_attention"]
 
 aten = torch.ops.aten
 
-_FORWARD = (aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
-            aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
-            aten._scaled_dot_product_fused_attention_overrideable)  # fmt: skip
-_BACKWARD = (aten._scaled_dot_product_flash_attention_for_cpu_backward,
-             aten._scaled_dot_product_flash_attention_backward,
-             aten._scaled_dot_product_efficient_attention_backward,
-             aten._scaled_dot_product_cudnn_attention_backward,
-             aten._scaled_dot_product_fused_attention_overrideable_backward)  # fmt: skip
+
+def _packets(*names: str) -> tuple[Any, ...]:
+    """The aten packets of ``names`` this torch has (the cuDNN and overrideable kernels are newer
+    than the oldest torch fxcost supports)."""
+    return tuple(getattr(aten, n) for n in names if hasattr(aten, n))
+
+
+_KERNELS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_fused_attention_overrideable")  # fmt: skip
+_FORWARD = _packets(*_KERNELS)
+_BACKWARD = _packets(*(f"{k}_backward" for k in _KERNELS))
 _BACKWARD_NAMES = frozenset(f"{p}.default" for p in _BACKWARD)
 
 ATTENTION_OPS = frozenset(f"{p}.default" for p in (*_FORWARD, *_BACKWARD))

@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import torch
-
 from fxcost.lowering.flops import register_flops
 from fxcost.lowering.nodes import gemm_node, memory_pass
 from fxcost.precision import itemsize
@@ -47,7 +45,7 @@ def grouped_mm_flops(rows: int, k: int, n: int, backward: bool) -> int:
     return (4 if backward else 2) * rows * k * n
 
 
-@register_flops(_FALLBACK, torch.ops.aten._grouped_mm, matmul=True)
+@register_flops(_FALLBACK, _ATEN, matmul=True)  # by name: aten._grouped_mm is new in torch 2.8
 def _forward(args: Any, kwargs: Any, out: Any) -> int | None:
     x, w = args[0], args[1]
     if x.dim() != 2 or w.dim() != 3:  # other _grouped_mm layouts (3-D by 3-D, groups along K)

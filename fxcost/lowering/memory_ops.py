@@ -70,11 +70,14 @@ def _index_put(node: NodeCost) -> list[tuple[str, float]]:
     passes: list[tuple[str, float]] = [("copy", 2 * tensor_in(node, 0))]
     if not node.args.get("accumulate"):
         return [*passes, ("index_put", 2 * values + indices)]
-    count = math.prod(node.in_shapes[-1])
+    # One linear index per index tuple (the indices broadcast), each addressing a slice of the
+    # dimensions not indexed; its keys range over the indexed dimensions of ``self``.
+    count = math.prod(torch.broadcast_shapes(*node.in_shapes[1:-1]))
+    slices = max(_numel(node, len(node.in_shapes) - 1) // max(count, 1), 1)
     return [
         *passes,
         ("linear_index", indices + count * _INDEX_BYTES),
-        ("sort_indices", _index_sort(count, _numel(node, 0))),
+        ("sort_indices", _index_sort(count, _numel(node, 0) // slices)),
         ("index_put_with_sort", 3 * values + 2 * count * _INDEX_BYTES),
     ]
 

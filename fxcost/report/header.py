@@ -43,7 +43,7 @@ def header_lines(report: Report) -> list[str]:
     lines = [f"{report.name or 'model'}: {', '.join(facts)}", _origin_line(report)]
     if report.devices:
         lines.append(_sources_line(report))
-    unmeasured = [d for d in report.devices if not measured_in_training(get_device(d))]
+    unmeasured = [d for d in report.devices if not _measured_in_training(d)]
     if unmeasured:
         lines.append(
             f"never measured for the heads' fit: {', '.join(unmeasured)}; predicted from spec sheets "
@@ -79,6 +79,14 @@ def captured_precision(nodes: Iterable[NodeCost]) -> str:
     if "float32" in floats:
         return "fp32 (TF32 allowed)" if tf32 else "fp32"
     return ", ".join(sorted(floats)) or "no floating-point tensors"
+
+
+def _measured_in_training(name: str) -> bool:
+    """Whether the heads were fit on GPU ``name``; a GPU this process does not know was not."""
+    try:
+        return measured_in_training(get_device(name))
+    except UnknownDeviceError:
+        return False
 
 
 def origin_gpu(report: Report) -> str | None:

@@ -361,3 +361,29 @@ def test_the_report_names_the_model_batch_and_sequence_length_it_was_given() -> 
     report = backend.report()
     # The batch is the caller's (2), not the leading dimension of a lifted parameter.
     assert (report.name, report.batch, report.seqlen) == (type(model).__name__, 2, 8)
+
+
+def test_a_validation_pass_between_training_steps_leaves_the_training_step_reported() -> None:
+    """Found in review: an eval call recompiles the frame under no_grad; the training graphs, run
+    again after it, were no longer the report's."""
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    backend = fxcost.estimate(devices=["T4"], measure=False)
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(8, 16)
+    compiled(x).sum().backward()
+    with torch.no_grad():
+        compiled(x)
+    assert [g.phase for g in backend.report().graphs] == ["fw"]  # the step last run: inference
+    compiled(x).sum().backward()
+    report = backend.report()
+    assert [g.phase for g in report.graphs] == ["fw", "bw"] and len(report.apart) == 1
+
+
+def test_a_dynamic_batch_is_reported_at_the_batch_last_run() -> None:
+    backend = fxcost.estimate(devices=["T4"], measure=False)
+    compiled = torch.compile(nn.Linear(16, 4), backend=backend)
+    for batch in (4, 8, 6, 64):  # the third call compiles for a dynamic batch
+        compiled(torch.randn(batch, 16)).sum().backward()
+        report = backend.report()
+        assert report.batch == batch
+        assert [n.out_shapes for n in report.nodes if n.op == "aten.addmm.default"] == [[(batch, 4)]]

@@ -49,13 +49,17 @@ def test_upsampling_gathers_and_its_gradient_sorts_then_adds() -> None:
     assert _passes(gather) == [("gather_kernel", 2 * 4096 * 4 + 16 * 8 + 16 * 8)]
     put = _node("aten._unsafe_index_put.default", [(x, F32), (rows, I64), (cols, I64), (up, F32)], [(x, F32)],
                 accumulate=True)  # fmt: skip
-    values = 4096  # one per upsampled element
+    values, keys = 4096, 16 * 16  # one value per upsampled element; one index per (row, col) pair
     assert _passes(put) == [
         ("copy", 2 * 1024 * 4),
-        ("linear_index", 256 + values * 8),
-        ("sort_indices", 2 * 2 * 2 * 8 * values),  # keys below 1,024: 10 bits, two 8-bit digit passes
-        ("index_put_with_sort", 3 * values * 4 + 2 * values * 8),
+        ("linear_index", 256 + keys * 8),
+        ("sort_indices", 1 * 2 * 2 * 8 * keys),  # keys below 8 x 8 = 64: 6 bits, one 8-bit digit pass
+        ("index_put_with_sort", 3 * values * 4 + 2 * keys * 8),
     ]
+    # The gradient of a row gather (x[idx]): one key per index, each adding a 1,024-wide row.
+    rows_put = _node("aten.index_put.default", [((50_000, 1024), F32), ((8192,), I64), ((8192, 1024), F32)],
+                     [((50_000, 1024), F32)], accumulate=True)  # fmt: skip
+    assert dict(_passes(rows_put))["sort_indices"] == 2 * 2 * 2 * 8 * 8192  # keys below 50,000: 16 bits
     plain = NodeCost.from_json({**put.to_json(), "args": {"accumulate": False}})
     assert _passes(plain) == [("copy", 2 * 1024 * 4), ("index_put", 2 * values * 4 + 256)]
 
