@@ -149,7 +149,7 @@ class FxcostBackend:
             seqlen=facts.seqlen,
             name=facts.name,
             apart=[dataclasses.replace(g.record, index=i)
-                   for i, g in enumerate(g for g in captured if g not in in_step)],
+                   for i, g in enumerate(g for g in captured if not (all_graphs or self._ran_in_step(g)))],
         )  # fmt: skip
         for index, graph in enumerate(in_step):
             report.graphs.append(dataclasses.replace(graph.record, index=index))
@@ -166,7 +166,10 @@ class FxcostBackend:
 
     def _in_step(self, captured: list[CapturedGraph], all_graphs: bool) -> list[CapturedGraph]:
         """The graphs of ``captured`` run since the latest step started (all of them if asked)."""
-        return [g for g in captured if all_graphs or g.last_run >= self._step_start]
+        return [g for g in captured if all_graphs or self._ran_in_step(g)]
+
+    def _ran_in_step(self, graph: CapturedGraph) -> bool:
+        return graph.last_run >= self._step_start
 
     def _captured(self) -> list[CapturedGraph]:
         """The latest graphs of every frame: forward graphs, then backward, then optimizer."""

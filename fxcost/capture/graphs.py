@@ -98,8 +98,9 @@ def size_symbols(gm: torch.fx.GraphModule) -> list[tuple[int, int | None, sympy.
         else:
             continue
         for dim, size in sizes:
-            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
-                found.append((i, dim, size.node.expr, size_hint(size)))
+            symbol = _symbol(size)
+            if symbol is not None:
+                found.append((i, dim, symbol, size_hint(size)))
     return found
 
 

@@ -29,7 +29,20 @@ def strength(device: Device) -> tuple[float, ...] | None:
 
 def weaker_than(device: Device) -> list[Device]:
     """The database's GPUs ``device`` matches or beats on every :func:`strength` value, not equal on
-    all of them (GPUs with an unknown spec are comparable with none)."""
+    all of them (GPUs with an unknown spec are comparable with none). Kept per database state: the
+    eager step asks it for every price."""
+    global _database
+    database = tuple(map(id, all_devices()))
+    if database != _database:  # GPUs added or changed (load_devices): compare again
+        _weaker.clear()
+        _database = database
+    found = _weaker.get(device)
+    if found is None:
+        found = _weaker[device] = _weaker_than(device)
+    return list(found)
+
+
+def _weaker_than(device: Device) -> list[Device]:
     mine = strength(device)
     if mine is None:
         return []
@@ -41,6 +54,10 @@ def weaker_than(device: Device) -> list[Device]:
         if all(a >= b for a, b in zip(mine, theirs, strict=True)) and mine != theirs:
             weaker.append(other)
     return weaker
+
+
+_database: tuple[int, ...] = ()
+_weaker: dict[Device, list[Device]] = {}
 
 
 def comparable() -> list[Device]:

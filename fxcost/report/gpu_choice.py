@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from fxcost.cost_models.heads import trained_devices, unlike_training
 from fxcost.gpus import Device, UnknownDeviceError, device_names, get_device
+from fxcost.report.header import spec_sheet_only
 
 if TYPE_CHECKING:
     from fxcost.report.trace import Report
@@ -199,7 +200,7 @@ def _choice(report: Report, batch: int, device: Device, prices: Mapping[str, flo
     per_usd = samples_per_s * 3600 / price if price else None
     low, high = report.eager_interval_ms(device, eager_ms=step_ms)
     return GpuChoice(device.name, step_ms, samples_per_s, price, per_usd, unconfirmed, low, high,
-                     _spec_sheet_only(report, device))  # fmt: skip
+                     spec_sheet_only(report, device))  # fmt: skip
 
 
 def _chart_orders(choices: Sequence[GpuChoice]) -> tuple[list[GpuChoice], list[GpuChoice]]:
@@ -207,17 +208,6 @@ def _chart_orders(choices: Sequence[GpuChoice]) -> tuple[list[GpuChoice], list[G
     fastest = sorted(choices, key=lambda c: -c.samples_per_s)
     priced = sorted((c for c in choices if c.samples_per_usd is not None), key=_best_value_first)
     return fastest, priced
-
-
-def _spec_sheet_only(report: Report, device: Device) -> bool:
-    """Whether nothing measured on ``device`` informs its predictions in ``report`` (see GpuChoice)."""
-    if unlike_training(device):
-        return True
-    try:
-        gpu_origin = get_device(report.origin) if report.origin_ms() is not None else None
-    except UnknownDeviceError:  # measured on a CPU (or a device fxcost does not know): no GPU to scale
-        gpu_origin = None
-    return gpu_origin is None and device.name not in trained_devices()
 
 
 def _name(c: GpuChoice) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from fxcost.cost_models.heads import measured_in_training
-from fxcost.gpus import UnknownDeviceError, get_device
+from fxcost.cost_models.heads import measured_in_training, unlike_training
+from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.lowering.flops import is_matmul_class
 from fxcost.precision import HALF_DTYPES, is_float
 from fxcost.records import NodeCost
@@ -20,7 +20,7 @@ from fxcost.records import NodeCost
 if TYPE_CHECKING:
     from fxcost.report.trace import Report
 
-__all__ = ["captured_precision", "header_lines", "origin_gpu", "origin_name"]
+__all__ = ["captured_precision", "header_lines", "origin_gpu", "origin_name", "spec_sheet_only"]
 
 _SOURCES = {
     "mlp": "MLP heads",
@@ -43,8 +43,9 @@ def header_lines(report: Report) -> list[str]:
     lines = [f"{report.name or 'model'}: {', '.join(facts)}", _origin_line(report)]
     if report.devices:
         lines.append(_sources_line(report))
-    unmeasured = [d for d in report.devices if not _measured_in_training(d)]
-    if unmeasured:
+    unmeasured = [d for d in report.devices if _known(d) and spec_sheet_only(report, get_device(d))
+                  and not unlike_training(get_device(d))]  # fmt: skip
+    if unmeasured:  # (a GPU unlike every training GPU has its own caveat line)
         lines.append(
             f"never measured for the heads' fit: {', '.join(unmeasured)}; predicted from spec sheets "
             "(the totals' 80% interval is how far that has been off on GPUs left out of the fit)"
@@ -81,20 +82,28 @@ def captured_precision(nodes: Iterable[NodeCost]) -> str:
     return ", ".join(sorted(floats)) or "no floating-point tensors"
 
 
-def _measured_in_training(name: str) -> bool:
-    """Whether the heads were fit on GPU ``name``; a GPU this process does not know was not."""
+def spec_sheet_only(report: Report, device: Device) -> bool:
+    """Whether nothing measured informs ``report``'s predictions on ``device``: no training GPU
+    resembles it, or the heads were never fit on it and no GPU origin was timed to scale from."""
+    if unlike_training(device):
+        return True
+    timed_on_gpu = report.origin_device() is not None and report.origin_ms() is not None
+    return not timed_on_gpu and not measured_in_training(device)
+
+
+def _known(name: str) -> bool:
+    """Whether this process knows GPU ``name`` (a loaded trace may name one it does not)."""
     try:
-        return measured_in_training(get_device(name))
+        get_device(name)
     except UnknownDeviceError:
         return False
+    return True
 
 
 def origin_gpu(report: Report) -> str | None:
     """The origin's canonical name if it is a GPU of the database (``H100-SXM``), else None."""
-    try:
-        return get_device(report.origin).name
-    except UnknownDeviceError:
-        return None
+    device = report.origin_device()
+    return None if device is None else device.name
 
 
 def origin_name(report: Report) -> str:

@@ -120,14 +120,14 @@ class Report:
         """The kernel nodes (of one phase) on ``device``'s predicted eager timeline, in order; the
         host time per op is ``host_ms``, else the one :meth:`pipeline` finds."""
         target = get_device(self._predicted_name(device))  # a device never predicted is an error
-        on_origin = self._origin_device() == target
+        on_origin = self.origin_device() == target
         return propagate.timeline(self._phase(phase), target, self.pipeline(), host_ms=host_ms,
                                   on_origin=on_origin)  # fmt: skip
 
     def pipeline(self) -> Pipeline:
         """The host time per op and in-step kernel scale the origin's measured step implies
         (:func:`fxcost.propagate.origin_pipeline`; the defaults without a GPU origin or a step)."""
-        return propagate.origin_pipeline(self.nodes, self._origin_device(), self.step_ms)
+        return propagate.origin_pipeline(self.nodes, self.origin_device(), self.step_ms)
 
     def to_chrome_trace(self, path: str | os.PathLike[str], device: str | Device) -> Path:
         """Write the predicted eager step on ``device`` as a Chrome trace JSON (Perfetto,
@@ -144,7 +144,7 @@ class Report:
         wait only for the host."""
         target = get_device(self._predicted_name(device))
         return propagate.critical_path_ms(self._phase(phase), target, self.pipeline(), host_ms=host_ms,
-                                          on_origin=self._origin_device() == target)  # fmt: skip
+                                          on_origin=self.origin_device() == target)  # fmt: skip
 
     def origin_ms(self, phase: Phase | None = None) -> float | None:
         """Sum of the measured node times on the origin device, or None if nothing was measured."""
@@ -223,7 +223,7 @@ class Report:
         Raises:
             ValueError: the report was not measured on a GPU of the database.
         """
-        if self._origin_device() is None:
+        if self.origin_device() is None:
             raise ValueError(
                 f"wave scaling scales measurements from a GPU, and this trace was measured on "
                 f"{self.origin!r}; use report.predict([...]) for predictions without an origin GPU"
@@ -335,7 +335,8 @@ class Report:
             raise ValueError(f"unknown phase {phase!r}; accepted: {', '.join(PHASES)} or None")
         return [n for n in self.nodes if n.phase == phase]
 
-    def _origin_device(self) -> Device | None:
+    def origin_device(self) -> Device | None:
+        """The GPU the step was captured on, if it is one of the database (None for a CPU)."""
         try:
             return get_device(self.origin)
         except UnknownDeviceError:
