@@ -17,17 +17,22 @@ def collect_command(args: argparse.Namespace) -> int:
     """Measure random op configurations here into CSVs of the shared-data schema.
 
     Measure random configurations of each op on this machine and append them to
-    DIR/ops/<op>/<Device>.csv (the layout and columns of shared/data/neusight/ops)."""
+    DIR/ops/<op>/<Device>.csv (the layout and columns of shared/data/neusight/ops); a --precision other
+    than fp32 writes DIR/<precision>/ops/<op>/<Device>.csv."""
     from fxcost.data.collect import collect
 
     ops = [op.strip() for op in args.ops.split(",") if op.strip()]
     stats = collect(ops, args.samples, args.out, device=args.device, resume=args.resume, seed=args.seed,
-                    kernels=args.kernels)  # fmt: skip
+                    kernels=args.kernels, precision=args.precision,
+                    max_seconds=args.max_seconds)  # fmt: skip
     for op, path in stats.paths.items():
         done = stats.written[op] + stats.skipped_oom[op]
         rate = f", {done / stats.seconds[op]:.1f} configs/s" if stats.seconds[op] > 0 else ""
         print(f"{op}: {stats.existing[op]} rows kept, {stats.written[op]} measured, "
               f"{stats.skipped_oom[op]} out of memory{rate} -> {path}")  # fmt: skip
+    if stats.unfinished:
+        print(f"stopped after --max-seconds {args.max_seconds:g}: {', '.join(stats.unfinished)} not finished "
+              "(run the same command again to go on)")  # fmt: skip
     return OK
 
 

@@ -176,6 +176,8 @@ def _data_commands(sub: Any) -> None:
     collect.add_argument("--seed", type=int, default=0, help="configuration sequence (default 0)")
     collect.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="default cuda")
     collect.add_argument("--no-kernels", dest="kernels", action="store_false", help=NO_KERNELS_HELP)
+    collect.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help=COLLECT_PRECISION_HELP)
+    collect.add_argument("--max-seconds", type=float, default=None, metavar="S", help=MAX_SECONDS_HELP)
 
 
 COST_MODEL_HELP = (
@@ -201,8 +203,16 @@ INCLUDE_HELD_OUT_HELP = (
     "train on H100, L4 and A100-80GB rows too (your own heads; the shipped ones never are)"
 )
 SIZES_HELP = "fp32 elements per buffer for copy and triad (default: 2^22 2^24 2^26 2^28)"
-OPS_HELP = "comma-separated: linear,bmm,conv,elementwise,ln,softmax or single elementwise ops (add, ...)"
+OPS_HELP = (
+    "comma-separated: linear,bmm,conv,elementwise,ln,softmax,sdpa,sdpa_bwd or single elementwise ops "
+    "(add, ...)"
+)
 NO_KERNELS_HELP = "leave the kernel columns empty (skips one profiled call per configuration)"
+COLLECT_PRECISION_HELP = (
+    "fp32 (TF32 off, as the shared data; default), tf32 (fp32 tensors, TF32 on), bf16 or fp16 tensors; "
+    "rows of any but fp32 go to DIR/<precision>/ops/ with a Precision column"
+)
+MAX_SECONDS_HELP = "stop cleanly after S seconds, between two configurations (rows written are kept)"
 
 
 def _command(sub: Any, run: Callable[[argparse.Namespace], Any]) -> _Parser:

@@ -2,7 +2,7 @@
 
 One file per op and device, ``<out>/ops/<op>/<Device>.csv`` (spaces in the device name become ``_``, as
 in the shared data), so ``fxcost.data.datasets.read_ops(out, ops)`` reads the result directly. Columns, in
-order, are those of the shared files: ``OPName, Latency`` (ms, forward only, median of
+order, are those of the shared files: ``OPName, Latency`` (ms, forward only but for ``sdpa_bwd``, median of
 :func:`fxcost.bench.bench_ms`), ``Device``, ``Torch Version`` (``p2.1.0``), ``CUDNN Version`` (``8902``),
 the kernel columns, ``CUDA Version`` (``cu121``), ``Kernels`` (linear, bmm, conv and ln only) and the
 op's dims. The kernel columns come from one extra call under ``torch.profiler`` (CUDA only; empty
@@ -15,13 +15,19 @@ longest-running kernel the op launched, ``Blocks per SM`` (its grid's blocks ove
 
 The configurations and their sequence are :mod:`fxcost.data.op_configs`.
 
-Measurements are fp32 with TF32 disabled (as the shared data), timed for about
+Measurements are fp32 with TF32 disabled (as the shared data) unless ``precision=`` says otherwise:
+``tf32`` is fp32 tensors with TF32 enabled for matmul and cuDNN, ``bf16``/``fp16`` tensors of that dtype
+(TF32 off). Rows of a precision other than fp32 carry a trailing ``Precision`` column and go to a
+directory of their own, ``<out>/<precision>/ops/<op>/<Device>.csv``: ``read_ops(out)`` reads the fp32
+rows only (the data sets count bytes as fp32), ``read_ops(out / "bf16")`` the bf16 ones, and no file
+mixes two precisions. They are timed for about
 :data:`TIMING_BUDGET_MS` each (at least one warm-up and one timed call: a call of many milliseconds
 varies by well under 1% on a GPU). Out-of-memory configurations are skipped and counted, as in
 Habitat. Each row is flushed as soon as it is timed (a chunk's kernels are profiled before its
 timings, so a kill loses no timed row); on resume the rows already written are matched to the
 configurations of the sequence, so skipped configurations are recognised too, and measuring
-continues after the last one written. A torn last line (no trailing
+continues after the last one written (per file, so per precision). ``max_seconds`` stops a run
+cleanly between two configurations, the rows written kept. A torn last line (no trailing
 newline, from a killed run) is dropped, since a truncated latency would still parse as a number.
 """
 
@@ -46,6 +52,7 @@ from fxcost._progress import progress_bars
 from fxcost.bench.profiling import kernel_range, recording_kernels
 from fxcost.bench.timing import bench_ms
 from fxcost.data.op_configs import OPS, build_call, expand_ops, header, sample_config
+from fxcost.precision import PRECISIONS, Precision
 from fxcost.records import KernelRecord
 
 __all__ = [
@@ -57,6 +64,7 @@ __all__ = [
     "device_label",
     "header",
     "kernel_columns",
+    "precision_out_dir",
     "profile_kernels",
     "sample_config",
 ]
@@ -75,7 +83,9 @@ TIMING_BUDGET_MS = 10.0
 class CollectStats:
     """What one :func:`collect` call did, per op: rows found on resume (``existing``), rows measured
     now (``written``), out-of-memory configurations skipped (``skipped_oom``), wall seconds spent
-    measuring (``seconds``), the CSV (``paths``) and whether a torn last line was dropped (``repaired``)."""
+    measuring (``seconds``), the CSV (``paths``) and whether a torn last line was dropped (``repaired``);
+    ``unfinished``: the ops that ``max_seconds`` stopped before their last configuration, in order
+    (those it stopped before they started have no entry in the other fields)."""
 
     existing: dict[str, int] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)
@@ -83,6 +93,7 @@ class CollectStats:
     seconds: dict[str, float] = field(default_factory=dict)
     paths: dict[str, Path] = field(default_factory=dict)
     repaired: list[str] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
 
 
 def kernel_columns(kernels: Sequence[KernelRecord], sms: int) -> dict[str, str]:
@@ -145,13 +156,25 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and "out of memory" in str(e)
 
 
+def precision_out_dir(out_dir: str | Path, precision: str) -> Path:
+    """The data directory a precision's rows go to: ``out_dir`` for fp32, ``out_dir/<precision>`` else."""
+    return Path(out_dir) if precision == "fp32" else Path(out_dir) / precision
+
+
+def _parse_precision(precision: str | Precision) -> Precision:
+    found = PRECISIONS.get(precision) if isinstance(precision, str) else precision
+    if not isinstance(found, Precision):
+        raise ValueError(f"unknown precision {precision!r}; collect measures in: {', '.join(PRECISIONS)}")
+    return found
+
+
 @contextlib.contextmanager
-def _no_tf32() -> Iterator[None]:
-    """fp32 as in the shared data: TF32 off for matmul and cuDNN, restored afterwards."""
+def _tf32(enabled: bool) -> Iterator[None]:
+    """TF32 on or off for matmul and cuDNN (off: fp32 as in the shared data), restored afterwards."""
     matmul = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = enabled
     try:
-        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=enabled):
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = matmul
@@ -205,12 +228,16 @@ def collect(
     profiler: Profiler | None = None,
     sms: int | None = None,
     progress: bool = True,
+    precision: str | Precision = "fp32",
+    max_seconds: float | None = None,
 ) -> CollectStats:
-    """Measure configurations ``0 .. samples-1`` of each op into ``<out_dir>/ops/<op>/<Device>.csv``.
+    """Measure configurations ``0 .. samples-1`` of each op into ``<out_dir>/ops/<op>/<Device>.csv``
+    (``<out_dir>/<precision>/ops/...`` for a precision other than fp32).
 
     Args:
         ops: op names of the shared data (``linear``, ``bmm``, ``conv``, ``ln``, ``softmax``, ``add``,
-            ``addu``, ...); ``elementwise`` stands for all eleven elementwise ops.
+            ``addu``, ...), ``sdpa`` and ``sdpa_bwd``; ``elementwise`` stands for all eleven
+            elementwise ops.
         samples: configurations drawn per op, out-of-memory ones included (they write no row).
         out_dir: the data directory; rows go to ``ops/<op>/<Device>.csv`` under it.
         device: where to measure.
@@ -225,10 +252,14 @@ def collect(
             default, none elsewhere (the kernel columns stay empty).
         sms: the device's SM count for ``Blocks/Warps per SM``; CUDA's device properties by default.
         progress: show a rich progress bar on stderr.
+        precision: ``fp32`` (TF32 off), ``tf32``, ``bf16`` or ``fp16`` (see the module docstring).
+        max_seconds: stop once this many wall seconds have passed, between two configurations (a
+            configuration started is finished); the ops cut short are listed in ``unfinished``.
 
     Raises:
         RuntimeError: ``device`` is CUDA and no CUDA GPU is available.
-        ValueError: unknown op, or an existing file that is not of this schema and seed.
+        ValueError: unknown op or precision, a negative ``samples`` or ``max_seconds``, or an existing
+            file that is not of this schema and seed.
 
     Example:
         >>> collect(["bmm", "elementwise"], 500, "data/mine", seed=0)  # doctest: +SKIP
@@ -241,6 +272,11 @@ def collect(
     names = expand_ops(ops)
     if samples < 0:
         raise ValueError(f"samples must be >= 0, got {samples}")
+    if max_seconds is not None and not max_seconds >= 0:
+        raise ValueError(f"max_seconds must be >= 0 (or None: no limit), got {max_seconds}")
+    prec = _parse_precision(precision)
+    dtype = getattr(torch, prec.dtype)
+    deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
     if timer is None:
         timer = functools.partial(bench_ms, budget_ms=TIMING_BUDGET_MS, min_reps=1)
     if not kernels:
@@ -252,12 +288,16 @@ def collect(
             raise ValueError(f"sms= is needed to profile kernels on a {dev.type} device")
         sms = torch.cuda.get_device_properties(dev).multi_processor_count
     label = device_label(dev)
-    fixed = {"Device": label, **_versions()}
+    fixed = {"Device": label, **_versions(), "Precision": prec.name}
+    root = precision_out_dir(out_dir, prec.name)
     stats = CollectStats()
-    with progress_bars(progress) as update, _no_tf32():
+    with progress_bars(progress) as update, _tf32(prec.tf32):
         for op in names:
-            columns = header(op)
-            path = Path(out_dir) / "ops" / op / f"{label.replace(' ', '_').replace('/', '_')}.csv"
+            if time.monotonic() >= deadline:
+                stats.unfinished.append(op)
+                continue
+            columns = header(op, prec.name)
+            path = root / "ops" / op / f"{label.replace(' ', '_').replace('/', '_')}.csv"
             existing, start, torn = _prepare(path, op, columns, seed, resume)
             stats.paths[op], stats.existing[op] = path, existing
             stats.written[op] = stats.skipped_oom[op] = 0
@@ -269,12 +309,18 @@ def collect(
             with path.open("a", newline="") as f:
                 writer = csv.writer(f, lineterminator="\n")
                 for first in range(start, samples, PROFILE_CHUNK):
+                    if time.monotonic() >= deadline:
+                        stats.unfinished.append(op)
+                        break
                     chunk = range(first, min(first + PROFILE_CHUNK, samples))
                     configs = [sample_config(op, index, seed) for index in chunk]
-                    builders = [functools.partial(build_call, op, cfg, dev) for cfg in configs]
+                    builders = [functools.partial(build_call, op, cfg, dev, dtype) for cfg in configs]
                     launches = profiler(builders, dev) if profiler else [[] for _ in chunk]
                     for index, cfg, launched in zip(chunk, configs, launches, strict=True):
-                        latency = _time(op, cfg, dev, timer)
+                        if time.monotonic() >= deadline:
+                            stats.unfinished.append(op)
+                            break
+                        latency = _time(op, cfg, dev, dtype, timer)
                         if latency is None:
                             stats.skipped_oom[op] += 1
                             log.info("%s config %d %s: out of memory, skipped", op, index, cfg)
@@ -286,18 +332,20 @@ def collect(
                             stats.written[op] += 1
                         done += 1
                         update(op, done, samples)
+                    if stats.unfinished[-1:] == [op]:
+                        break
             stats.seconds[op] = time.perf_counter() - started
     return stats
 
 
-def _time(op: str, cfg: dict[str, int], dev: torch.device, timer: Timer) -> float | None:
+def _time(op: str, cfg: dict[str, int], dev: torch.device, dtype: torch.dtype, timer: Timer) -> float | None:
     """Median ms of ``op`` at ``cfg``; None if it runs out of memory, on CUDA even with the cache
     emptied (cached blocks of earlier configurations may have been in the way)."""
     for attempt in range(2 if dev.type == "cuda" else 1):
         if attempt:
             torch.cuda.empty_cache()
         try:
-            return float(timer(build_call(op, cfg, dev), dev))  # the inputs are freed with the call
+            return float(timer(build_call(op, cfg, dev, dtype), dev))  # the inputs are freed with the call
         except (RuntimeError, MemoryError) as e:
             if not _is_oom(e):
                 raise RuntimeError(f"measuring {op} {cfg} on {dev} failed: {e}") from e

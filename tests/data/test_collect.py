@@ -295,3 +295,164 @@ def test_kernels_are_profiled_a_chunk_per_session_and_match_their_rows(tmp_path:
     rows = _rows(stats.paths["relu"])
     assert len(rows) == samples
     assert all(row["Kernel Name"] == str((int(row["B"]), int(row["H"]))) for row in rows)
+
+
+def test_precision_column_and_its_own_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fp32 = collect(["bmm"], 3, tmp_path, device="meta", timer=fake_timer, progress=False)
+    bf16 = collect(["bmm"], 3, tmp_path, device="meta", timer=fake_timer, progress=False, precision="bf16")
+    assert fp32.paths["bmm"] == tmp_path / "ops" / "bmm" / "meta.csv"
+    assert bf16.paths["bmm"] == tmp_path / "bf16" / "ops" / "bmm" / "meta.csv"
+    with fp32.paths["bmm"].open(newline="") as f:
+        assert next(csv.reader(f)) == header("bmm") and "Precision" not in header("bmm")
+    with bf16.paths["bmm"].open(newline="") as f:
+        assert next(csv.reader(f)) == [*header("bmm"), "Precision"] == header("bmm", "bf16")
+    assert [row["Precision"] for row in _rows(bf16.paths["bmm"])] == ["bf16"] * 3
+    # Same configurations whatever the precision, so the files compare row by row.
+    dims = [[row[d] for d in ("B", "M", "N", "K")] for row in _rows(fp32.paths["bmm"])]
+    assert dims == [[row[d] for d in ("B", "M", "N", "K")] for row in _rows(bf16.paths["bmm"])]
+    # read_ops of the directory gives the fp32 rows alone; the precision's directory its own rows.
+    pytest.importorskip("pandas")
+    from fxcost.data.datasets import read_ops
+
+    monkeypatch.setattr(collect_mod, "device_label", lambda device: "Tesla T4")
+    collect(["bmm"], 3, tmp_path / "t4", device="meta", timer=fake_timer, progress=False)
+    collect(["bmm"], 2, tmp_path / "t4", device="meta", timer=fake_timer, progress=False, precision="bf16")
+    assert len(read_ops(tmp_path / "t4", ["bmm"])) == 3
+    assert "Precision" not in read_ops(tmp_path / "t4", ["bmm"])
+    assert list(read_ops(tmp_path / "t4" / "bf16", ["bmm"])["Precision"]) == ["bf16"] * 2
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype", "tf32"),
+    [("fp32", torch.float32, False), ("tf32", torch.float32, True), ("bf16", torch.bfloat16, False),
+     ("fp16", torch.float16, False)],
+)  # fmt: skip
+def test_tensors_are_built_in_the_precision(
+    tmp_path: Path, precision: str, dtype: torch.dtype, tf32: bool
+) -> None:
+    seen: list[tuple[torch.dtype, bool, bool]] = []
+
+    def timer(fn, device):  # type: ignore[no-untyped-def]
+        seen.append(
+            (fn.args[0].dtype, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        )
+        return fake_timer(fn, device)
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    collect(["linear", "sdpa"], 2, tmp_path, device="meta", timer=timer, progress=False, precision=precision)
+    assert seen == [(dtype, tf32, tf32)] * 4
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_bad_precision_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown precision 'int8'.*fp32, tf32, fp16, bf16"):
+        collect(["bmm"], 1, tmp_path, device="meta", timer=fake_timer, progress=False, precision="int8")
+    with pytest.raises(SystemExit):
+        parser().parse_args(["collect", "--ops", "bmm", "--samples", "1", "--out", "x", "--precision", "fp8"])
+
+
+def test_sdpa_configs_are_valid_and_deterministic() -> None:
+    configs = [sample_config("sdpa", i, seed=5) for i in range(300)]
+    assert configs == [sample_config("sdpa", i, seed=5) for i in range(300)]
+    assert sample_config("sdpa_bwd", 7, seed=5) == configs[7] != sample_config("sdpa", 7, seed=6)
+    for cfg in configs:
+        assert list(cfg) == ["B", "H", "S_q", "S_k", "D", "causal"]
+        assert cfg["causal"] in (0, 1) and (not cfg["causal"] or cfg["S_q"] == cfg["S_k"])
+        assert cfg["D"] in (64, 80, 96, 128) and 1 <= cfg["H"] <= 64 and 1 <= cfg["B"] <= 64
+        assert 128 <= cfg["S_q"] <= 8192 and 128 <= cfg["S_k"] <= 8192
+        assert cfg["B"] * cfg["H"] * (cfg["S_q"] + 2 * cfg["S_k"]) * cfg["D"] * 4 <= 4 * 2**30
+    # Both kinds occur: causal and not, cross-attention lengths, non-powers of two, a batch at the cap.
+    assert {c["causal"] for c in configs} == {0, 1} and any(c["S_q"] != c["S_k"] for c in configs)
+    assert any(c["S_q"] & (c["S_q"] - 1) for c in configs)
+    assert any(c["B"] * c["H"] * (c["S_q"] + 2 * c["S_k"]) * c["D"] * 4 > 2**30 for c in configs)
+
+
+def _tiny_sdpa(op: str, index: int, seed: int = 0) -> dict[str, int]:
+    """The real configuration shrunk to a few KB, keeping causal and whether S_q == S_k."""
+    cfg = sample_config(op, index, seed)
+    if OPS[op][0] != "sdpa":
+        return cfg
+    s_k = 8 if cfg["S_k"] == cfg["S_q"] else 5
+    return {**cfg, "B": 1 + cfg["B"] % 2, "H": 1 + cfg["H"] % 3, "S_q": 8, "S_k": s_k, "D": cfg["D"] // 16}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sdpa_forward_and_backward_on_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    """Really run on the CPU (tiny shapes): the backward call is autograd.grad of a forward already
+    run, which gives gradients of q, k and v and can be called again."""
+    from fxcost.data.op_configs import build_call
+
+    monkeypatch.setattr(collect_mod, "sample_config", _tiny_sdpa)
+    calls: list[str] = []
+
+    def timer(fn, device):  # type: ignore[no-untyped-def]
+        out = fn()
+        calls.append(fn.func.__name__)
+        if fn.func is torch.autograd.grad:
+            assert [g.shape for g in out] == [t.shape for t in fn.args[1]] and fn() is not None
+        return fake_timer(fn, device)
+
+    stats = collect(["sdpa", "sdpa_bwd"], 4, tmp_path, device="cpu", timer=timer, progress=False,
+                    precision=precision)  # fmt: skip
+    assert calls == ["scaled_dot_product_attention"] * 4 + ["grad"] * 4
+    for op in ("sdpa", "sdpa_bwd"):
+        rows = _rows(stats.paths[op])
+        assert [{d: int(r[d]) for d in OPS[op][1]} for r in rows] == [_tiny_sdpa(op, i) for i in range(4)]
+    bwd = build_call("sdpa_bwd", _tiny_sdpa("sdpa", 0), torch.device("cpu"), torch.bfloat16)
+    assert all(t.dtype == torch.bfloat16 and t.requires_grad for t in bwd.args[1])
+
+
+def test_resume_per_precision_file(tmp_path: Path) -> None:
+    kw = {"device": "meta", "timer": fake_timer, "progress": False}
+    full = collect(["sdpa"], 9, tmp_path / "a", precision="bf16", **kw)
+    collect(["sdpa"], 4, tmp_path / "b", precision="bf16", **kw)
+    collect(["sdpa"], 6, tmp_path / "b", precision="tf32", **kw)
+    again = collect(["sdpa"], 9, tmp_path / "b", precision="bf16", **kw)
+    assert again.existing == {"sdpa": 4} and again.written == {"sdpa": 5}
+    assert again.paths["sdpa"].read_bytes() == full.paths["sdpa"].read_bytes()
+    assert len(_rows(tmp_path / "b" / "tf32" / "ops" / "sdpa" / "meta.csv")) == 6
+    # An fp32 file (no Precision column) where bf16 rows go is refused, not continued.
+    fp32 = collect(["sdpa"], 2, tmp_path / "c", **kw)
+    path = tmp_path / "c" / "bf16" / "ops" / "sdpa" / "meta.csv"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(fp32.paths["sdpa"].read_bytes())
+    with pytest.raises(ValueError, match="differs from the sdpa schema"):
+        collect(["sdpa"], 9, tmp_path / "c", precision="bf16", **kw)
+
+
+def test_max_seconds_stops_cleanly_and_resumes(tmp_path: Path) -> None:
+    def slow_timer(fn, device):  # type: ignore[no-untyped-def]
+        time.sleep(0.02)
+        return fake_timer(fn, device)
+
+    kw = {"device": "meta", "progress": False}
+    stats = collect(["bmm", "relu"], 200, tmp_path / "b", timer=slow_timer, max_seconds=0.5, **kw)
+    assert stats.unfinished == ["bmm", "relu"] and "relu" not in stats.paths
+    assert 0 < stats.written["bmm"] < 200 and len(_rows(stats.paths["bmm"])) == stats.written["bmm"]
+    again = collect(["bmm", "relu"], 200, tmp_path / "b", timer=fake_timer, **kw)
+    full = collect(["bmm", "relu"], 200, tmp_path / "a", timer=fake_timer, **kw)
+    assert again.unfinished == [] and again.existing["bmm"] == stats.written["bmm"]
+    assert again.paths["bmm"].read_bytes() == full.paths["bmm"].read_bytes()
+    with pytest.raises(ValueError, match="max_seconds must be >= 0"):
+        collect(["bmm"], 1, tmp_path, timer=fake_timer, max_seconds=-1, **kw)
+
+
+def test_cli_precision_and_max_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    args = parser().parse_args(["collect", "--ops", "relu", "--samples", "2", "--out", str(tmp_path),
+                                "--precision", "fp16", "--max-seconds", "0"])  # fmt: skip
+    assert args.precision == "fp16" and args.max_seconds == 0
+    assert (
+        parser().parse_args(["collect", "--ops", "relu", "--samples", "2", "--out", "x"]).precision == "fp32"
+    )
+
+    def on_meta(*args, **kwargs):  # type: ignore[no-untyped-def]
+        return collect(*args, **{**kwargs, "device": "meta", "timer": fake_timer, "progress": False})
+
+    monkeypatch.setattr(collect_mod, "collect", on_meta)
+    assert args.run(args) == 0
+    assert "--max-seconds 0: relu not finished" in capsys.readouterr().out
+    args.max_seconds = None
+    assert args.run(args) == 0
+    assert [r["Precision"] for r in _rows(tmp_path / "fp16" / "ops" / "relu" / "meta.csv")] == ["fp16"] * 2
