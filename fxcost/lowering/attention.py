@@ -1,33 +1,56 @@
-"""Scaled-dot-product attention: its FLOPs and the batched GEMMs it runs.
+"""Scaled-dot-product attention: its FLOPs, the kernel a GPU runs for it, and that kernel's work.
 
-Every fused attention kernel (FlashAttention, memory-efficient, cuDNN, and the CPU flash kernel a
-capture on a laptop records) computes ``S = Q K^T`` and ``O = softmax(S) V`` tile by tile without
-writing ``S`` to memory: the work of two batched GEMMs, ``2·B·H·Sq·Sk·(D + Dv)`` FLOPs
-(``4·B·H·Sq·Sk·D`` when ``Dv = D``), half of it under a causal mask, whose tiles above the diagonal
-are skipped. The backward recomputes ``S`` and runs four more GEMMs of the same sizes
-(``dV = P^T dO``, ``dP = dO V^T``, ``dQ = dS K``, ``dK = dS^T Q``): 2.5 times the forward's work.
-The softmax between them stays in registers and is not counted, as PyTorch's own formulas do not.
+**FLOPs.** Every attention kernel computes ``S = Q K^T`` and ``O = softmax(S) V``: the work of two
+batched GEMMs, ``2·B·H·Sq·Sk·(D + Dv)`` FLOPs (``4·B·H·Sq·Sk·D`` when ``Dv = D``), half of it under
+a causal mask. The backward recomputes ``S`` and runs four more GEMMs of the same sizes (``dV = P^T
+dO``, ``dP = dO V^T``, ``dQ = dS K``, ``dK = dS^T Q``): 2.5 times the forward's work. The softmax is
+not counted, as PyTorch's own formulas do not count it. Queries, keys and values are ``[B, H, S, D]``;
+grouped-query attention gives keys and values fewer heads, and the work follows the queries' heads.
 
-Queries, keys and values are ``[B, H, S, D]``; grouped-query attention gives keys and values fewer
-heads, and the work follows the queries' heads. PyTorch counts the flash, efficient and cuDNN variants
-without the causal half; the formulas here replace those.
+**Which kernel** (:func:`choose_backend`): PyTorch tries its backends in the order of
+``torch._C._get_sdp_priority_order()`` (flash, memory-efficient, math, cuDNN by default, so cuDNN runs
+only where a user asks for it) and takes the first whose constraints the call meets
+(``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``): flash wants fp16/bf16 on sm80 or newer,
+head dims equal and at most 256, no attention mask, a causal mask only on square scores, and on
+sm86/sm89 no gradient for head dims above 192; memory-efficient wants sm50 or newer (bf16 from sm80),
+head dims aligned to 16 bytes, and the same heads for queries and keys; math always runs. A graph
+captured on a GPU records the kernel that ran (kept wherever the target can run it); one captured on
+a CPU records ``_scaled_dot_product_flash_attention_for_cpu``, and the target GPU's choice is priced.
+
+**Its work** (:func:`attention_work`). The fused kernels (FlashAttention-2 as PyTorch ships it,
+xformers' CUTLASS memory-efficient kernel, cuDNN's) never write ``S``: a thread block owns ``Br``
+query rows (the forward) or ``Bc`` key rows (the backward, which accumulates ``dQ`` in fp32 through
+global atomics) and walks the other side tile by tile. :class:`FusedAttention` is that structure:
+tile sizes per kernel and head dim, the grid, the tiles a causal mask skips (those wholly above the
+diagonal; diagonal tiles run in full), the per-block work, and the bytes it moves. The math backend
+materializes ``S``: it lowers to its batched GEMMs and memory passes, which the GEMM and elementwise
+models price.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch.fx.operator_schemas import normalize_function
 
+from fxcost.gpus import Device
 from fxcost.lowering.flops import register_flops
-from fxcost.lowering.nodes import gemm_node
+from fxcost.lowering.nodes import gemm_node, memory_pass
+from fxcost.precision import itemsize
 from fxcost.records import NodeCost, Shape
 
-__all__ = ["ATTENTION_OPS", "attention_flops", "lower_attention"]
+__all__ = ["ATTENTION_OPS", "AttentionCall", "Backend", "FusedAttention", "attention_call",
+           "attention_flops", "attention_work", "choose_backend", "lower_attention", "math_work"]  # fmt: skip
 
 aten = torch.ops.aten
+
+Backend = Literal["flash", "efficient", "cudnn", "math"]
+
+# torch._C._get_sdp_priority_order() of every PyTorch from 2.5 (cuDNN after math: a user must ask).
+PRIORITY: tuple[Backend, ...] = ("flash", "efficient", "math", "cudnn")
 
 
 def _packets(*names: str) -> tuple[Any, ...]:
@@ -44,7 +67,25 @@ _BACKWARD = _packets(*(f"{k}_backward" for k in _KERNELS))
 _BACKWARD_NAMES = frozenset(f"{p}.default" for p in _BACKWARD)
 
 ATTENTION_OPS = frozenset(f"{p}.default" for p in (*_FORWARD, *_BACKWARD))
-"""The fused attention ops (canonical names), forward and backward, priced as their GEMMs."""
+"""The fused attention ops (canonical names), forward and backward."""
+
+# Per op: the kernel it records (None: a CPU kernel, the target chooses), and where its attention
+# mask sits among its tensor inputs with how many tensors it has without one (None: it takes none).
+_RECORDED: dict[str, Backend | None] = {
+    "_scaled_dot_product_flash_attention_for_cpu": None, "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_efficient_attention": "efficient", "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_scaled_dot_product_fused_attention_overrideable": None,
+}  # fmt: skip
+_MASK_AT: dict[str, tuple[int, int] | None] = {
+    "_scaled_dot_product_flash_attention_for_cpu": (3, 3),
+    "_scaled_dot_product_flash_attention_for_cpu_backward": (6, 6),
+    "_scaled_dot_product_flash_attention": None, "_scaled_dot_product_flash_attention_backward": None,
+    "_scaled_dot_product_efficient_attention": (3, 3),
+    "_scaled_dot_product_efficient_attention_backward": (4, 8),
+    "_scaled_dot_product_cudnn_attention": (3, 3), "_scaled_dot_product_cudnn_attention_backward": (8, 10),
+    "_scaled_dot_product_fused_attention_overrideable": (3, 3),
+    "_scaled_dot_product_fused_attention_overrideable_backward": (4, 6),
+}  # fmt: skip
 
 
 def attention_flops(q: Shape, k: Shape, v: Shape, causal: bool, backward: bool) -> int:
@@ -79,28 +120,238 @@ for _packet in _BACKWARD:
     register_flops(_packet, replace_torch=True, matmul=True)(_formula(_packet, backward=True))
 
 
-def lower_attention(node: NodeCost) -> list[tuple[NodeCost, int]]:
-    """The batched GEMMs an attention node runs, as (``bmm`` node, repetitions); empty for other ops.
+@dataclass(frozen=True)
+class AttentionCall:
+    """One attention node's problem, as PyTorch's backend selection and the kernels see it.
 
-    A causal mask halves the keys each query meets: the GEMMs are those over half of the keys.
+    Attributes:
+        batch: the product of the leading dims (B).
+        heads, kv_heads: heads of the queries and of the keys and values.
+        sq, sk: query and key lengths. d, dv: head dims of queries/keys and of values.
+        dtype: the inputs' dtype name. causal: ``is_causal``. masked: an attention mask is passed.
+        dropout: ``dropout_p``. backward: the backward op.
+        recorded: the kernel a GPU capture recorded; None for a CPU kernel (the target chooses).
     """
+
+    batch: int
+    heads: int
+    kv_heads: int
+    sq: int
+    sk: int
+    d: int
+    dv: int
+    dtype: str
+    causal: bool
+    masked: bool
+    dropout: float
+    backward: bool
+    recorded: Backend | None
+
+
+def attention_call(node: NodeCost) -> AttentionCall | None:
+    """The problem of an attention node; None for other ops or inputs of other ranks."""
     if node.op not in ATTENTION_OPS:
-        return []
+        return None
     backward = node.op in _BACKWARD_NAMES
+    packet = node.op.split(".")[1]
+    forward_name = packet.removesuffix("_backward")
     first = 1 if backward else 0
     q, k, v = node.in_shapes[first : first + 3]
-    heads, sq, d = math.prod(q[:-2]), q[-2], q[-1]
-    sk, dv = k[-2], v[-1]
-    if node.args.get("is_causal"):
-        sk = max(math.ceil(sk / 2), 1)
-    dtype = node.in_dtypes[first]
-    scores = gemm_node("bmm", heads, sq, sk, d, dtype)  # S = Q K^T
-    if not backward:
-        return [(scores, 1), (gemm_node("bmm", heads, sq, dv, sk, dtype), 1)]  # O = P V
+    if len(q) < 3 or len(k) != len(q) or len(v) != len(q):
+        return None
+    where = _MASK_AT.get(packet)
+    masked = where is not None and len(node.in_shapes) > where[1] and len(node.in_shapes[where[0]]) >= 2
+    return AttentionCall(
+        batch=math.prod(q[:-3]), heads=q[-3], kv_heads=k[-3], sq=q[-2], sk=k[-2], d=q[-1], dv=v[-1],
+        dtype=node.in_dtypes[first], causal=bool(node.args.get("is_causal")), masked=masked,
+        dropout=float(node.args.get("dropout_p") or 0.0), backward=backward,
+        recorded=_RECORDED.get(forward_name),
+    )  # fmt: skip
+
+
+def _sm(device: Device) -> int | None:
+    """The compute capability as ``major·10 + minor`` (90 for Hopper), None where unknown."""
+    try:
+        major, minor = (int(x) for x in (device.compute_capability or "").split("."))
+    except ValueError:
+        return None
+    return 10 * major + minor
+
+
+def _supports(backend: Backend, call: AttentionCall, device: Device) -> bool:
+    """Whether PyTorch's constraints for ``backend`` (sdp_utils.cpp, dense inputs) admit ``call``."""
+    if backend == "math":
+        return True
+    half = call.dtype in ("float16", "bfloat16")
+    if device.vendor != "NVIDIA":  # ROCm's AOTriton kernels: flash and efficient on fp16/bf16
+        return backend in ("flash", "efficient") and half and not (backend == "flash" and call.masked)
+    sm = _sm(device)
+    if sm is None:
+        return False
+    if backend == "flash":
+        return (
+            sm >= 80 and half and not call.masked and call.d == call.dv and call.d <= 256
+            and not (call.causal and call.sq != call.sk)
+            and not (call.backward and sm in (86, 89) and call.d > 192)
+        )  # fmt: skip
+    if backend == "efficient":
+        align = 16 // itemsize(call.dtype)  # the CUTLASS kernels load 16-byte vectors
+        return (
+            sm >= 50 and call.dtype in ("float32", "float16", "bfloat16")
+            and not (call.dtype == "bfloat16" and sm < 80)
+            and call.d % align == 0 and call.dv % align == 0 and call.heads == call.kv_heads
+        )  # fmt: skip
+    return sm >= 80 and half and call.d == call.dv and call.d <= 128 and call.d % 8 == 0  # cuDNN
+
+
+def choose_backend(call: AttentionCall, device: Device) -> Backend:
+    """The kernel PyTorch runs ``call`` with on ``device``: the recorded one if the target can run it,
+    else the first backend in PyTorch's priority order whose constraints admit the call.
+
+    Example:
+        >>> from fxcost.gpus import get_device
+        >>> call = AttentionCall(2, 8, 8, 512, 512, 64, 64, "bfloat16", True, False, 0.0, False, None)
+        >>> choose_backend(call, get_device("H100-SXM")), choose_backend(call, get_device("V100-SXM2-16GB"))
+        ('flash', 'math')
+    """
+    if call.recorded is not None and _supports(call.recorded, call, device):
+        return call.recorded
+    return next(b for b in PRIORITY if _supports(b, call, device))
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    """The launch structure and work of one fused attention kernel on one GPU.
+
+    Attributes:
+        backend: the kernel family. warps: warps per thread block.
+        block_rows: rows a thread block owns (queries forward, keys backward); tile: rows of the other
+            side per step.
+        blocks: the grid's thread blocks. tiles_per_block: the tiles each of a (batch, head)'s blocks
+            walks, in launch order (a causal mask skips the tiles above the diagonal).
+        shared_memory_bytes: per block (Q, K, V tiles; the backward also dO and the scores).
+        flops_per_tile: tensor-core FLOPs of one block-rows x tile step.
+        scores_per_tile: softmax elements of one step (exponentials and conversions).
+        bytes_main: DRAM bytes of the main kernel; bytes_passes: those of the backward's two memory
+            passes (``D = rowsum(dO·O)`` before, the fp32 ``dQ`` converted after).
+    """
+
+    backend: Backend
+    warps: int
+    block_rows: int
+    tile: int
+    blocks: int
+    tiles_per_block: tuple[int, ...]
+    shared_memory_bytes: int
+    flops_per_tile: int
+    scores_per_tile: int
+    bytes_main: int
+    bytes_passes: tuple[int, ...]
+
+
+def _tiles(backend: Backend, call: AttentionCall) -> tuple[int, int, int]:
+    """(rows per block, tile, warps) of a kernel: FlashAttention-2's kernel traits for sm80/sm90 as
+    PyTorch builds them (``flash_fwd_launch_template.h``, ``flash_bwd_launch_template.h``), the CUTLASS
+    memory-efficient kernel's (``kernel_forward.h``, ``kernel_backward.h``), cuDNN's sm90 kernel's."""
+    d = max(call.d, call.dv)
+    if backend == "flash":
+        if call.backward:
+            return (128, 128, 8) if d <= 64 else (64, 128, 8) if d <= 128 else (64, 64, 8)
+        return (128, 128, 4) if d <= 64 else (128, 64, 4) if d <= 128 else (128, 64, 8)
+    if backend == "efficient":
+        if call.backward:
+            return (64, 64, 4) if d <= 64 else (128, 64, 8)
+        return (64, 64, 4) if d <= 64 else (32, 128, 4)
+    return (128, 128, 12) if not call.backward else (128, 64, 8)  # cuDNN: three warpgroups forward
+
+
+def fused_attention(call: AttentionCall, backend: Backend) -> FusedAttention:
+    """The structure of ``call`` run by a fused ``backend`` (not ``"math"``)."""
+    rows, tile, warps = _tiles(backend, call)
+    size = itemsize(call.dtype)
+    bh = call.batch * call.heads
+    if call.backward:  # blocks own keys, walk the queries that see them
+        owned, walked = math.ceil(call.sk / rows), math.ceil(call.sq / tile)
+        per_block = [walked - (j * rows // tile if call.causal else 0) for j in range(owned)]
+        flops = 2 * rows * tile * (3 * call.d + 2 * call.dv)
+        smem = (2 * tile * call.d + 2 * rows * call.d + rows * tile) * size  # Q, dO; K, V; P/dS
+    else:  # blocks own queries, walk the keys they see
+        owned, walked = math.ceil(call.sq / rows), math.ceil(call.sk / tile)
+        per_block = [min(walked, -(-(i + 1) * rows // tile)) if call.causal else walked for i in range(owned)]
+        flops = 2 * rows * tile * (call.d + call.dv)
+        smem = (rows * call.d + 2 * tile * call.d) * size  # Q; K, V
+    q = bh * call.sq * call.d * size
+    kv = call.batch * call.kv_heads * call.sk * (call.d + call.dv) * size
+    o = bh * call.sq * call.dv * size
+    lse = bh * call.sq * 4
+    if call.backward:
+        # dQ's fp32 accumulator takes every key block's atomics in L2 and reaches DRAM about once.
+        dq_accum = bh * call.sq * call.d * 4
+        main = q + 2 * kv + 2 * o + 2 * lse + dq_accum  # read Q K V O dO LSE D; write dK dV, dQ fp32
+        # D = rowsum(dO·O) before; dQ from fp32 to the dtype after.
+        passes: tuple[int, ...] = (2 * o + lse, bh * call.sq * call.d * (4 + size))
+    else:
+        main, passes = q + kv + o + lse, tuple[int, ...]()
+    return FusedAttention(
+        backend=backend, warps=warps, block_rows=rows, tile=tile, blocks=owned * bh,
+        tiles_per_block=tuple(max(w, 0) for w in per_block), shared_memory_bytes=smem,
+        flops_per_tile=flops, scores_per_tile=rows * tile, bytes_main=main, bytes_passes=passes,
+    )  # fmt: skip
+
+
+def math_work(call: AttentionCall) -> list[tuple[NodeCost, int]]:
+    """The math backend's kernels, as (node the GEMM and elementwise models price, repetitions): it
+    writes ``S`` and each step over it through memory."""
+    bh, size = call.batch * call.heads, itemsize(call.dtype)
+    scores = bh * call.sq * call.sk * size
+    gemm = [gemm_node("bmm", bh, call.sq, call.sk, call.d, call.dtype),
+            gemm_node("bmm", bh, call.sq, call.dv, call.sk, call.dtype)]  # fmt: skip
+    # Forward passes over S: the scale, the mask (reading it too), softmax, dropout (writing its mask).
+    forward = [2 * scores, *([3 * scores] if call.masked or call.causal else []), 2 * scores,
+               *([3 * scores] if call.dropout else [])]  # fmt: skip
+    kv_copies = []
+    if call.kv_heads != call.heads:  # grouped-query keys and values are repeated per query head first
+        kv_copies = [2 * bh * call.sk * (call.d + call.dv) * size]
+    if not call.backward:
+        return [(g, 1) for g in gemm] + [(memory_pass(b, call.dtype), 1) for b in kv_copies + forward]
+    grads = [gemm_node("bmm", bh, call.sk, call.dv, call.sq, call.dtype),  # dV = P^T dO
+             gemm_node("bmm", bh, call.sq, call.sk, call.dv, call.dtype),  # dP = dO V^T
+             gemm_node("bmm", bh, call.sq, call.d, call.sk, call.dtype),  # dQ = dS K
+             gemm_node("bmm", bh, call.sk, call.d, call.sq, call.dtype)]  # dK = dS^T Q  # fmt: skip
+    # Backward passes: dropout's, softmax's (P, dP -> dS), the scale's.
+    backward = [*([3 * scores] if call.dropout else []), 3 * scores, 2 * scores]
+    return [(g, 1) for g in grads] + [(memory_pass(b, call.dtype), 1) for b in kv_copies + backward]
+
+
+def attention_work(
+    node: NodeCost, device: Device
+) -> tuple[Backend, FusedAttention | list[tuple[NodeCost, int]]] | None:
+    """The backend an attention node runs on ``device`` and its work: the fused kernel's structure,
+    or the math backend's GEMMs and memory passes. None for other ops or shapes it cannot read."""
+    call = attention_call(node)
+    if call is None:
+        return None
+    backend = choose_backend(call, device)
+    if backend == "math":
+        return backend, math_work(call)
+    return backend, fused_attention(call, backend)
+
+
+def lower_attention(node: NodeCost) -> list[tuple[NodeCost, int]]:
+    """The batched GEMMs an attention node runs, as (``bmm`` node, repetitions), on no GPU in
+    particular: what the intervals and features of the GEMM heads read. Empty for other ops."""
+    call = attention_call(node)
+    if call is None:
+        return []
+    sk = max(math.ceil(call.sk / 2), 1) if call.causal else call.sk
+    bh = call.batch * call.heads
+    scores = gemm_node("bmm", bh, call.sq, sk, call.d, call.dtype)  # S = Q K^T
+    if not call.backward:
+        return [(scores, 1), (gemm_node("bmm", bh, call.sq, call.dv, sk, call.dtype), 1)]  # O = P V
     return [
         (scores, 1),
-        (gemm_node("bmm", heads, sk, dv, sq, dtype), 1),  # dV = P^T dO
-        (gemm_node("bmm", heads, sq, sk, dv, dtype), 1),  # dP = dO V^T
-        (gemm_node("bmm", heads, sq, d, sk, dtype), 1),  # dQ = dS K
-        (gemm_node("bmm", heads, sk, d, sq, dtype), 1),  # dK = dS^T Q
+        (gemm_node("bmm", bh, sk, call.dv, call.sq, call.dtype), 1),  # dV = P^T dO
+        (gemm_node("bmm", bh, call.sq, sk, call.dv, call.dtype), 1),  # dP = dO V^T
+        (gemm_node("bmm", bh, call.sq, call.d, sk, call.dtype), 1),  # dQ = dS K
+        (gemm_node("bmm", bh, sk, call.d, call.sq, call.dtype), 1),  # dK = dS^T Q
     ]

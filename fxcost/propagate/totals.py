@@ -2,7 +2,7 @@
 
 Every function takes node records (``report.nodes``) and a canonical device name; they read
 ``pred_ms`` and never change a record. A node without a prediction adds nothing to a total and
-counts against :func:`coverage`.
+counts against :func:`coverage`, as does one only the roofline priced (:data:`FALLBACK_SOURCES`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,11 @@ import numpy as np
 
 from fxcost.records import PHASES, NodeCost
 
-__all__ = ["by_module", "coverage", "phase_totals", "total_ms"]
+__all__ = ["FALLBACK_SOURCES", "by_module", "coverage", "phase_totals", "total_ms"]
+
+FALLBACK_SOURCES = frozenset({"roofline", "unsupported"})
+"""``pred_source`` values that mean no model of the op priced it: the roofline is a bound from peak
+rates that any op gets (the policy's last resort), and ``unsupported`` is no prediction at all."""
 
 
 def total_ms(nodes: Sequence[NodeCost], device: str) -> float:
@@ -41,8 +45,13 @@ def by_module(
 
 
 def coverage(nodes: Sequence[NodeCost], device: str) -> float:
-    """Fraction of kernel-launching nodes that have a prediction on ``device`` (1.0 if none launches)."""
+    """Fraction of kernel-launching nodes a model of their op predicts on ``device`` (1.0 if none
+    launches): a node only the roofline fallback priced counts as not covered, like one unpredicted."""
     kernels = [n for n in nodes if n.has_kernel]
     if not kernels:
         return 1.0
-    return sum(n.pred_ms.get(device) is not None for n in kernels) / len(kernels)
+    covered = sum(
+        n.pred_ms.get(device) is not None and n.pred_source.get(device) not in FALLBACK_SOURCES
+        for n in kernels
+    )
+    return covered / len(kernels)

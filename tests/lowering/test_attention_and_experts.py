@@ -1,9 +1,10 @@
-"""Fused attention and grouped MoE GEMMs: FLOPs counted, lowered to the GEMMs they run, priced by the
-GEMM heads (never faster than the FLOPs allow at the GPU's fp32 peak)."""
+"""Fused attention and grouped MoE GEMMs: FLOPs counted; attention priced as the kernel PyTorch picks on
+the target GPU (its tiles and waves, or the math path's GEMMs), MoE experts as the GEMMs they run."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,10 +12,23 @@ import torch.nn.functional as F
 
 import fxcost
 from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.attention import fused_attention_ms
+from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import LOWERED, Heads, head_of
 from fxcost.gpus import get_device
 from fxcost.lowering import count_flops, is_matmul_class
-from fxcost.lowering.attention import ATTENTION_OPS, attention_flops, lower_attention
+from fxcost.lowering.attention import (
+    ATTENTION_OPS,
+    AttentionCall,
+    Backend,
+    attention_call,
+    attention_flops,
+    attention_work,
+    choose_backend,
+    fused_attention,
+    lower_attention,
+    math_work,
+)
 from fxcost.lowering.experts import grouped_mm_flops, lower_grouped_mm
 from fxcost.records import NodeCost
 
@@ -144,3 +158,136 @@ def test_grouped_mm_of_an_unknown_layout_is_not_lowered() -> None:
     odd = _grouped("aten._grouped_mm.default", rows=8, k=4, n=4, experts=2)
     odd.in_shapes[0] = (2, 4, 4)  # 3-D by 3-D: a batched layout the lowering does not read
     assert lower_grouped_mm(odd) == []
+
+
+# -- the kernel the target GPU runs ------------------------------------------------------------------
+
+
+def _call(dtype: str = "bfloat16", d: int = 64, masked: bool = False, causal: bool = False, s: int = 512,
+          kv_heads: int = 8, backward: bool = False, recorded: Backend | None = None, batch: int = 2,
+          dropout: float = 0.0) -> AttentionCall:  # fmt: skip
+    return AttentionCall(batch, 8, kv_heads, s, s, d, d, dtype, causal, masked, dropout, backward, recorded)
+
+
+@pytest.mark.parametrize(
+    ("device", "call", "backend"),
+    [
+        ("H100-SXM", _call(), "flash"),
+        ("A100-SXM4-40GB", _call("float16", d=128, causal=True), "flash"),
+        ("H100-SXM", _call(d=256), "flash"),
+        ("H100-SXM", _call(d=512), "efficient"),  # flash stops at head dim 256
+        ("H100-SXM", _call(masked=True), "efficient"),  # flash takes no attention mask
+        ("H100-SXM", _call("float32"), "efficient"),  # flash wants 16-bit inputs
+        ("H100-SXM", _call("float32", kv_heads=2), "math"),  # efficient wants as many key heads as queries
+        ("H100-SXM", _call(kv_heads=2), "flash"),  # flash runs grouped-query attention
+        ("H100-SXM", _call(d=36), "flash"),  # flash pads the head dim to a multiple of 8
+        ("V100-SXM2-16GB", _call("float16"), "efficient"),  # flash wants sm80
+        ("V100-SXM2-16GB", _call("bfloat16"), "math"),  # no bf16 kernels before sm80
+        ("T4", _call("float32", masked=True), "efficient"),
+        ("RTX4090", _call(d=256, backward=True), "efficient"),  # sm89 flash backward stops at 192
+        ("RTX4090", _call(d=256), "flash"),
+        ("H100-SXM", _call(recorded="efficient"), "efficient"),  # a GPU capture's kernel is kept
+        ("H100-SXM", _call(recorded="cudnn"), "cudnn"),
+        ("V100-SXM2-16GB", _call("float16", recorded="flash"), "efficient"),  # unless the target can't run it
+    ],
+)
+def test_backend_follows_pytorchs_selection(device: str, call: AttentionCall, backend: str) -> None:
+    assert choose_backend(call, get_device(device)) == backend
+
+
+def test_causal_fused_attention_skips_the_tiles_above_the_diagonal() -> None:
+    full, causal = (fused_attention(_call(s=4096, causal=c), "flash") for c in (False, True))
+    assert sum(causal.tiles_per_block) / sum(full.tiles_per_block) == pytest.approx(0.5, abs=0.02)
+    assert max(causal.tiles_per_block) == max(full.tiles_per_block)  # the last query block sees every key
+    backward = fused_attention(_call(s=4096, causal=True, backward=True), "flash")
+    assert backward.tiles_per_block[0] == max(backward.tiles_per_block)  # the first keys meet every query
+    h100 = get_device("H100-SXM")
+    times = [fused_attention_ms(c, fused_attention(c, "flash"), h100) for c in (_call(s=4096), _call(s=4096,
+             causal=True))]  # fmt: skip
+    assert 0.45 < times[1] / times[0] < 0.65  # half the work, the diagonal tiles in full
+
+
+def test_fused_attention_is_never_faster_than_its_flops_or_bytes_allow() -> None:
+    for name in ("H100-SXM", "A100-SXM4-40GB", "L4", "V100-SXM2-16GB"):
+        device = get_device(name)
+        for call in (_call(s=2048), _call(s=2048, backward=True), _call("float16", d=128, s=128),
+                     _call(s=8192, causal=True, batch=1)):  # fmt: skip
+            backend = choose_backend(call, device)
+            if backend == "math":
+                continue
+            fused = fused_attention(call, backend)
+            ms = fused_attention_ms(call, fused, device)
+            peak = device.bf16_tflops if call.dtype == "bfloat16" else device.fp16_tflops
+            q = (call.batch, call.heads, call.sq, call.d)
+            flops = attention_flops(q, q, q, call.causal, call.backward)
+            assert ms is not None and ms >= flops / (peak * 1e9)
+            assert ms >= fused.bytes_main / (device.mem_bandwidth_gbps * 1e6)
+
+
+def test_a_grid_smaller_than_the_gpu_takes_one_blocks_time() -> None:
+    """Waves: 1 to 8 sequences of 8 heads x 4 query blocks fill at most 256 of an H100's 264 slots."""
+    h100 = get_device("H100-SXM")
+    calls = [_call(batch=b) for b in (1, 8, 9)]
+    ms = [fused_attention_ms(c, fused_attention(c, "flash"), h100) for c in calls]
+    assert ms[0] == pytest.approx(ms[1], rel=0.01)
+    assert ms[2] > 1.5 * ms[1]  # one block more than the slots: a second wave
+
+
+def test_memory_efficient_backward_is_slower_than_flash() -> None:
+    h100 = get_device("H100-SXM")
+    call = _call(s=2048, backward=True)
+    flash, efficient = (
+        fused_attention_ms(call, fused_attention(call, b), h100) for b in ("flash", "efficient")
+    )
+    assert efficient > 1.3 * flash
+    forward = _call(s=2048)
+    hopper = fused_attention_ms(forward, fused_attention(forward, "cudnn"), h100)
+    assert hopper < fused_attention_ms(forward, fused_attention(forward, "flash"), h100)  # wgmma, overlap
+
+
+def test_cpu_captured_sdpa_is_priced_as_the_kernel_the_gpu_runs() -> None:
+    """A CPU records its own flash kernel; an H100 runs FlashAttention-2 on bf16, a V100 the math path."""
+
+    class Attention(torch.nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    shape = (4, 8, 1024, 64)
+    inputs = [torch.randn(shape, dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+    report = fxcost.profile(Attention(), inputs, devices=["H100-SXM", "V100-SXM2-16GB"], measure=False)
+    sdpa = [n for n in report.nodes if n.op in ATTENTION_OPS]
+    assert {n.op.split(".")[1] for n in sdpa} == {
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+    h100, v100 = get_device("H100-SXM"), get_device("V100-SXM2-16GB")
+    for node in sdpa:
+        call = attention_call(node)
+        assert call is not None and call.causal and not call.masked and call.dtype == "bfloat16"
+        assert choose_backend(call, h100) == "flash" and choose_backend(call, v100) == "math"
+        assert node.flops and node.flops > 0
+        assert node.pred_source[h100.name] == "mlp" and node.pred_source[v100.name] == "mlp"
+        ms = node.pred_ms[h100.name]
+        assert ms is not None and ms >= node.flops / (h100.bf16_tflops * 1e9)
+        kernel = fused_attention_ms(call, fused_attention(call, "flash"), h100)
+        assert ms == pytest.approx(kernel + hidden_overhead_ms(h100))  # timed alone, as the heads predict
+        # The math path writes S through memory: far slower than the fused kernel on the faster GPU.
+        assert node.pred_ms[v100.name] > 3 * ms
+
+
+def test_a_masked_call_reads_its_mask_and_runs_the_efficient_kernel() -> None:
+    mask = torch.ones(64, 64, dtype=torch.bool).tril()
+    q = torch.randn(2, 4, 64, 32, dtype=torch.float16)
+    # The CPU kernel's mask follows its query, key and value among the tensor inputs.
+    node = NodeCost(name="sdpa", op="aten._scaled_dot_product_flash_attention_for_cpu.default", phase="fw",
+                    in_shapes=[tuple(q.shape)] * 3 + [tuple(mask.shape)],
+                    in_dtypes=["float16"] * 3 + ["bool"],
+                    args={"is_causal": False, "dropout_p": 0.0})  # fmt: skip
+    call = attention_call(node)
+    assert call is not None and call.masked
+    assert choose_backend(call, get_device("A100-SXM4-40GB")) == "efficient"
+    work = attention_work(node, get_device("V100-SXM2-16GB"))
+    assert work is not None and work[0] == "efficient"
+    math_path = math_work(replace(call, causal=False))
+    assert sum(n.flops or 0 for n, _ in math_path if n.op == "aten.bmm.default") == attention_flops(
+        (2, 4, 64, 32), (2, 4, 64, 32), (2, 4, 64, 32), False, False)  # fmt: skip

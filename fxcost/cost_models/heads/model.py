@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fxcost.cost_models.attention import fused_attention_ms
+from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads.axis import AxisTables
 from fxcost.cost_models.heads.elementwise import SizeTables
 from fxcost.cost_models.heads.features import (
@@ -32,6 +34,7 @@ from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
 from fxcost.lowering import lower
+from fxcost.lowering.attention import ATTENTION_OPS, attention_call, attention_work
 from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
 from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward, memory_pass
 from fxcost.precision import is_float
@@ -80,7 +83,31 @@ class Heads:
             if len(lowered.work):
                 np.add.at(total, lowered.owner, self.predict(lowered.work, device) * lowered.counts)
             out[lowered.nodes] = total[lowered.nodes]
+        attention = batch.derived(
+            "heads.attention",
+            lambda: [i for i, n in enumerate(batch.nodes) if n.has_kernel and n.op in ATTENTION_OPS],
+        )
+        for i in attention:  # the kernel the target runs depends on the GPU
+            out[i] = self._attention_ms(batch.nodes[i], device)
         return out
+
+    def _attention_ms(self, node: NodeCost, device: Device) -> float:
+        """A fused attention kernel's time from its structure, or the math backend's GEMMs and passes
+        priced by the heads; NaN where neither applies. Like every head's, the time is that of the op
+        timed alone: the kernel's plus the per-op overhead an eager step hides again."""
+        try:
+            found = attention_work(node, device)
+        except (IndexError, KeyError, TypeError, ValueError):  # a node without the arguments we read
+            return math.nan
+        if found is None:
+            return math.nan
+        _, work = found
+        if isinstance(work, list):
+            ms = self.predict(NodeBatch.of([w for w, _ in work]), device)
+            return float(np.sum(ms * [c for _, c in work]))
+        call = attention_call(node)
+        fused_ms = fused_attention_ms(call, work, device) if call is not None else None
+        return math.nan if fused_ms is None else fused_ms + hidden_overhead_ms(device)
 
 
 def _broadcasts(node: NodeCost) -> bool:
@@ -151,6 +178,8 @@ class _Lowered:
 def _work(node: NodeCost) -> list[tuple[NodeCost, int]] | None:
     """What a lowered node runs, as (node a head predicts, repetitions): empty if it launches nothing,
     None where it cannot tell."""
+    if node.op in ATTENTION_OPS:  # priced per GPU: its kernel depends on the target (Heads._attention_ms)
+        return None
     if node.op in COMPOSITE_OPS:
         try:
             return lower_composite(node) or None

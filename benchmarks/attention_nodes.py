@@ -1,0 +1,86 @@
+"""Fused attention nodes of recorded GPU traces: origin-free per-node prediction against the kernels.
+
+Loads every trace (``*.json.gz``, :meth:`fxcost.report.Report.load`) under a fixtures directory, and for
+each SDPA node (forward and backward) whose kernels the origin's profiler timed, predicts it as if the
+trace had been captured on a CPU (no origin, no measured times) on the GPU it was recorded on, and
+compares the predicted kernel time (``kernel_ms`` of the prediction: the per-op overhead an eager step
+hides taken off) with the recorded one (``NodeCost.kernel_ms``). It also prints the backend fxcost
+chose for that GPU against the names of the kernels that ran. Recordings validate; nothing is fit on
+them (DESIGN.md).
+
+    python benchmarks/attention_nodes.py [--fixtures benchmarks/fixtures/gpu] [--rows 20]
+
+Last line: ``sdpa_node_median_err=.. sdpa_sum_err=.. sdpa_nodes=N`` (percent, absolute per-node
+median; signed error of the summed kernel time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+from pathlib import Path
+
+from fxcost.cost_models.eager import kernel_ms
+from fxcost.gpus import UnknownDeviceError, get_device
+from fxcost.lowering.attention import ATTENTION_OPS, attention_call, choose_backend
+from fxcost.report import Report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fixtures", type=Path, default=Path("benchmarks/fixtures/gpu"))
+    parser.add_argument("--rows", type=int, default=20, help="node rows printed per trace")
+    parser.add_argument("--device", help="predict on this GPU instead of each trace's origin (a CPU trace)")
+    args = parser.parse_args(argv)
+    errors: list[float] = []
+    predicted_sum = recorded_sum = 0.0
+    for path in sorted(args.fixtures.rglob("*.json.gz")):
+        report = Report.load(path)
+        try:
+            target = get_device(args.device or report.origin)
+        except UnknownDeviceError:
+            print(f"{path.name}: origin {report.origin!r} is no known GPU; pass --device")
+            continue
+        sdpa = [i for i, n in enumerate(report.nodes) if n.op in ATTENTION_OPS and n.has_kernel]
+        if not sdpa:
+            continue
+        blind = copy.deepcopy(report)
+        blind.origin, blind.step_ms = "cpu", None
+        for n in blind.nodes:
+            n.origin_ms, n.kernels = None, []
+        blind = blind.predict([target.name])
+        print(f"\n{path.relative_to(args.fixtures)} on {target.name}: {len(sdpa)} SDPA nodes")
+        print(f"  {'node':28s} {'phase':5s} {'shape (B,H,Sq,D)':22s} {'backend':9s} {'pred ms':>9s} "
+              f"{'rec ms':>9s} {'err %':>7s}  kernels")  # fmt: skip
+        for row, i in enumerate(sdpa):
+            node, guess = report.nodes[i], blind.nodes[i]
+            call = attention_call(guess)
+            backend = choose_backend(call, target) if call is not None else "?"
+            ms = guess.pred_ms.get(target.name)
+            predicted = kernel_ms(ms, guess.pred_source.get(target.name), target) if ms is not None else None
+            recorded = node.kernel_ms if args.device is None else None
+            err = None
+            if predicted is not None and recorded is not None:
+                err = (predicted - recorded) / recorded * 100
+                errors.append(abs(err))
+                predicted_sum += predicted
+                recorded_sum += recorded
+            if row < args.rows:
+                shape = f"({call.batch},{call.heads},{call.sq},{call.d})" if call is not None else "?"
+                names = ",".join(sorted({k.name[:40] for k in node.kernels})) or "-"
+                print(f"  {node.name[:28]:28s} {node.phase:5s} {shape:22s} {backend:9s} "
+                      f"{_fmt(predicted):>9s} {_fmt(recorded):>9s} {_fmt(err, 1):>7s}  {names}")  # fmt: skip
+    median = statistics.median(errors) if errors else float("nan")
+    total = (predicted_sum - recorded_sum) / recorded_sum * 100 if recorded_sum else float("nan")
+    print(f"sdpa_node_median_err={median:.1f} sdpa_sum_err={total:.1f} sdpa_nodes={len(errors)}")
+    return 0
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Fused attention kernels priced from their structure on the target GPU.
+
+No measurement of a fused attention kernel is in the training data, and none of the held-out GPUs'
+may be fit: the time is built from spec-sheet rates and the kernel's launch structure
+(:class:`~fxcost.lowering.attention.FusedAttention`), nothing learned:
+
+- **Tensor-core work** per tile at the rate the kernel's instructions reach: FlashAttention-2 and
+  the CUTLASS memory-efficient kernel issue Ampere's ``mma.sync`` on every GPU, which on Hopper
+  reaches about two thirds of the ``wgmma`` rate its spec-sheet peak is quoted at
+  (:data:`MMA_SYNC_SHARE_SM90`); cuDNN's Hopper kernel issues ``wgmma``. fp32 inputs (memory-efficient
+  only) run three TF32 products per product on sm80 or newer (CUTLASS's ``OpMultiplyAddFastF32``)
+  and CUDA cores before. Operands staged through shared memory cap the rate at 128 bytes per clock per
+  SM times the FLOPs a warp's tile does per byte it loads (:func:`_intensity`).
+- **Softmax work** per score on the special-function units, 16 results per clock per SM on every
+  NVIDIA GPU since Maxwell (CUDA C Programming Guide, arithmetic instruction throughput): one
+  exponential, the packed conversion of each 16-bit matrix fed back to the tensor cores, and a few
+  fp32 operations (scale, max, sum; the backward's ``dP - D`` and product with ``P``) at the CUDA-core
+  rate; Philox dropout adds its integer rounds. FlashAttention-2 runs the softmax between its two
+  GEMMs in the same warps, so the two add; cuDNN's Hopper kernel overlaps them (FlashAttention-3's
+  ping-pong schedule), so the larger counts.
+- **Waves**: thread blocks resident per SM from the occupancy calculator (the kernels use all 255
+  registers a thread may have); the time is that of the busiest SM, at least the longest block
+  (a causal forward's last query block walks every key tile).
+- **Memory**: the main kernel moves Q, K, V, O (and in the backward dO and fp32 dQ) once; the
+  backward's two memory passes (``D = rowsum(dO·O)``, ``dQ``'s conversion) are kernels of their own.
+  A kernel takes at least the GPU's launch floor.
+
+The memory-efficient backward (xformers' CUTLASS kernel) runs its GEMMs at half FlashAttention-2's
+rate (:data:`EFFICIENT_BACKWARD_SHARE`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
+from fxcost.gpus import Device
+from fxcost.gpus.occupancy import blocks_per_sm
+from fxcost.lowering.attention import AttentionCall, FusedAttention
+
+__all__ = ["EFFICIENT_BACKWARD_SHARE", "MMA_SYNC_SHARE_SM90", "fused_attention_ms"]
+
+MMA_SYNC_SHARE_SM90 = 2 / 3
+"""Share of Hopper's ``wgmma`` dense rate that Ampere-style ``mma.sync`` reaches (Luo et al.,
+"Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", 2024: legacy mma on H800 near two
+thirds of wgmma's). FlashAttention-3's paper puts FlashAttention-2 on an H100 at 35% of the peak, the
+softmax and waves taking the rest."""
+
+EFFICIENT_BACKWARD_SHARE = 0.5
+"""The memory-efficient backward's GEMM rate against FlashAttention-2's: FlashAttention-2's paper
+(Dao 2023, §4.1) reports its backward about twice as fast as xformers' CUTLASS one, which keeps fewer
+operands in registers and stages ``P`` and ``dS`` through shared memory at smaller tiles."""
+
+SMEM_BYTES_PER_CLOCK = 128  # per SM, Volta onwards (32 banks of 4 bytes)
+SFU_PER_CLOCK = 16  # exponentials and conversions per SM per clock, cc 5.x to 9.0
+REGISTERS_PER_THREAD = 255
+DROPOUT_OPS_PER_SCORE = 10  # Philox 4x32-10: ten rounds of two multiplies and xors per four numbers
+
+
+def _sm(device: Device) -> int:
+    major, minor = (int(x) for x in (device.compute_capability or "0.0").split("."))
+    return 10 * major + minor
+
+
+def _mma_tflops(call: AttentionCall, backend: str, device: Device) -> float | None:
+    """The tensor (or CUDA-core) rate the kernel's products reach on ``device``, TFLOP/s."""
+    sm = _sm(device) if device.vendor == "NVIDIA" else 0
+    if call.dtype == "float32":
+        if device.tf32_tflops is not None and sm >= 80:
+            return device.tf32_tflops / 3  # 3xTF32 keeps fp32's accuracy
+        return device.fp32_tflops
+    peak = device.bf16_tflops if call.dtype == "bfloat16" else device.fp16_tflops
+    if peak is None:
+        return None
+    return peak * (MMA_SYNC_SHARE_SM90 if sm >= 90 and backend != "cudnn" else 1.0)
+
+
+def _intensity(backend: str, call: AttentionCall) -> float | None:
+    """FLOPs a warp does per byte it loads from shared memory; None where that sets no limit.
+
+    FlashAttention-2's forward keeps Q and P in registers and reads only K and V: a warp owning 32
+    query rows does 2·32 FLOPs per loaded 2-byte element, 32 per byte. Its backward and the CUTLASS
+    kernels load both operands of a 32x32 warp tile: 32·32·2 / ((32 + 32)·2) = 16. cuDNN's Hopper
+    kernel feeds ``wgmma`` from shared memory at 64-row warpgroup tiles, beyond what binds.
+    """
+    if backend == "cudnn":
+        return None
+    return 32.0 if backend == "flash" and not call.backward else 16.0
+
+
+def fused_attention_ms(call: AttentionCall, fused: FusedAttention, device: Device) -> float | None:
+    """Kernel time of a fused attention call on ``device`` in ms, None where a rate is unknown.
+
+    Example:
+        >>> from fxcost.gpus import get_device
+        >>> from fxcost.lowering.attention import fused_attention
+        >>> call = AttentionCall(4, 16, 16, 2048, 2048, 128, 128, "bfloat16", True, False, 0.0, False, None)
+        >>> 0.1 < fused_attention_ms(call, fused_attention(call, "flash"), get_device("H100-SXM")) < 1
+        True
+    """
+    sms, clock_mhz, bandwidth = device.num_sms, device.boost_clock_mhz, device.mem_bandwidth_gbps
+    rate = _mma_tflops(call, fused.backend, device)
+    if not (sms and clock_mhz and bandwidth and rate and device.fp32_tflops):
+        return None
+    clock_hz = clock_mhz * 1e6
+    intensity = _intensity(fused.backend, call)
+    if intensity is not None:
+        rate = min(rate, sms * clock_hz * SMEM_BYTES_PER_CLOCK * intensity / 1e12)
+    if fused.backend == "efficient" and call.backward:
+        rate *= EFFICIENT_BACKWARD_SHARE
+    # Softmax: SFU results (exponential; packed 16-bit conversions, two per instruction) and fp32 ops.
+    half = call.dtype != "float32"
+    sfu = 1 + (1.0 if call.backward else 0.5) * half
+    alu = 3 + (DROPOUT_OPS_PER_SCORE if call.dropout else 0)
+    alu_per_clock = device.fp32_tflops * 1e12 / (2 * sms * clock_hz)
+    score_cycles = sfu / SFU_PER_CLOCK + alu / alu_per_clock
+    mma_ms = fused.flops_per_tile / (rate * 1e9)
+    softmax_ms = fused.scores_per_tile * score_cycles / (sms * clock_hz) * 1e3
+    tile_ms = max(mma_ms, softmax_ms) if fused.backend == "cudnn" else mma_ms + softmax_ms
+    # Waves: the busiest SM's tiles against a perfect spread of them.
+    try:
+        per_sm = blocks_per_sm(device, 32 * fused.warps, REGISTERS_PER_THREAD, fused.shared_memory_bytes)
+    except ValueError:
+        per_sm = 1
+    slots = per_sm * sms
+    walked = fused.tiles_per_block
+    if not walked or max(walked) <= 0:
+        return None
+    busiest = max(math.ceil(fused.blocks / slots) * sum(walked) / len(walked), max(walked))
+    compute_ms = busiest * tile_ms * slots  # a tile on one of the slots takes slots x its device time
+    floor = device.launch_floor_ms or LAUNCH_FLOOR_MS
+    main = max(compute_ms, fused.bytes_main / (bandwidth * 1e6), floor)
+    return main + sum(max(b / (bandwidth * 1e6), floor) for b in fused.bytes_passes)
