@@ -14,7 +14,10 @@ every case and precision recorded on two or more GPUs, and each ordered pair of 
 - ``GPU time``: the predicted kernel time of the whole step against the target's recorded kernel
   time: the part of the step fxcost models from GPU specifications.
 - ``origin-free``: the same graph with its measurements set aside, predicted from spec sheets and the
-  heads alone, against the measured step on each GPU.
+  heads alone, against the measured step on each GPU; ``OF GPU err%``: its predicted kernel time
+  against the target's recorded kernel time (the GPU side of the origin-free prediction).
+- per op class, for the bf16 steps' GEMMs, batched GEMMs and convolutions: the median and summed
+  error of each node's origin-free kernel time against its recorded kernel time.
 - capture fidelity: the origin's recorded kernel time over its measured step (1.0: the GPU was busy
   for the whole step; far less: the host bounds the step), and the isolated event-timed node times
   over the step (each includes a launch overhead the eager step hides).
@@ -24,7 +27,8 @@ every case and precision recorded on two or more GPUs, and each ordered pair of 
 ``--check`` fails (exit 1) when a figure is worse than :data:`LIMITS`, the guard CI runs.
 Last line: ``mape_runtime_<o>_to_<d>=..`` per ordered GPU pair (e.g. ``mape_runtime_h100_to_h200``),
 then ``mape_runtime_fp32 mape_runtime_bf16 mape_same_host_fp32 mape_same_host_bf16 mape_gpu_fp32
-mape_gpu_bf16 mape_origin_free fidelity_mape traces``. Without traces it says so and prints ``traces=0``.
+mape_gpu_bf16 mape_origin_free mape_origin_free_gpu_fp32 mape_origin_free_gpu_bf16 fidelity_mape
+traces``. Without traces it says so and prints ``traces=0``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,13 @@ from typing import Any
 
 from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms
 from fxcost.gpus import get_device
+from fxcost.records import NodeCost
 from fxcost.report import Report
+
+# The op classes of the per-node table of bf16 tensor-core work.
+TENSOR_CLASSES = {"aten.mm.default": "GEMM", "aten.addmm.default": "GEMM", "aten.bmm.default": "bmm",
+                  "aten.baddbmm.default": "bmm", "aten.convolution.default": "conv",
+                  "aten.convolution_backward.default": "conv"}  # fmt: skip
 
 # What --check allows: the figures measured when the fixtures were recorded, with some room.
 LIMITS = {
@@ -95,6 +105,29 @@ def recorded_gpu_ms(report: Report) -> float:
     return sum(n.kernel_ms or 0.0 for n in report.nodes)
 
 
+def node_kernel_ms(report: Report, device: str) -> list[tuple[NodeCost, float]]:
+    """Each kernel-launching node of ``report`` (predicted for ``device``) with its predicted kernel time."""
+    target = get_device(device)
+    hidden = hidden_overhead_ms(target)
+    return [
+        (n, kernel_ms(n.pred_ms[target.name], n.pred_source.get(target.name), target, hidden))  # type: ignore[arg-type]
+        for n in report.nodes
+        if n.has_kernel and n.pred_ms.get(target.name) is not None
+    ]
+
+
+def class_table(rows: dict[str, list[tuple[float, float]]]) -> list[str]:
+    """Lines of the per-class table: nodes, median and summed error of predicted against recorded."""
+    lines = [f"  {'class':6s} {'nodes':>6s} {'median err%':>11s} {'recorded ms':>11s} {'predicted ms':>12s} "
+             f"{'sum err%':>9s}"]  # fmt: skip
+    for name, pairs in sorted(rows.items()):
+        median = statistics.median(_pct(p, r) for p, r in pairs)
+        predicted, recorded = sum(p for p, _ in pairs), sum(r for _, r in pairs)
+        lines.append(f"  {name:6s} {len(pairs):6d} {median:+11.1f} {recorded:11.2f} {predicted:12.2f} "
+                     f"{_pct(predicted, recorded):+9.1f}")  # fmt: skip
+    return lines
+
+
 def _pct(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured * 100
 
@@ -112,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     errors: dict[str, list[float]] = defaultdict(list)
-    columns = ("measured", "runtime", "err%", "same host", "err%", "GPU err%", "origin-free", "err%")
-    header = " ".join(f"{c:>11s}" if c == "origin-free" else f"{c:>9s}" for c in columns)
+    columns = ("measured", "runtime", "err%", "same host", "err%", "GPU err%", "origin-free", "err%",
+               "OF GPU err%")  # fmt: skip
+    header = " ".join(f"{c:>11s}" if c in ("origin-free", "OF GPU err%") else f"{c:>9s}" for c in columns)
+    tensor_rows: dict[str, list[tuple[float, float]]] = defaultdict(list)
     print(f"{'case':20s} {'prec':4s} {'origin':>6s} {'target':>6s} {header}")
     fidelity_rows = []
     for (case, precision), gpus in sorted(runs.items()):
@@ -128,9 +163,19 @@ def main(argv: list[str] | None = None) -> int:
             errors["fidelity"].append(abs(busy - 1) * 100)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                blind_ms = origin_free(truth).predict([target]).eager_ms(target)
+                blind = origin_free(truth).predict([target])
+                blind_ms = blind.eager_ms(target)
             blind_error = _pct(blind_ms, measured)
             errors["origin_free"].append(abs(blind_error))
+            blind_gpu_error = _pct(gpu_ms(blind, target), recorded) if recorded else math.nan
+            if recorded:
+                errors[f"origin_free_gpu_{precision}"].append(abs(blind_gpu_error))
+            if precision == "bf16":
+                timed = {(n.graph, n.name): n.kernel_ms for n in truth.nodes}
+                for node, ms in node_kernel_ms(blind, target):
+                    name, recorded_ms = TENSOR_CLASSES.get(node.op), timed.get((node.graph, node.name))
+                    if name is not None and recorded_ms:
+                        tensor_rows[name].append((ms, recorded_ms))
             for origin, report in reports.items():
                 if origin == target:
                     continue
@@ -148,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     errors[f"gpu_{precision}"].append(abs(gpu_error))
                 cells = (f"{measured:9.2f}", f"{runtime:9.2f}", f"{runtime_error:+9.1f}", f"{same_host:9.2f}",
                          f"{same_host_error:+9.1f}", f"{gpu_error:+9.1f}", f"{blind_ms:11.2f}",
-                         f"{blind_error:+9.1f}")  # fmt: skip
+                         f"{blind_error:+9.1f}", f"{blind_gpu_error:+11.1f}")  # fmt: skip
                 print(f"{case:20s} {precision:4s} {slug(origin):>6s} {slug(target):>6s} " + " ".join(cells))
 
     print("\ncapture fidelity (recorded kernel time / measured step; isolated node times / step)")
@@ -156,9 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {case:20s} {precision:4s} {gpu:>5s}  step {measured:8.2f} ms  kernels {busy:5.2f}  "
               f"isolated {isolated:5.2f}")  # fmt: skip
 
+    if tensor_rows:
+        print("\nbf16 tensor-core nodes: origin-free kernel time against the recorded one (all cases, GPUs)")
+        print("\n".join(class_table(tensor_rows)))
+
     pairs = sorted(k for k in errors if k.startswith("runtime_") and "_to_" in k)
     names = [*pairs, "runtime_fp32", "runtime_bf16", "same_host_fp32", "same_host_bf16", "gpu_fp32",
-             "gpu_bf16", "origin_free"]  # fmt: skip
+             "gpu_bf16", "origin_free", "origin_free_gpu_fp32", "origin_free_gpu_bf16"]  # fmt: skip
     summary = {f"mape_{k}": statistics.mean(errors[k]) for k in names if errors[k]}
     summary["fidelity_mape"] = statistics.mean(errors["fidelity"])
     failed = [f"{k}={summary[k]:.2f} > {limit}" for k, limit in LIMITS.items() if summary.get(k, 0) > limit]

@@ -102,6 +102,10 @@ class Device:
     achieved_bandwidth_gbps: float | None = None
     kernel_overhead_ms: float | None = None
     launch_floor_ms: float | None = None
+    # Tensor-core throughput `fxcost calibrate` measured with Triton's tl.dot (TFLOP/s, fp32 accumulation):
+    # the sustained rate of half-precision GEMMs on a calibrated GPU (cost_models.heads.tensor_core).
+    dot_bf16_tflops: float | None = None
+    dot_fp16_tflops: float | None = None
     # GPUs one NVLink (or Infinity Fabric) domain joins when bridges rather than a switch connect them:
     # 2 for bridged pairs of PCIe cards, None where every GPU of a node has a switched port.
     nvlink_domain: int | None = None
@@ -133,8 +137,8 @@ class Device:
 
     def source_of(self, name: str) -> str:
         """Where the value of field or property ``name`` comes from."""
-        if name in {"achieved_bandwidth_gbps", "kernel_overhead_ms", "launch_floor_ms",
-                    "bandwidth_gbps", "overhead_ms", "floor_ms"}:  # fmt: skip
+        if name in {"achieved_bandwidth_gbps", "kernel_overhead_ms", "launch_floor_ms", "bandwidth_gbps",
+                    "overhead_ms", "floor_ms", "dot_bf16_tflops", "dot_fp16_tflops"}:  # fmt: skip
             stored = {"bandwidth_gbps": "achieved_bandwidth_gbps", "overhead_ms": "kernel_overhead_ms",
                       "floor_ms": "launch_floor_ms"}.get(name, name)  # fmt: skip
             if getattr(self, stored) is not None:
@@ -159,6 +163,8 @@ _FALLBACK_SOURCES = {
     "(mean achieved/spec of the calibrated GPUs)",
     "kernel_overhead_ms": f"default: {DEFAULT_OVERHEAD_MS} ms (median of the calibrated GPUs)",
     "launch_floor_ms": f"default: {DEFAULT_FLOOR_MS} ms (median of the calibrated GPUs)",
+    "dot_bf16_tflops": "not calibrated: the bf16 peak times the share of its peaks the GPU sustains",
+    "dot_fp16_tflops": "not calibrated: the fp16 peak times the share of its peaks the GPU sustains",
 }
 
 
@@ -254,7 +260,9 @@ _EDITABLE = {f.name for f in dataclasses.fields(Device)} - {
     "sources",
     "calibration_source",
 }
-_CALIBRATION = {"achieved_bandwidth_gbps", "kernel_overhead_ms", "launch_floor_ms"}
+_CALIBRATION = {
+    "achieved_bandwidth_gbps", "kernel_overhead_ms", "launch_floor_ms", "dot_bf16_tflops", "dot_fp16_tflops",
+}  # fmt: skip
 
 
 def load_devices(path: str | os.PathLike[str]) -> list[str]:

@@ -1,8 +1,9 @@
 """A calibration as a device file (:func:`to_yaml`) and as text (:func:`describe`, :func:`bandwidth_check`).
 
 The file holds the calibration columns of the device database (``achieved_bandwidth_gbps``,
-``kernel_overhead_ms``, ``launch_floor_ms``) in the format :func:`fxcost.gpus.load_devices` reads;
-FMA throughput, triad and L2 bandwidth have no database column and are written as comments.
+``kernel_overhead_ms``, ``launch_floor_ms``, the ``tl.dot`` rates ``dot_bf16_tflops`` and
+``dot_fp16_tflops``) in the format :func:`fxcost.gpus.load_devices` reads; FMA throughput, triad and
+L2 bandwidth have no database column and are written as comments.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def to_yaml(
     if calibration.op_overhead_ms is not None:
         entry["kernel_overhead_ms"] = _sig(calibration.op_overhead_ms)
     entry["launch_floor_ms"] = _sig(calibration.op_floor_ms)
+    # The tensor rate half-precision GEMMs sustain on this GPU (cost_models.heads.tensor_core).
+    for dtype, column in (("bfloat16", "dot_bf16_tflops"), ("float16", "dot_fp16_tflops")):
+        if calibration.dot_tflops.get(dtype):
+            entry[column] = _sig(calibration.dot_tflops[dtype])
     l2 = (
         "not measured"
         if calibration.l2_bandwidth_gbps is None

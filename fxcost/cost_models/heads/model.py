@@ -28,7 +28,9 @@ from fxcost.cost_models.heads.features import (
     fp32_bytes,
     head_of,
     node_features,
+    roofline_ms,
 )
+from fxcost.cost_models.heads.tensor_core import TensorCores, TensorWork, tensor_work
 from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.mlp import MLP
@@ -36,7 +38,7 @@ from fxcost.gpus import Device
 from fxcost.lowering import lower
 from fxcost.lowering.attention import ATTENTION_OPS, attention_call, attention_work
 from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
-from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward, memory_pass
+from fxcost.lowering.nodes import conv_gradients, forward_conv, gemm_node, is_conv_backward, memory_pass
 from fxcost.precision import is_float
 from fxcost.records import NodeCost
 
@@ -45,6 +47,11 @@ __all__ = ["Heads", "HeadsRatio", "default_heads"]
 
 class Heads:
     """Origin-free cost model: each node predicted by the head of its op class.
+
+    GEMMs and convolutions that run on tensor cores (bf16, fp16, TF32) are priced by their tiles and
+    waves at the GPU's sustained tensor rate (:mod:`~fxcost.cost_models.heads.tensor_core`), that
+    rate read from the ``linear`` head's efficiency on a large fp32 GEMM; on a GPU without tensor
+    cores for them, by the heads as their fp32 twins.
 
     Each instance keeps its own size tables (elementwise) and axis tables (the other heads);
     :func:`default_heads` is the instance the registered ``mlp`` and ``mlp_ratio`` models share.
@@ -56,6 +63,20 @@ class Heads:
         self.heads = shipped_heads() if heads is None else heads
         self.size_tables = SizeTables()
         self.axis_tables = AxisTables()
+        self.tensor_cores = TensorCores(self.sustained_share)
+        self._shares: dict[Device, float] = {}
+
+    def sustained_share(self, device: Device) -> float:
+        """The share of its peak ``device`` sustains on a large GEMM: the ``linear`` head's
+        efficiency (bound over predicted time) on a 4096-cube fp32 GEMM, which fills every GPU with
+        full waves of full tiles; NaN without a ``linear`` head or the specs it reads."""
+        share = self._shares.get(device)
+        if share is None:
+            size = _REFERENCE_GEMM
+            batch = NodeBatch.of([gemm_node("linear", 1, size, size, size)])
+            ms = float(self._predict_heads(batch, device)[0]) if "linear" in self.heads else math.nan
+            share = self._shares[device] = float(roofline_ms(batch, device)[0]) / ms
+        return share
 
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         # The same heads on the same batch and device give the same answer: computed once, whether
@@ -63,6 +84,16 @@ class Heads:
         return batch.derived(f"heads.ms.{id(self.heads)}.{device.name}", lambda: self._predict(batch, device))
 
     def _predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
+        out = self._predict_heads(batch, device)
+        tensor = batch.derived("heads.tensor", lambda: _tensor_works(batch))
+        if tensor is not None:
+            index, works = tensor
+            ms = self.tensor_cores.predict(works, device)
+            # A GPU without tensor cores for a node's precision keeps the heads' fp32-twin reading.
+            out[index] = np.where(np.isfinite(ms), ms, out[index])
+        return out
+
+    def _predict_heads(self, batch: NodeBatch, device: Device) -> np.ndarray:
         out = np.where(batch.has_kernel, np.nan, 0.0)
         try:
             device_features(device)
@@ -108,6 +139,19 @@ class Heads:
         call = attention_call(node)
         fused_ms = fused_attention_ms(call, work, device) if call is not None else None
         return math.nan if fused_ms is None else fused_ms + hidden_overhead_ms(device)
+
+
+# The size of the square fp32 GEMM whose efficiency stands for the share of its peaks a GPU sustains.
+_REFERENCE_GEMM = 4096
+
+
+def _tensor_works(batch: NodeBatch) -> tuple[np.ndarray, list[TensorWork]] | None:
+    """The positions and tensor-core work of the nodes that run on tensor cores (None if none do)."""
+    found = [(i, tensor_work(n)) for i, n in enumerate(batch.nodes) if n.has_kernel]
+    kept = [(i, w) for i, w in found if w is not None]
+    if not kept:
+        return None
+    return np.array([i for i, _ in kept]), [w for _, w in kept]
 
 
 def _broadcasts(node: NodeCost) -> bool:

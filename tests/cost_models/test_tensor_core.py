@@ -1,0 +1,186 @@
+"""The tensor-core model: bf16/fp16/TF32 GEMMs and convolutions priced by tiles, waves and rates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from fxcost.cost_models.eager import hidden_overhead_ms
+from fxcost.cost_models.heads import Heads, default_heads
+from fxcost.cost_models.heads.tensor_core import (
+    TensorCores,
+    load_share,
+    tensor_kind,
+    tensor_peak_tflops,
+    tensor_work,
+)
+from fxcost.cost_models.interface import NodeBatch
+from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
+from fxcost.gpus import get_device
+from fxcost.gpus.order import weaker_than
+from fxcost.lowering.nodes import conv_node, gemm_node
+from fxcost.records import NodeCost
+
+
+def _typed(node: NodeCost, dtype: str) -> NodeCost:
+    """``node`` with its tensors in ``dtype`` (bytes scaled to the element size)."""
+    scale = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+    return dataclasses.replace(
+        node, in_dtypes=[dtype] * len(node.in_dtypes), out_dtypes=[dtype] * len(node.out_dtypes),
+        bytes_read=(node.bytes_read or 0) * scale // 4, bytes_written=(node.bytes_written or 0) * scale // 4,
+    )  # fmt: skip
+
+
+def _gemm(m: int, n: int, k: int, dtype: str = "bfloat16", batch: int = 1) -> NodeCost:
+    return _typed(gemm_node("bmm" if batch > 1 else "linear", batch, m, n, k), dtype)
+
+
+def _kernel_ms(nodes: list[NodeCost], device: str) -> np.ndarray:
+    """The heads' isolated predictions less the per-op overhead an eager step hides: kernel times."""
+    gpu = get_device(device)
+    return default_heads().predict(NodeBatch.of(nodes), gpu) - hidden_overhead_ms(gpu)
+
+
+def test_which_nodes_run_on_tensor_cores() -> None:
+    assert tensor_kind(_gemm(64, 64, 64)) == "bfloat16"
+    assert tensor_kind(_gemm(64, 64, 64, "float16")) == "float16"
+    fp32 = _gemm(64, 64, 64, "float32")
+    assert tensor_kind(fp32) is None
+    assert tensor_kind(dataclasses.replace(fp32, tf32=True)) == "tf32"
+    relu = NodeCost(name="relu", op="aten.relu.default", phase="fw", in_shapes=[(4,)], in_dtypes=["bfloat16"])
+    assert tensor_kind(relu) is None
+
+
+def test_a_bf16_gemm_is_never_faster_than_its_bound() -> None:
+    h100 = get_device("H100-SXM")
+    nodes = [_gemm(m, n, k) for m in (8, 1000, 4096, 16384) for n in (64, 768, 8192) for k in (64, 3072)]
+    ms = _kernel_ms(nodes, "H100-SXM")
+    flops = np.array([n.flops for n in nodes], dtype=float)
+    nbytes = np.array([n.bytes for n in nodes], dtype=float)
+    bound = np.maximum(flops / (h100.bf16_tflops * 1e9), nbytes / (h100.mem_bandwidth_gbps * 1e6))
+    assert np.all(ms >= bound)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_monotone_in_each_dim(axis: int) -> None:
+    sizes = [8 * s for s in range(1, 200, 7)] + [4096, 8192, 16384]
+    for other in (64, 1024, 4096):
+        nodes = []
+        for s in sizes:
+            dims = [other, other, other]
+            dims[axis] = s
+            nodes.append(_gemm(*dims))
+        for gpu in ("H100-SXM", "A100-SXM4-40GB", "L4"):
+            ms = _kernel_ms(nodes, gpu)
+            assert np.all(np.diff(ms) >= -1e-12), (axis, other, gpu)
+
+
+def test_doubling_any_dim_never_predicts_faster() -> None:
+    """Alignment may make a padded dim faster than an odd one, but never a doubled one."""
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        m, n, k = (int(x) for x in rng.integers(1, 5000, size=3))
+        axis = int(rng.integers(0, 3))
+        doubled = [m, n, k]
+        doubled[axis] *= 2
+        ms = _kernel_ms([_gemm(m, n, k), _gemm(*doubled)], "H100-SXM")
+        assert ms[1] >= ms[0] * (1 - 1e-9), (m, n, k, axis)
+
+
+def test_a_stronger_gpu_is_never_predicted_slower() -> None:
+    """Kernel times (what an eager step runs) keep GPU order; see ``eager.hidden_overhead_ms``."""
+    nodes = [_gemm(m, n, k) for m in (7, 512, 4096) for n in (64, 768, 50257) for k in (64, 3072)]
+    nodes += [_typed(conv_node(b, c, 64, 3, 28, 1, 1), "bfloat16") for b in (1, 32) for c in (3, 64)]
+    batch = NodeBatch.of(nodes)
+    heads = default_heads()
+    for name in ("H100-SXM", "A100-SXM4-80GB", "L40S"):
+        strong = get_device(name)
+        ms = heads.predict(batch, strong) - hidden_overhead_ms(strong)
+        for weak in weaker_than(strong):
+            theirs = heads.predict(batch, weak) - hidden_overhead_ms(weak)
+            ok = ~np.isfinite(theirs) | (ms <= theirs * (1 + 1e-9))
+            assert ok.all(), (strong.name, weak.name)
+
+
+def test_bf16_beats_fp32_on_a_large_gemm_but_not_by_more_than_the_peaks() -> None:
+    for name in ("H100-SXM", "A100-SXM4-40GB", "L4", "RTX4090"):
+        gpu = get_device(name)
+        bf16, fp32 = _kernel_ms([_gemm(8192, 8192, 8192), _gemm(8192, 8192, 8192, "float32")], name)
+        assert bf16 < fp32 / 1.5, name
+        assert fp32 / bf16 < gpu.bf16_tflops / gpu.fp32_tflops, name
+
+
+def test_tiny_gemms_take_the_launch_floor() -> None:
+    tiny = [_gemm(8, 8, 8), _gemm(16, 64, 32), _gemm(1, 128, 64, batch=4)]
+    cores = default_heads().tensor_cores
+    works = [tensor_work(n) for n in tiny]
+    assert all(w is not None for w in works)
+    ms = cores.kernel_ms(works, get_device("H100-SXM"))  # type: ignore[arg-type]
+    assert np.allclose(ms, LAUNCH_FLOOR_MS)
+
+
+def test_tf32_follows_the_flag() -> None:
+    fp32 = _gemm(4096, 4096, 4096, "float32")
+    tf32 = dataclasses.replace(fp32, tf32=True)
+    on_a100 = _kernel_ms([fp32, tf32], "A100-SXM4-40GB")
+    assert on_a100[1] < on_a100[0] / 2  # TF32 tensor cores: 156 against 19.5 TFLOP/s at peak
+    on_v100 = _kernel_ms([fp32, tf32], "V100-SXM2-16GB")  # no TF32: CUDA cores either way
+    assert on_v100[1] == pytest.approx(on_v100[0])
+
+
+def test_fp32_nodes_keep_the_heads_prediction() -> None:
+    nodes = [_gemm(1000, 768, 3072, "float32"), conv_node(8, 64, 64, 3, 28, 1, 1)]
+    heads = default_heads()
+    for name in ("H100-SXM", "T4"):
+        gpu = get_device(name)
+        batch = NodeBatch.of(nodes)
+        assert np.array_equal(heads.predict(batch, gpu), heads._predict_heads(NodeBatch.of(nodes), gpu))
+
+
+def test_a_gpu_without_bf16_tensor_cores_runs_it_at_its_fp32_rate() -> None:
+    v100 = get_device("V100-SXM2-16GB")
+    assert tensor_peak_tflops(v100, "bfloat16") == v100.fp32_tflops
+    assert tensor_peak_tflops(v100, "float16") == v100.fp16_tflops
+    assert tensor_peak_tflops(v100, "tf32") is None
+    bf16, fp16 = _kernel_ms([_gemm(4096, 4096, 4096), _gemm(4096, 4096, 4096, "float16")], "V100-SXM2-16GB")
+    assert bf16 > 4 * fp16
+
+
+def test_a_calibrated_dot_rate_sets_the_sustained_rate(tmp_path, fresh_database) -> None:
+    node = _gemm(8192, 8192, 8192)
+    before = Heads(default_heads().heads).predict(NodeBatch.of([node]), get_device("H100-SXM"))[0]
+    path = tmp_path / "h100.yaml"
+    path.write_text("H100-SXM:\n  dot_bf16_tflops: 250.0\n")
+    fresh_database.load_devices(path)
+    h100 = get_device("H100-SXM")
+    assert h100.dot_bf16_tflops == 250.0
+    assert TensorCores(lambda d: 0.5).sustained_tflops(h100, "bfloat16") == 250.0
+    after = Heads(default_heads().heads).predict(NodeBatch.of([node]), h100)[0]
+    flops = 2 * 8192**3
+    assert after > before
+    assert after - hidden_overhead_ms(h100) == pytest.approx(flops / 250e9, rel=0.05)
+
+
+def test_misaligned_dims_load_narrower_and_run_slower() -> None:
+    assert load_share(768, 2) == 1.0
+    assert load_share(30522, 2) == pytest.approx(4 / 16)  # even, not a multiple of 4: 4-byte loads
+    assert load_share(50257, 2) == pytest.approx(2 / 16)  # odd: one element per load
+    odd, padded = _kernel_ms([_gemm(4096, 50257, 768), _gemm(4096, 50304, 768)], "H100-SXM")
+    assert odd > 4 * padded
+
+
+def test_convolutions_run_as_implicit_gemms_with_layout_transposes() -> None:
+    three = tensor_work(_typed(conv_node(32, 64, 64, 3, 56, 1, 1), "bfloat16"))
+    assert three is not None
+    assert three.gemms == ((1, 32 * 56 * 56, 64, 64 * 9),)
+    assert len(three.passes) == 3  # input and filter to NHWC, output back to NCHW
+    one = tensor_work(_typed(conv_node(32, 64, 256, 1, 56, 1, 0), "bfloat16"))
+    assert one is not None
+    assert one.gemms == ((32, 256, 56 * 56, 64),) and one.passes == ()
+    padded = tensor_work(_typed(conv_node(32, 3, 64, 7, 224, 2, 3), "bfloat16"))
+    assert padded is not None and padded.gemms[0][3] == 8 * 49  # 3 channels padded to 16 bytes
+    convs = [_typed(conv_node(32, 64, 64, 3, 56, 1, 1), t) for t in ("bfloat16", "float32")]
+    ms = _kernel_ms(convs, "H100-SXM")
+    assert ms[0] < ms[1]
