@@ -6,6 +6,9 @@ libraries (cuBLAS, cuDNN, FlashAttention) for the rest. :func:`fuse` groups the 
 step the way its scheduler does, a pure function of the records, so it works on saved traces too:
 
 - views, reshapes, permutes, expands and tuple access launch nothing (as in eager);
+- attention written out op by op (``bmm``, scale, mask, ``softmax``, ``bmm``) becomes one fused
+  attention kernel in a forward-only step, as Inductor's attention rewrite makes it
+  (:mod:`fxcost.lowering.fusion_attention`);
 - GEMMs, convolutions, attention, RNNs and other library calls are *extern* kernels, never fused
   (under ``mode="max-autotune"`` Inductor may fuse a pointwise epilogue into a Triton GEMM
   template: not modelled, the epilogue stays a kernel of its own);
@@ -41,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from fxcost.lowering.fusion_attention import attention_chains, attention_node
 from fxcost.lowering.fusion_rules import GATHERS, merged_ranges, node_ranges
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
@@ -49,7 +53,7 @@ __all__ = ["MAX_FUSION_SIZE", "FusedKernel", "KernelKind", "fuse", "reduces"]
 
 MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
 
-KernelKind = Literal["pointwise", "reduction", "extern"]
+KernelKind = Literal["pointwise", "reduction", "attention", "extern"]
 
 # How a member reads one of its input tensors: from DRAM, from inside the kernel (free), or gathered
 # (an embedding table or indexed source: as many bytes as the rows it writes).
@@ -61,8 +65,9 @@ class FusedKernel:
     """One kernel of a compiled step: the nodes it runs and what it moves through memory.
 
     Attributes:
-        kind: ``"pointwise"`` or ``"reduction"`` (a generated kernel), ``"extern"`` (a library call or
-            an op run alone, priced as in eager).
+        kind: ``"pointwise"`` or ``"reduction"`` (a generated kernel), ``"attention"`` (attention
+            written out op by op, run as one fused attention kernel: :meth:`stands_for`), ``"extern"``
+            (a library call or an op run alone, priced as in eager).
         members: positions of its nodes in the node list given to :func:`fuse`, in program order.
         reads: per member, per input tensor: 0 read from DRAM, 1 produced inside the kernel, 2
             gathered (as many bytes as the member writes).
@@ -80,6 +85,8 @@ class FusedKernel:
 
     def bytes_read(self, nodes: Sequence[NodeCost]) -> int:
         """DRAM bytes the kernel reads, from ``nodes`` at their sizes (an extern kernel: its node's)."""
+        if self.kind == "attention":
+            return self.stands_for(nodes).bytes_read or 0
         if self.kind == "extern":
             return sum(nodes[i].bytes_read or 0 for i in self.members)
         total = 0
@@ -92,6 +99,8 @@ class FusedKernel:
 
     def bytes_written(self, nodes: Sequence[NodeCost]) -> int:
         """DRAM bytes the kernel writes."""
+        if self.kind == "attention":
+            return self.stands_for(nodes).bytes_written or 0
         if self.kind == "extern":
             return sum(nodes[i].bytes_written or 0 for i in self.members)
         total = 0
@@ -102,6 +111,12 @@ class FusedKernel:
             for shape, dtype, out in zip(node.out_shapes, node.out_dtypes, writes, strict=False):
                 total += _bytes(shape, dtype) if out else 0
         return total
+
+    def stands_for(self, nodes: Sequence[NodeCost]) -> NodeCost:
+        """The fused attention node an ``"attention"`` kernel runs, at the sizes of ``nodes``."""
+        if self.kind != "attention":
+            raise ValueError(f"a {self.kind} kernel stands for no attention node")
+        return attention_node(nodes[self.members[0]], nodes[self.members[-1]])
 
     def flops(self, nodes: Sequence[NodeCost]) -> int:
         """The members' FLOPs added up (unknown counts as none)."""
@@ -121,6 +136,10 @@ def reduces(node: NodeCost) -> bool:
 
 
 # -- grouping ---------------------------------------------------------------------------------------
+
+
+_EXTERN, _ATTENTION = (0, 0), (0, 1)  # the ranges that mark kernels no other node joins
+_ALONE = (_EXTERN, _ATTENTION)
 
 
 @dataclass
@@ -158,12 +177,21 @@ class _Fuser:
 
     def run(self) -> list[FusedKernel]:
         kernels: list[_Group] = []
+        attention: dict[int, _Group] = {}  # chain members -> the chain's kernel
+        for chain in attention_chains(self.nodes, self.users):
+            group = _Group(chain, _ATTENTION, False)
+            attention.update((m, group) for m in chain)
         for i, node in enumerate(self.nodes):
             if not node.has_kernel:
                 continue
+            if i in attention:  # a chain is one kernel, where its values' bmm sits
+                self.group_of[i] = attention[i]
+                if i == attention[i].members[-1]:
+                    kernels.append(attention[i])
+                continue
             ranges, reduction = node_ranges(node)
             if ranges is None:
-                group = _Group([i], (0, 0), False)
+                group = _Group([i], _EXTERN, False)
                 kernels.append(group)
                 self.group_of[i] = group
                 continue
@@ -189,12 +217,12 @@ class _Fuser:
         candidates: list[_Group] = []
         for r in roots:  # producers first, then siblings reading the same tensor
             group = self.group_of.get(r)
-            if group is not None and group.ranges != (0, 0) and group not in candidates:
+            if group is not None and group.ranges not in _ALONE and group not in candidates:
                 candidates.append(group)
         for r in roots:
             for user in self.users[r]:
                 group = self.group_of.get(user)
-                if group is not None and group.ranges != (0, 0) and group not in candidates:
+                if group is not None and group.ranges not in _ALONE and group not in candidates:
                     candidates.append(group)
         target: _Group | None = None
         for group in candidates:
@@ -237,7 +265,9 @@ class _Fuser:
         return False
 
     def _kernel(self, group: _Group) -> FusedKernel:
-        if group.ranges == (0, 0):
+        if group.ranges == _ATTENTION:  # reads and writes are its attention node's
+            return FusedKernel("attention", tuple(group.members), (), ())
+        if group.ranges == _EXTERN:
             node = self.nodes[group.members[0]]
             return FusedKernel("extern", (group.members[0],), ((_DRAM,) * len(node.in_shapes),),
                                ((True,) * len(node.out_shapes),))  # fmt: skip

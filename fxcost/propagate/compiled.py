@@ -3,7 +3,9 @@
 Execution modes (``execution=`` across the API):
 
 - ``"eager"``: every ATen op a kernel, issued by the host one by one (:mod:`fxcost.propagate.eager`).
-- ``"compiled"``: Inductor's kernels (:func:`fxcost.lowering.fusion.fuse`). A generated kernel is
+- ``"compiled"``: Inductor's kernels (:func:`fxcost.lowering.fusion.fuse`). Attention written out op
+  by op that Inductor rewrites to one fused attention kernel is priced as that kernel (its GEMMs'
+  work, :mod:`fxcost.lowering.fusion_attention`). A generated kernel is
   priced by what it moves and computes, never by its members' eager times: the cost model's time
   for one memory pass of its DRAM bytes (a ``relu``-like pass through the heads,
   :func:`~fxcost.lowering.nodes.memory_pass`), no less than its FLOPs at the GPU's fp32 peak, and,
@@ -80,11 +82,13 @@ def fused_kernel_ms(
         if kernel.kind == "extern":
             out[k] = eager_ms[kernel.members[0]]
             continue
-        members = kernel.nodes(nodes)
-        dtype = _widest_output(members)
-        moved = kernel.bytes_read(nodes) + kernel.bytes_written(nodes)
-        node = memory_pass(max(moved, itemsize(dtype)), dtype)
-        node.flops = max(kernel.flops(nodes), node.flops or 0)
+        if kernel.kind == "attention":  # the fused attention kernel, priced as such
+            node = kernel.stands_for(nodes)
+        else:
+            dtype = _widest_output(kernel.nodes(nodes))
+            moved = kernel.bytes_read(nodes) + kernel.bytes_written(nodes)
+            node = memory_pass(max(moved, itemsize(dtype)), dtype)
+            node.flops = max(kernel.flops(nodes), node.flops or 0)
         generated.append(k)
         passes.append(node)
     if not passes:
