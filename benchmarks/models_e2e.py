@@ -1,15 +1,18 @@
 """End-to-end latency of Hugging Face models, predicted with no origin GPU, against measurements.
 
-For every ``DIR/models/<Device>/<model>-<mode>-<seqlen>-<batch>.json`` (``-fusion``, ``-dp4``, ``-tp4`` and
-``-pp4*`` runs skipped) the model of ``DIR/model_configs/<model>.json`` is built as measured (fp32, eager
+For every ``DIR/models/<Device>/<model>-<mode>-<seqlen>-<batch>.json`` (``-dp4``, ``-tp4`` and ``-pp4*``
+runs skipped) the model of ``DIR/model_configs/<model>.json`` is built as measured (fp32, eager
 attention, random weights, ``input_ids`` of ones; train = forward + backward of the cross-entropy of the
 logits), captured on this CPU with meta tensors (nothing runs, any size fits), and predicted on that
 GPU from the graph alone. Each (model, mode, seqlen, batch) is captured once and predicted for every
 GPU that measured it; captures are cached in ``--cache`` so an interrupted run resumes.
 
 Prints per row predicted, measured and error for the default policy and the roofline model, then the
-MAPE of training and inference rows apart. Last line:
-``mape_train=.. mape_inf=.. mape_all=.. max_err_train=.. roofline_mape_all=.. rows=N``.
+MAPE of training and inference rows apart. The ``-fusion`` runs (the same inference with fused kernels:
+``torch.compile``) are predicted in compiled mode (``report.compiled_ms``: Inductor's fusion applied to
+the captured graph) and printed apart, with the eager prediction of the same rows. Last line:
+``mape_train=.. mape_inf=.. mape_all=.. max_err_train=.. roofline_mape_all=.. rows=N mape_fusion=..
+eager_mape_fusion=.. fusion_rows=N``.
 
     python benchmarks/models_e2e.py --data ../shared/data [--out rows.csv] [--cache DIR]
 """
@@ -101,6 +104,7 @@ def main() -> int:
     for method in ("fxcost", "sum", "roofline"):
         everything = float(table[f"{method}_err"].abs().mean())
         print(f"{method:<12} {mape[method, 'train']:8.1f} {mape[method, 'inf']:7.1f} {everything:7.1f}")
+    fused = _fusion_rows(root, cache)
     if args.out:
         table.to_csv(args.out, index=False)
     print(f"({time.perf_counter() - start:.0f} s)")
@@ -108,9 +112,33 @@ def main() -> int:
     print(
         f"mape_train={mape['fxcost', 'train']:.2f} mape_inf={mape['fxcost', 'inf']:.2f} "
         f"mape_all={table['fxcost_err'].abs().mean():.2f} max_err_train={max_train:.2f} "
-        f"roofline_mape_all={table['roofline_err'].abs().mean():.2f} rows={len(table)}"
+        f"roofline_mape_all={table['roofline_err'].abs().mean():.2f} rows={len(table)} "
+        f"mape_fusion={fused['compiled_err'].abs().mean():.2f} "
+        f"eager_mape_fusion={fused['eager_err'].abs().mean():.2f} fusion_rows={len(fused)}"
     )
     return 0
+
+
+def _fusion_rows(root: Path, cache: Path) -> pd.DataFrame:
+    """The fused-kernel runs predicted in compiled mode (and eager, for comparison), printed."""
+    runs = read_model_runs(root, fusion=True)
+    rows = []
+    for run in runs.itertuples(index=False):
+        report = _capture(root, cache, run.model, run.mode == "train", run.seqlen, run.batch)
+        device = get_device(run.device).name
+        predicted = report.predict([device])
+        kernels = predicted.fused_kernels()
+        rows.append({"model": run.model, "mode": run.mode, "seqlen": run.seqlen, "batch": run.batch,
+                     "device": device, "measured_ms": run.e2e, "compiled_ms": predicted.compiled_ms(device),
+                     "eager_ms": predicted.eager_ms(device), "kernels": len(kernels),
+                     "nodes": sum(n.has_kernel for n in predicted.nodes)})  # fmt: skip
+    fused = pd.DataFrame(rows, columns=["model", "mode", "seqlen", "batch", "device", "measured_ms",
+                                        "compiled_ms", "eager_ms", "kernels", "nodes"])  # fmt: skip
+    for method in ("compiled", "eager"):
+        fused[f"{method}_err"] = (fused[f"{method}_ms"] - fused["measured_ms"]) / fused["measured_ms"] * 100
+    print("\nFused-kernel runs (-fusion), predicted in compiled mode (report.compiled_ms; eager_ms beside):")
+    print(fused.to_string(index=False, float_format=lambda v: f"{v:9.1f}"))
+    return fused
 
 
 def _capture(root: Path, cache: Path, model: str, train: bool, seqlen: int, batch: int) -> Report:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from fxcost._progress import progress_bars
+from fxcost.execution import check_execution
 from fxcost.gpus import get_device
 from fxcost.precision import PrecisionArg, parse_precision
 
@@ -54,6 +55,8 @@ class Point:
             iteration (:func:`fxcost.simulate`, training only) on ``cluster``, by default one node of
             as many ``device`` GPUs as the strategy needs; ``batch`` is then the global batch.
         cluster: ``"2x8xA100-SXM4-80GB"``; only with a strategy.
+        execution: ``"eager"``, ``"compiled"`` (Inductor's fused kernels) or ``"cudagraphs"`` (no host
+            gaps); see :mod:`fxcost.propagate.compiled`.
     """
 
     model: ModelSpec
@@ -64,14 +67,19 @@ class Point:
     train: bool = True
     strategy: str | None = None
     cluster: str | None = None
+    execution: str = "eager"
 
     def __post_init__(self) -> None:
         parsed = parse_precision(self.precision)
         object.__setattr__(self, "precision", None if parsed is None else parsed.name)
+        check_execution(self.execution)
 
     def key(self) -> str:
-        """A stable identity of the point (for resuming): its fields as JSON, callables by name."""
+        """A stable identity of the point (for resuming): its fields as JSON, callables by name; an
+        eager point's key leaves ``execution`` out, as files written before execution modes do."""
         fields = asdict(self) | {"model": _spec_name(self.model), "config": dict(self.config)}
+        if self.execution == "eager":
+            del fields["execution"]
         return json.dumps(fields, sort_keys=True, default=repr)
 
 
@@ -175,9 +183,10 @@ def evaluate_group(group: Indexed, cost_model: str = "auto") -> list[tuple[int, 
                 out.append((i, Result(p, ms=_simulated_ms(model, inputs, p, estimator))))
                 continue
             if captured.holds_at(p.batch):  # the usual case: no inputs to re-key
-                c = captured.cost(p.device, p.batch, p.precision)
+                c = captured.cost(p.device, p.batch, p.precision, p.execution)
             else:
-                c = estimator.cost(model, inputs, p.train, p.batch, p.device, p.precision)
+                c = estimator.cost(model, inputs, p.train, p.batch, p.device, p.precision,
+                                   execution=p.execution)  # fmt: skip
         except Exception as e:
             out.append((i, Result(p, error=f"{type(e).__name__}: {e}")))
         else:
@@ -198,6 +207,7 @@ def _simulated_ms(model: Any, inputs: Any, p: Point, estimator: Estimator) -> fl
         batch=p.batch,
         precision=p.precision,
         estimator=estimator,
+        execution=p.execution,
     ).iteration_ms
 
 

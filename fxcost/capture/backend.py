@@ -148,6 +148,7 @@ class FxcostBackend:
             batch=facts.batch,
             seqlen=facts.seqlen,
             name=facts.name,
+            execution=self.options.execution,
             apart=[dataclasses.replace(g.record, index=i)
                    for i, g in enumerate(g for g in captured if not (all_graphs or self._ran_in_step(g)))],
         )  # fmt: skip
@@ -306,7 +307,8 @@ def estimate(devices: Sequence[str | Device] = DEFAULT_DEVICES, **options: Any) 
         options: the other fields of :class:`~fxcost.capture.options.CaptureOptions`: ``measure``
             (time every node on the device the model runs on, at the first call of each graph),
             ``cost_model`` (``"auto"``, the prediction policy, a model name or a fallback chain),
-            ``overrides``, ``budget_ms``, ``profile_kernels``, ``progress``.
+            ``overrides``, ``budget_ms``, ``profile_kernels``, ``progress``, ``execution`` (here
+            ``"compiled"`` by default: the step as Inductor runs it, beside the eager step).
 
     Raises:
         UnknownDeviceError: a device name is unknown (raised here, before any training runs).
@@ -317,6 +319,7 @@ def estimate(devices: Sequence[str | Device] = DEFAULT_DEVICES, **options: Any) 
         >>> compiled(x).sum().backward()  # doctest: +SKIP
         >>> fxcost.last_report().print(top=20)  # doctest: +SKIP
     """
+    options.setdefault("execution", "compiled")
     return FxcostBackend(CaptureOptions.of(devices=devices, **options))
 
 

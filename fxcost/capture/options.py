@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from fxcost.cost_models import ModelSpec, model_chain
 from fxcost.gpus import DEFAULT_DEVICES, Device, get_device
+from fxcost.propagate import Execution, check_execution
 from fxcost.records import Phase
 
 __all__ = ["CaptureOptions", "Progress"]
@@ -35,10 +36,13 @@ class CaptureOptions:
         budget_ms: measurement time budget per node.
         profile_kernels: on CUDA, record each node's kernels with torch.profiler while measuring.
         progress: called as ``progress(phase, nodes_done, nodes_total)`` while a graph is measured.
+        execution: how the step is to run, for the report's step time and printouts: ``"eager"``
+            (op by op), ``"compiled"`` (``torch.compile`` with Inductor: fused kernels) or
+            ``"cudagraphs"`` (eager kernels without host gaps); see :mod:`fxcost.propagate.compiled`.
 
     Raises:
         UnknownDeviceError: a device name is unknown (before anything is compiled or run).
-        ValueError: an unknown cost model.
+        ValueError: an unknown cost model or execution mode.
     """
 
     devices: Sequence[str | Device] = DEFAULT_DEVICES
@@ -48,11 +52,13 @@ class CaptureOptions:
     budget_ms: float = 10.0
     profile_kernels: bool = True
     progress: Progress | None = None
+    execution: Execution = "eager"
 
     def __post_init__(self) -> None:
         devices = [self.devices] if isinstance(self.devices, (str, Device)) else self.devices
         object.__setattr__(self, "devices", tuple(get_device(d).name for d in devices))
         object.__setattr__(self, "overrides", dict(self.overrides or {}))
+        check_execution(self.execution)
         for spec in [self.cost_model, *self.overrides.values()]:
             model_chain(spec)  # unknown model names fail here, before anything compiles
 

@@ -76,7 +76,8 @@ def profile(
         loss_fn: turns the model's output into the scalar to backpropagate.
         options: :class:`~fxcost.capture.options.CaptureOptions`: ``devices``, ``measure`` (time each
             node on the device the inputs live on, and the whole eager step), ``cost_model``,
-            ``overrides``, ``budget_ms``, ``profile_kernels``, ``progress``.
+            ``overrides``, ``budget_ms``, ``profile_kernels``, ``progress``, ``execution``
+            (``"eager"``, ``"compiled"`` or ``"cudagraphs"``: how the report's step runs).
     """
     settings = CaptureOptions.of(**options)
     measure, budget_ms = settings.measure, settings.budget_ms

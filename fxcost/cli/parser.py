@@ -16,6 +16,7 @@ from typing import Any, NoReturn, cast
 from fxcost._version import __version__
 from fxcost.cli import data_commands, step_commands
 from fxcost.cli.status import BAD_INPUT, EXIT_STATUSES
+from fxcost.execution import EXECUTIONS
 from fxcost.gpus import DEFAULT_DEVICES
 from fxcost.kernels_triton.calibrate import DEFAULT_SIZES
 from fxcost.precision import PRECISIONS
@@ -100,12 +101,14 @@ def _step_commands(sub: Any) -> None:
     profile.add_argument("--model", dest="cost_model", default="auto", help=COST_MODEL_HELP)
     profile.add_argument("--top", type=positive_int, default=20, help="rows of the node table (default 20)")
     profile.add_argument("--device", default=None, help="run on this torch device (default: cuda if present)")
+    _add_execution(profile, "eager")
 
     show = _command(sub, step_commands.show_command)
     show.add_argument("trace")
     show.add_argument("--devices", nargs="+", metavar="GPU", help="GPUs to predict (default: the trace's)")
     show.add_argument("--top", type=positive_int, default=None, help="only the N most expensive nodes")
     show.add_argument("--model", help=SHOW_MODEL_HELP)
+    _add_execution(show, None)
 
     gpus = _command(sub, step_commands.compare_gpus_command)
     _step_options(gpus, batch=None, seqlen=512, model_help="zoo name, 'module:callable', HF config.json or "
@@ -122,6 +125,7 @@ def _step_commands(sub: Any) -> None:
     sim.add_argument("--strategy", required=True, help=STRATEGY_HELP)
     sim.add_argument("--precision", choices=list(PRECISIONS), default=None)
     sim.add_argument("--trace", metavar="JSON", help="write the simulated timeline for Perfetto here")
+    _add_execution(sim, "eager")
 
     _command(sub, step_commands.devices_command)
 
@@ -254,6 +258,15 @@ def _step_options(
 
 def _flag(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
     parser.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help)
+
+
+def _add_execution(parser: argparse.ArgumentParser, default: str | None) -> None:
+    shown = f"default {default}" if default else "default: the trace's own"
+    parser.add_argument(
+        "--execution", choices=list(EXECUTIONS), default=default,
+        help=f"how the step runs: op by op (eager), torch.compile with Inductor's fused kernels "
+        f"(compiled), or without host gaps (cudagraphs); {shown}",
+    )  # fmt: skip
 
 
 def _add_devices(parser: argparse.ArgumentParser, default: Sequence[str]) -> None:

@@ -61,6 +61,7 @@ def profile_command(args: argparse.Namespace) -> None:
     device = args.device or _default_device()
     report = _capture_spec(args, args.devices, batch=args.batch, measure=_measures(args, device),
                            cost_model=args.cost_model, device=device)  # fmt: skip
+    report.execution = args.execution
     report.print(top=args.top)
     if args.out:
         print(f"trace written to {report.save(args.out)}")
@@ -81,6 +82,8 @@ def show_command(args: argparse.Namespace) -> None:
     report = Report.load(args.trace)
     if args.devices or args.model:
         report = _predicted(report, args.devices or report.devices, cost_model=args.model)
+    if args.execution:
+        report.execution = args.execution
     report.print(top=args.top)
 
 
@@ -167,7 +170,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         task = f"tracing {args.model} and simulating it on {args.cluster}"
         update(task, 0, None)
         result = simulate(model, strategy, args.cluster, example_inputs=inputs, batch=args.batch,
-                          seqlen=args.seqlen, precision=args.precision)  # fmt: skip
+                          seqlen=args.seqlen, precision=args.precision, execution=args.execution)  # fmt: skip
         update(task, 1, 1)
     print(result.summary())
     if args.trace:

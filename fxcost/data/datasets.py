@@ -87,16 +87,18 @@ _RUN = re.compile(r"^(?P<model>.+)-(?P<mode>train|inf)-(?P<seqlen>\d+)-(?P<batch
 _NOT_SINGLE_GPU = ("-fusion", "-dp4", "-tp4", "-pp4")
 
 
-def read_model_runs(data: str | Path) -> pd.DataFrame:
+def read_model_runs(data: str | Path, *, fusion: bool = False) -> pd.DataFrame:
     """One row per single-GPU end-to-end run in ``models/<Device>/<model>-<mode>-<seqlen>-<batch>.json``:
     ``device`` (the folder name), ``model``, ``mode`` (train or inf), ``seqlen``, ``batch``, the measured
-    ``e2e``, ``fw`` and ``bw`` ms, and ``trace``, the per-node CSV beside it (None if there is none)."""
+    ``e2e``, ``fw`` and ``bw`` ms, and ``trace``, the per-node CSV beside it (None if there is none).
+    ``fusion``: the fused-kernel runs (``...-<batch>-fusion.json``) instead of the eager ones."""
     import pandas as pd
 
     rows = []
     for path in sorted((data_root(data) / "models").glob("*/*.json")):
-        match = _RUN.match(path.stem)
-        if match is None or any(tag in path.stem for tag in _NOT_SINGLE_GPU):
+        stem = path.stem.removesuffix("-fusion") if fusion else path.stem
+        match = _RUN.match(stem)
+        if match is None or (stem == path.stem and fusion) or any(tag in stem for tag in _NOT_SINGLE_GPU):
             continue
         measured = json.loads(path.read_text())
         trace = path.with_suffix(".csv")

@@ -28,8 +28,9 @@ from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
 from fxcost.gpus import Device, get_device
 from fxcost.lowering import is_matmul_class
+from fxcost.lowering.fusion import FusedKernel, fuse
 from fxcost.precision import Precision, PrecisionArg, itemsize, parse_precision
-from fxcost.propagate import phase_totals, replay_ends
+from fxcost.propagate import check_execution, fused_kernel_ms, phase_totals, replay_ends
 from fxcost.records import META_KEY, PHASES, NodeCost
 from fxcost.report import Report
 
@@ -40,10 +41,11 @@ __all__ = ["Captured", "Cost"]
 class Cost:
     """Predicted time of one step on one device. ``float(cost)`` is ``cost.ms``.
 
-    ``ms`` is the eager step, as ``Report.eager_ms`` of the same step (forward, loss, backward): the
-    kernels back to back, the host issuing them; ``fw_ms`` and ``bw_ms`` split it where each phase's
-    last kernel ends (the optimizer's share is the rest). ``isolated_ms`` is the sum of the nodes'
-    isolated times (``Report.total_ms``).
+    ``ms`` is the step in ``execution``, as ``Report.step_ms_in`` of the same step (forward, loss,
+    backward): ``"eager"`` the kernels back to back, the host issuing them (``Report.eager_ms``);
+    ``"compiled"`` Inductor's fused kernels; ``"cudagraphs"`` no host time. ``fw_ms`` and ``bw_ms``
+    split it where each phase's last kernel ends (the optimizer's share is the rest). ``isolated_ms``
+    is the sum of the nodes' isolated times (``Report.total_ms``).
 
     ``low_ms`` and ``high_ms`` bound ``ms`` by the nominal 80% interval of its origin-free predictions
     (:mod:`fxcost.cost_models.heads.intervals`); equal to ``ms`` where no interval is known.
@@ -58,6 +60,7 @@ class Cost:
     high_ms: float = math.nan
     caveat: str = ""
     isolated_ms: float = math.nan
+    execution: str = "eager"
 
     def __float__(self) -> float:
         return self.ms
@@ -116,7 +119,8 @@ class Captured:
         self.graph_hash = hashlib.sha256(repr(sorted(distinct.items())).encode()).hexdigest()[:16]
         self._polys = _PolyTable(kept)
         self._batches: OrderedDict[tuple[int | None, Precision | None], NodeBatch] = OrderedDict()
-        self._costs: dict[tuple[int | None, Precision | None, str], Cost] = {}
+        self._costs: dict[tuple[int | None, Precision | None, str, str], Cost] = {}
+        self._fused: list[FusedKernel] | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -153,14 +157,17 @@ class Captured:
         return batch == self.batch or self.symbols.valid_at(batch)
 
     def cost(
-        self, device: str | Device, batch_size: int | None = None, precision: PrecisionArg | str = None
-    ) -> Cost:
+        self, device: str | Device, batch_size: int | None = None, precision: PrecisionArg | str = None,
+        execution: str = "eager",
+    ) -> Cost:  # fmt: skip
         """The step's predicted time on ``device`` at ``batch_size`` (the traced batch if None), in
-        ``precision`` (None: the captured dtypes)."""
+        ``precision`` (None: the captured dtypes), run in ``execution`` (``"eager"``, ``"compiled"``,
+        ``"cudagraphs"``)."""
         target = get_device(device)
         precision = parse_precision(precision)
+        check_execution(execution)
         batch_size = self._relative(batch_size)
-        key = (batch_size, precision, target.name)
+        key = (batch_size, precision, target.name, execution)
         with self._lock:
             known = self._costs.get(key)
         if known is not None:
@@ -168,10 +175,15 @@ class Captured:
         batch = self._node_batch(batch_size, precision)
         ms, sources = predict_batch(batch, self.chain, target)
         isolated = sum(phase_totals(ms, self.counts).values())
-        # The eager step (Report.eager_ms), split where each phase's last kernel ends.
-        kernels = kernel_times(ms, sources, target)[self._issued]
+        # The step (Report.step_ms_in), split where each phase's last kernel ends.
+        per_node = kernel_times(ms, sources, target)
+        if execution == "compiled":
+            kernels, issued_phase = self._compiled(batch, per_node, target)
+        else:
+            kernels, issued_phase = per_node[self._issued], self._issued_phase
         known = np.isfinite(kernels)
-        ends, phases = replay_ends(kernels[known], HOST_MS), self._issued_phase[known]
+        host = 0.0 if execution == "cudagraphs" else HOST_MS
+        ends, phases = replay_ends(kernels[known], host), issued_phase[known]
         phase_end = [float(ends[phases <= p].max(initial=0.0)) for p in range(len(PHASES))]
         step = phase_end[-1]
         # The interval of the isolated sum, scaled as the eager step scales it (Report.eager_interval_ms).
@@ -180,10 +192,25 @@ class Captured:
         low, high = (scale * sum(phase_totals(b, self.counts).values()) for b in bounds)
         result = Cost(ms=step, fw_ms=phase_end[0], bw_ms=phase_end[1] - phase_end[0], device=target.name,
                       low_ms=low, high_ms=high, caveat=spec_sheet_caveat(target),
-                      isolated_ms=isolated)  # fmt: skip
+                      isolated_ms=isolated, execution=execution)  # fmt: skip
         with self._lock:
             self._costs[key] = result
         return result
+
+    def _compiled(
+        self, batch: NodeBatch, per_node: np.ndarray, device: Device
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The compiled step's kernel times in run order, and each kernel's phase: Inductor's fusion
+        of the traced step, its kernels priced at the sizes of ``batch``."""
+        if self._fused is None:
+            self._fused = fuse(self.report.nodes)
+        nodes = [
+            n if i is None else batch.nodes[i] for n, i in zip(self.report.nodes, self.index, strict=True)
+        ]
+        eager = np.array([np.nan if i is None else per_node[i] for i in self.index], dtype=np.float64)
+        times = fused_kernel_ms(nodes, self._fused, eager, device, self.chain)
+        phases = np.array([PHASES.index(nodes[k.members[0]].phase) for k in self._fused], dtype=np.intp)
+        return times, phases
 
     def _relative(self, batch_size: int | None) -> int | None:
         """None for the traced batch: one cache entry, and no polynomials to evaluate there."""

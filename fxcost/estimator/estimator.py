@@ -30,6 +30,7 @@ from fxcost.estimator.captured import Captured, Cost
 from fxcost.estimator.keys import leaves_key, model_key
 from fxcost.gpus import DEFAULT_DEVICES, Device, get_device
 from fxcost.precision import PrecisionArg, parse_precision
+from fxcost.propagate import check_execution
 
 __all__ = ["Estimator", "clear_default_estimators", "cost", "default_estimator"]
 
@@ -87,6 +88,7 @@ class Estimator:
         precision: PrecisionArg = None,
         *,
         loss_fn: LossFn = default_loss,
+        execution: str = "eager",
     ) -> Cost:
         """Predicted time of one step of ``model`` on ``device`` (the first of ``devices`` if None).
 
@@ -99,20 +101,25 @@ class Estimator:
             precision: ``"fp32"``, ``"tf32"`` (fp32 with TF32 matmuls), ``"fp16"`` or ``"bf16"`` (every
                 float32 tensor in half precision); None keeps the captured dtypes and TF32 flags.
             loss_fn: turns the model's output into the scalar to backpropagate.
+            execution: ``"eager"`` (op by op), ``"compiled"`` (``torch.compile`` with Inductor: fused
+                kernels) or ``"cudagraphs"`` (the eager kernels without host gaps).
         """
         target = get_device(device) if device is not None else get_device(self.devices[0])
         parsed = parse_precision(precision)  # bad arguments fail before anything is traced
+        check_execution(execution)
         captured, batch = self._captured_at(model, example_inputs, train, loss_fn, batch_size)
-        return captured.cost(target, batch, parsed)
+        return captured.cost(target, batch, parsed, execution)
 
     def costs(
         self, model: torch.nn.Module | Callable[..., Any], example_inputs: Any, train: bool = True,
         batch_size: int | None = None, precision: PrecisionArg = None, *, loss_fn: LossFn = default_loss,
+        execution: str = "eager",
     ) -> dict[str, Cost]:  # fmt: skip
         """:meth:`cost` on every device of the estimator, by canonical name."""
         parsed = parse_precision(precision)
+        check_execution(execution)
         captured, batch = self._captured_at(model, example_inputs, train, loss_fn, batch_size)
-        return {d: captured.cost(d, batch, parsed) for d in self.devices}
+        return {d: captured.cost(d, batch, parsed, execution) for d in self.devices}
 
     def capture(
         self,
@@ -210,19 +217,22 @@ def cost(
     precision: PrecisionArg = None,
     loss_fn: LossFn = default_loss,
     cost_model: str = "auto",
+    execution: str = "eager",
 ) -> Cost:
     """Predicted time of one step of ``model`` on ``device``, without measuring or running anything.
 
     A process-wide :class:`~fxcost.estimator.Estimator` traces each model structure once; later calls
     for other devices, batch sizes (``batch_size``) or precisions (``"fp32"``, ``"tf32"``, ``"fp16"``,
-    ``"bf16"``) take milliseconds. Safe to call from threads.
+    ``"bf16"``) take milliseconds. ``execution``: ``"eager"``, ``"compiled"`` (Inductor's fused
+    kernels) or ``"cudagraphs"`` (no host gaps). Safe to call from threads.
 
     Example:
         >>> c = fxcost.cost(model, (x,), device="A100-SXM4-80GB")  # doctest: +SKIP
         >>> c.ms, c.fw_ms, c.bw_ms  # doctest: +SKIP
     """
     estimator = default_estimator(cost_model)
-    return estimator.cost(model, example_inputs, train, batch_size, device, precision, loss_fn=loss_fn)
+    return estimator.cost(model, example_inputs, train, batch_size, device, precision, loss_fn=loss_fn,
+                          execution=execution)  # fmt: skip
 
 
 def _check_batch(batch_size: int | None) -> None:

@@ -20,7 +20,14 @@ from fxcost.records import NodeCost
 if TYPE_CHECKING:
     from fxcost.report.trace import Report
 
-__all__ = ["captured_precision", "header_lines", "origin_gpu", "origin_name", "spec_sheet_only"]
+__all__ = [
+    "EXECUTION_TEXT",
+    "captured_precision",
+    "header_lines",
+    "origin_gpu",
+    "origin_name",
+    "spec_sheet_only",
+]
 
 _SOURCES = {
     "mlp": "MLP heads",
@@ -29,6 +36,11 @@ _SOURCES = {
     "roofline": "roofline fallback",
 }
 _SHORT_NAMES = {"bfloat16": "bf16", "float16": "fp16"}
+EXECUTION_TEXT = {
+    "eager": "eager (op by op, no torch.compile fusion)",
+    "compiled": "compiled (torch.compile with Inductor: fused kernels; the eager step beside it)",
+    "cudagraphs": "CUDA graphs (the eager kernels without host gaps)",
+}
 
 
 def header_lines(report: Report) -> list[str]:
@@ -39,7 +51,7 @@ def header_lines(report: Report) -> list[str]:
     facts = [step, f"batch {report.batch}" if report.batch is not None else "batch unknown"]
     if report.seqlen is not None:
         facts.append(f"sequence length {report.seqlen}")
-    facts += [captured_precision(report.nodes), "eager (op by op, no torch.compile fusion)"]
+    facts += [captured_precision(report.nodes), EXECUTION_TEXT[report.execution]]
     lines = [f"{report.name or 'model'}: {', '.join(facts)}", _origin_line(report)]
     if report.devices:
         lines.append(_sources_line(report))

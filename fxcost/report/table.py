@@ -25,7 +25,15 @@ from fxcost.report.header import header_lines, origin_name
 if TYPE_CHECKING:
     from fxcost.report.trace import Report
 
-__all__ = ["WIDTH", "console_for", "format_interval", "print_report", "shape_text", "spec_sheet_caveats"]
+__all__ = [
+    "WIDTH",
+    "console_for",
+    "format_interval",
+    "fused_kernel_lines",
+    "print_report",
+    "shape_text",
+    "spec_sheet_caveats",
+]
 
 WIDTH = 120
 """Columns of a printout written to a file or a pipe (a terminal's own width is used on a terminal)."""
@@ -43,6 +51,9 @@ def print_report(report: Report, top: int | None = None, file: TextIO | None = N
     for line in header_lines(report):
         console.print(line)
     console.print(_node_table(report, rows, top, console))
+    if report.execution == "compiled":
+        for line in fused_kernel_lines(report, top):
+            console.print(line)
     console.print(_totals_table(report))
     for line in _summary_lines(report):
         console.print(line)
@@ -186,6 +197,14 @@ def _totals_table(report: Report) -> Table:
     add("  80% interval", "", "", (format_interval(*bounds) for bounds in intervals))
     # Independent ops overlapped on as many streams as they need: the bound multi-stream work meets.
     add("critical path", "", "", (f"{report.critical_path_ms(d):.3f}" for d in report.devices))
+    if report.execution != "eager":  # the mode the report shows, beside the eager step
+        add(
+            f"{report.execution} step",
+            "",
+            "",
+            (f"{report.step_ms_in(d):.3f}" for d in report.devices),
+            "bold",
+        )
     return table
 
 
@@ -207,6 +226,31 @@ def _summary_lines(report: Report) -> list[str]:
             f"capture fidelity: sum of node times {report.origin_ms():.3f} ms / "
             f"{against} {report.measured_ms:.3f} ms = {fidelity:.3f}"
         )
+    return lines
+
+
+def fused_kernel_lines(report: Report, top: int | None = None) -> list[str]:
+    """The compiled step's generated kernels that fuse several nodes, one line each with the nodes it
+    holds and its time on the first GPU (``top``: the N slowest there; all in run order otherwise)."""
+    kernels = [k for k in report.fused_kernels() if k.kind != "extern"]
+    count = sum(n.has_kernel for n in report.nodes)
+    head = (f"compiled: {len(report.fused_kernels())} kernels for {count} kernel nodes; "
+            f"{sum(len(k.members) > 1 for k in kernels)} fuse several nodes")  # fmt: skip
+    device = report.devices[0] if report.devices else None
+    times: dict[tuple[int, ...], float] = {}
+    if device is not None:
+        for span in report.compiled_timeline(device):
+            times[span.kernel.members] = span.end_ms - span.start_ms
+    fused = [k for k in kernels if len(k.members) > 1]
+    if top is not None:
+        fused = sorted(fused, key=lambda k: -times.get(k.members, 0.0))[:top]
+    multi_graph = len(report.graphs) > 1
+    lines = [head + (f" (ms on {device}, as run in the step)" if device else "")]
+    for k in fused:
+        members = [report.nodes[i] for i in k.members]
+        names = " + ".join(f"g{n.graph}/{n.name}" if multi_graph else n.name for n in members)
+        ms = f"{times[k.members]:.4f} ms  " if k.members in times else ""
+        lines.append(f"  {ms}{k.kind} {members[0].phase}: {names}")
     return lines
 
 

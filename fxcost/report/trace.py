@@ -25,7 +25,8 @@ from fxcost.cost_models import CostModel, spec_name
 from fxcost.cost_models import predict as predict_nodes
 from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.gpus import Device, UnknownDeviceError, get_device
-from fxcost.propagate import Pipeline, Span
+from fxcost.lowering.fusion import FusedKernel, fuse
+from fxcost.propagate import Execution, KernelSpan, Pipeline, Span, check_execution
 from fxcost.records import PHASES, GraphRecord, NodeCost, Phase
 from fxcost.report.exports import chrome_trace, csv_text, dataframe
 
@@ -59,6 +60,8 @@ class Report:
             the command line was given (``resnet50``); may be empty.
         apart: graphs captured but not run in the reported step (a branch it did not take); their
             nodes are not in ``nodes``.
+        execution: how the step is to run, for :meth:`step_ms_in` and printouts: ``"eager"``,
+            ``"compiled"`` (``torch.compile`` with Inductor) or ``"cudagraphs"``.
     """
 
     nodes: list[NodeCost] = field(default_factory=list)
@@ -72,6 +75,10 @@ class Report:
     seqlen: int | None = None
     name: str = ""
     apart: list[GraphRecord] = field(default_factory=list)
+    execution: Execution = "eager"
+
+    def __post_init__(self) -> None:
+        check_execution(self.execution)
 
     # -- totals ----------------------------------------------------------------------------------
 
@@ -91,6 +98,40 @@ class Report:
         ``host_ms`` per op defaults to what the origin's measured step implies, else 10 us."""
         spans = self.timeline(device, phase, host_ms)
         return spans[-1].end_ms if spans else 0.0
+
+    def step_ms_in(
+        self, device: str | Device, phase: Phase | None = None, execution: str | None = None,
+        host_ms: float | None = None,
+    ) -> float:  # fmt: skip
+        """Predicted ms of the step on ``device`` run in ``execution`` (default: the report's own):
+        :meth:`eager_ms`, :meth:`compiled_ms`, or ``"cudagraphs"``: the eager step without host time."""
+        mode = check_execution(execution or self.execution)
+        if mode == "compiled":
+            return self.compiled_ms(device, phase, host_ms)
+        return self.eager_ms(device, phase, 0.0 if mode == "cudagraphs" else host_ms)
+
+    def compiled_ms(
+        self, device: str | Device, phase: Phase | None = None, host_ms: float | None = None
+    ) -> float:
+        """Predicted ms of the step compiled with Inductor on ``device``: its fused kernels back to back,
+        the host issuing each (see :mod:`fxcost.propagate.compiled`)."""
+        spans = self.compiled_timeline(device, phase, host_ms)
+        return spans[-1].end_ms if spans else 0.0
+
+    def fused_kernels(self) -> list[FusedKernel]:
+        """The kernels Inductor runs for the step (:func:`fxcost.lowering.fusion.fuse`); their
+        ``members`` index ``nodes``."""
+        return fuse(self.nodes)
+
+    def compiled_timeline(
+        self, device: str | Device, phase: Phase | None = None, host_ms: float | None = None
+    ) -> list[KernelSpan]:
+        """The compiled step's kernels (of one phase) on ``device``'s timeline, in order."""
+        target, origin = get_device(self._predicted_name(device)), self.origin_device()
+        kernels = [k for k in fuse(self.nodes) if phase in (None, self.nodes[k.members[0]].phase)]
+        eager = propagate.node_kernel_ms(self.nodes, target, on_origin=origin == target)
+        ms = propagate.fused_kernel_ms(self.nodes, kernels, eager, target, self.model, origin)
+        return propagate.compiled_timeline(self.nodes, kernels, ms, self.pipeline(), host_ms=host_ms)
 
     def interval_ms(self, device: str | Device, phase: Phase | None = None) -> tuple[float, float]:
         """The nominal 80% interval of :meth:`total_ms` on ``device``: each origin-free node's interval
@@ -275,6 +316,7 @@ class Report:
             "graphs": [g.to_json() for g in self.graphs],
             "nodes": [n.to_json() for n in self.nodes],
             "apart": [g.to_json() for g in self.apart],
+            "execution": self.execution,
         }
 
     @classmethod
@@ -299,6 +341,7 @@ class Report:
                 seqlen=data.get("seqlen"),
                 name=str(data.get("name") or ""),
                 apart=[GraphRecord.from_json(g) for g in data.get("apart", [])],
+                execution=data.get("execution", "eager"),  # traces before execution modes: eager
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TraceFormatError(f"malformed fxcost trace: {e!r}") from e

@@ -31,6 +31,7 @@ from fxcost.capture import LossFn, as_call, batch_of, default_loss
 from fxcost.cost_models.heads import spec_sheet_caveat
 from fxcost.estimator import Captured, Estimator, default_estimator
 from fxcost.precision import PrecisionArg, parse_precision
+from fxcost.propagate import check_execution
 from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
@@ -109,6 +110,7 @@ def simulate(
     gamma: float = GAMMA,
     loss_fn: LossFn = default_loss,
     estimator: Estimator | None = None,
+    execution: str = "eager",
 ) -> SimResult:
     """Simulate one training iteration of ``model`` under ``strategy`` on ``cluster``.
 
@@ -124,6 +126,9 @@ def simulate(
         gamma: the overlap factor (compute slows by this share while gradients are reduced).
         estimator: traces and prices the step (its cost model and cache); the process-wide default
             Estimator if None.
+        execution: ``"eager"``, ``"compiled"`` or ``"cudagraphs"``: every compute task is scaled by
+            what that mode makes of one rank's micro-batch step on one GPU (its step over the eager
+            step, :meth:`~fxcost.estimator.Captured.cost`); collectives are left as they are.
 
     Raises:
         ValueError: ``batch`` or ``seqlen`` is below 1, the strategy needs another number of GPUs than
@@ -136,6 +141,7 @@ def simulate(
     strategy = Strategy.parse(strategy) if isinstance(strategy, str) else strategy
     cluster = Cluster.parse(cluster) if isinstance(cluster, str) else cluster
     parsed = parse_precision(precision)
+    check_execution(execution)
     if strategy.world_size != cluster.world_size:
         raise ValueError(
             f"strategy {strategy} needs {strategy.world_size} GPUs, the cluster has {cluster.world_size} "
@@ -146,6 +152,11 @@ def simulate(
     )
     plan = compile_plan(captured, params, strategy, cluster.device, batch, parsed)
     tasks, collectives = _tasks(plan, cluster)
+    if execution != "eager":
+        micro = strategy.micro_batch(batch)
+        step = captured.cost(cluster.device, micro, parsed, execution).ms
+        eager = captured.cost(cluster.device, micro, parsed).ms
+        tasks = _scaled(tasks, step / eager if eager > 0 else 1.0)
     iteration = simulate_tasks(tasks, gamma)
     interval = tuple(_scaled_iteration(tasks, factor, gamma) for factor in plan.compute_interval)
     capacity = cluster.device.memory_gb or float("inf")
@@ -155,9 +166,13 @@ def simulate(
 
 def _scaled_iteration(tasks: list[Task], factor: float, gamma: float) -> float:
     """The iteration with every compute task ``factor`` times as long (the tasks are left as they are)."""
-    scaled = [dataclasses.replace(t, duration_ms=t.duration_ms * (factor if t.stream == "compute" else 1.0),
-                                  deps=list(t.deps), args=dict(t.args)) for t in tasks]  # fmt: skip
-    return simulate_tasks(scaled, gamma)
+    return simulate_tasks(_scaled(tasks, factor), gamma)
+
+
+def _scaled(tasks: list[Task], factor: float) -> list[Task]:
+    """Copies of ``tasks`` with every compute task ``factor`` times as long."""
+    return [dataclasses.replace(t, duration_ms=t.duration_ms * (factor if t.stream == "compute" else 1.0),
+                                deps=list(t.deps), args=dict(t.args)) for t in tasks]  # fmt: skip
 
 
 def _traced(

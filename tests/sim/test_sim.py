@@ -352,3 +352,12 @@ def test_the_iteration_carries_the_interval_of_its_origin_free_compute(
     low, high = result.interval_ms
     assert low < result.iteration_ms < high
     assert "80% interval" in result.summary()
+
+
+def test_simulate_scales_compute_by_the_execution_mode(gpt: tuple[object, tuple[object, ...]]) -> None:
+    runs = {mode: simulate(gpt[0], "dp=2", "2xA100-SXM4-40GB", example_inputs=gpt[1], batch=8, execution=mode)
+            for mode in ("eager", "compiled", "cudagraphs")}  # fmt: skip
+    assert runs["compiled"].iteration_ms < runs["eager"].iteration_ms
+    assert runs["cudagraphs"].iteration_ms <= runs["eager"].iteration_ms
+    with pytest.raises(ValueError, match="accepted: eager, compiled, cudagraphs"):
+        simulate(gpt[0], "dp=2", "2xA100-SXM4-40GB", example_inputs=gpt[1], batch=8, execution="fast")

@@ -1,0 +1,121 @@
+"""Inductor's fusion on captured records (fxcost.lowering.fusion): which nodes share a kernel, and
+the bytes a fused kernel moves."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import fxcost
+from fxcost.lowering.fusion import FusedKernel, fuse
+from fxcost.records import NodeCost
+
+
+class _Block(nn.Module):
+    """A transformer-style MLP block: pointwise chains, a residual add and a layer norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down, self.norm = nn.Linear(64, 256), nn.Linear(256, 64), nn.LayerNorm(64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.up(x)) * 2.0 + 1.0
+        return self.norm(x + self.down(h))
+
+
+class _Attention(nn.Module):
+    """Attention written out op by op, as Hugging Face's eager attention does."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        scores = torch.matmul(q, k.transpose(-1, -2)) / 8.0
+        return torch.matmul(scores.softmax(dim=-1), v)
+
+
+def _report(model: nn.Module, inputs: tuple[torch.Tensor, ...], train: bool) -> fxcost.Report:
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fxcost.profile(model, inputs, devices=["A100-PCIE-40GB"], measure=False, train=train)
+
+
+@pytest.fixture(scope="module")
+def block() -> fxcost.Report:
+    return _report(_Block(), (torch.randn(32, 64),), train=False)
+
+
+def _ops(report: fxcost.Report, kernel: FusedKernel) -> list[str]:
+    return [report.nodes[i].op.removeprefix("aten.") for i in kernel.members]
+
+
+def test_an_mlp_block_fuses_as_inductor_does(block) -> None:
+    kernels = block.fused_kernels()
+    groups = [(k.kind, _ops(block, k)) for k in kernels]
+    # The GEMMs stay library calls, one node each; gelu, the scale and the shift share one kernel;
+    # the residual add joins the layer norm's reduction.
+    assert groups == [
+        ("extern", ["addmm.default"]),
+        ("pointwise", ["gelu.default", "mul.Tensor", "add.Tensor"]),
+        ("extern", ["addmm.default"]),
+        ("reduction", ["add.Tensor", "native_layer_norm.default"]),
+    ]
+    # Every node that launches a kernel is in exactly one kernel; views are in none.
+    members = sorted(i for k in kernels for i in k.members)
+    assert members == [i for i, n in enumerate(block.nodes) if n.has_kernel]
+
+
+def test_a_fused_kernel_moves_fewer_bytes_than_its_members_apart(block) -> None:
+    for kernel in block.fused_kernels():
+        nodes = kernel.nodes(block.nodes)
+        apart = sum(n.bytes or 0 for n in nodes)
+        fused = kernel.bytes_read(block.nodes) + kernel.bytes_written(block.nodes)
+        if len(nodes) > 1:
+            assert 0 < fused < apart
+        else:
+            assert fused == apart
+    pointwise = next(k for k in block.fused_kernels() if k.kind == "pointwise")
+    # gelu -> mul -> add over 32x256 fp32: the chain reads the GEMM's output once and writes once.
+    assert pointwise.bytes_read(block.nodes) == pointwise.bytes_written(block.nodes) == 32 * 256 * 4
+
+
+def test_a_gemm_is_never_fused() -> None:
+    report = _report(_Block(), (torch.randn(8, 64),), train=True)
+    for kernel in report.fused_kernels():
+        ops = _ops(report, kernel)
+        if any(op.startswith(("mm.", "addmm.", "bmm.")) for op in ops):
+            assert kernel.kind == "extern" and len(ops) == 1
+
+
+def test_ranges_that_differ_do_not_fuse() -> None:
+    def node(name: str, op: str, shape: tuple[int, ...], inputs: list[str], out: tuple[int, ...]) -> NodeCost:
+        return NodeCost(name, op, "fw", in_shapes=[shape], in_dtypes=["float32"], out_shapes=[out],
+                        out_dtypes=["float32"], inputs=inputs, bytes_read=0, bytes_written=0)  # fmt: skip
+
+    nodes = [
+        node("relu", "aten.relu.default", (8, 16), [], (8, 16)),
+        node("rows", "aten.sum.dim_IntList", (8, 16), ["relu"], (8, 1)),  # over the relu's elements
+        node("cols", "aten.sum.dim_IntList", (8, 16), ["relu"], (1, 16)),  # other reduction ranges
+        node("other", "aten.exp.default", (4, 4), [], (4, 4)),  # independent, other size
+    ]
+    groups = [[nodes[i].name for i in k.members] for k in fuse(nodes)]
+    assert groups == [["relu", "rows"], ["cols"], ["other"]]
+
+
+def test_attention_written_out_becomes_one_kernel_in_inference_only() -> None:
+    q = k = v = torch.randn(2, 4, 32, 16)
+    inference = _report(_Attention(), (q, k, v), train=False)
+    attention = [k for k in inference.fused_kernels() if k.kind == "attention"]
+    assert len(attention) == 1
+    ops = _ops(inference, attention[0])
+    assert ops[0] == ops[-1] == "bmm.default" and "_softmax.default" in ops
+    fused = attention[0].stands_for(inference.nodes)
+    assert fused.in_shapes == [(8, 32, 16)] * 3 and fused.flops == 4 * 8 * 32 * 32 * 16
+    training = _report(_Attention(), (q.requires_grad_(), k, v), train=True)
+    assert not [k for k in training.fused_kernels() if k.kind == "attention"]
+
+
+def test_fusion_is_a_function_of_the_records(block, tmp_path) -> None:
+    block.save(tmp_path / "t.json")
+    assert fxcost.Report.load(tmp_path / "t.json").fused_kernels() == block.fused_kernels()
