@@ -1,6 +1,7 @@
 """Fused attention nodes of recorded GPU traces: origin-free per-node prediction against the kernels.
 
-Loads every trace (``*.json.gz``, :meth:`fxcost.report.Report.load`) under a fixtures directory, and for
+Loads every trace (``*.json.gz`` other than the compiled steps' kernel listings,
+:meth:`fxcost.report.Report.load`) under a fixtures directory, and for
 each SDPA node (forward and backward) whose kernels the origin's profiler timed, predicts it as if the
 trace had been captured on a CPU (no origin, no measured times) on the GPU it was recorded on, and
 compares the predicted kernel time (``kernel_ms`` of the prediction: the per-op overhead an eager step
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     errors: list[float] = []
     predicted_sum = recorded_sum = 0.0
-    for path in sorted(args.fixtures.rglob("*.json.gz")):
+    for path in sorted(p for p in args.fixtures.rglob("*.json.gz") if not p.name.endswith("-kernels.json.gz")):
         report = Report.load(path)
         try:
             target = get_device(args.device or report.origin)
