@@ -117,6 +117,7 @@ def _step_commands(sub: Any) -> None:
     gpus.add_argument("--devices", nargs="+", metavar="GPU", help=PRICED_DEVICES_HELP)
     gpus.add_argument("--prices", metavar="YAML", help=PRICES_HELP)
     gpus.add_argument("--plot", metavar="PNG", help="write throughput and samples-per-$ bar charts here")
+    _add_execution(gpus, None)
 
     sim = _command(sub, step_commands.simulate_command)
     _step_options(sim, batch=8, seqlen=1024, model_help="zoo name, 'module:callable' or Hugging Face "

@@ -100,14 +100,17 @@ def compare_gpus_command(args: argparse.Namespace) -> None:
 
     Captures MODEL once (as 'profile' does; or reads a saved trace, .json with a schema_version or
     .json.gz) and ranks GPUs by predicted samples per dollar, as in Habitat's case studies (Yu et al.
-    §5.3). The step time is the predicted eager step (the ops back to back, their launch overhead
-    hidden by the GPU queue), not the sum of ops timed alone; throughput is the batch size per step."""
+    §5.3). The step time is the predicted step in --execution (default: the trace's own, eager for a
+    capture: the ops back to back, their launch overhead hidden by the GPU queue), not the sum of ops
+    timed alone; throughput is the batch size per step."""
     from fxcost.gpus import get_device
     from fxcost.report.gpu_choice import compare_gpus, load_prices, plot, priced_devices, print_choices
 
     prices = load_prices(args.prices) if args.prices else {}
     devices = args.devices or priced_devices(prices)
     report = _compare_gpus_report(args, devices)
+    if args.execution:
+        report.execution = args.execution
     missing = [name for name in (get_device(d).name for d in devices) if name not in report.devices]
     if missing:  # a saved trace predicted for other GPUs: predicted here, with a progress bar
         report = _predicted(report, [*report.devices, *missing])

@@ -26,11 +26,14 @@ step the way its scheduler does, a pure function of the records, so it works on 
   that would make a kernel depend on itself through an outside node is refused.
 
 Other kernel-launching ops (scans, sorts, scatters, losses, foreach optimizer ops) run as one kernel
-each, at their eager cost.
+each, at their eager cost. Whether Inductor runs a conv net's activations channels-last is decided
+apart (:mod:`fxcost.lowering.fusion_layout`): it changes kernel times, not the grouping.
 
 Not modelled: Inductor's own decompositions (a ``native_layer_norm_backward``'s weight gradient is
 a second, column-wise reduction in Inductor, here part of the row reduction's kernel), split
-reductions (a reduction to few outputs split over two kernels), loop reordering and tiling choices,
+reductions (a reduction to few outputs split over two kernels; a batch norm over a large batch is
+split, and its normalizing pointwise epilogue then runs as a kernel of its own re-reading the input:
+the ResNet-50 H100 step's pointwise kernels), loop reordering and tiling choices,
 AOTAutograd's min-cut rematerialization (which saves fewer activations for backward and recomputes
 pointwise ops there), combo kernels of foreach ops, CUDA-graph trees, and which results of a
 training step's forward are saved for backward when they are also used inside a kernel (the

@@ -16,7 +16,7 @@ import torch
 from fxcost.lowering.kernels import resolve_op
 from fxcost.records import NodeCost
 
-__all__ = ["GATHERS", "merged_ranges", "node_ranges"]
+__all__ = ["CHANNEL_REDUCTIONS", "GATHERS", "merged_ranges", "node_ranges"]
 
 # Ops Inductor lowers to pointwise loops that no tag marks as pointwise.
 _POINTWISE = frozenset({
@@ -47,7 +47,7 @@ _DIM_REDUCTIONS = frozenset(
         "aten._log_softmax_backward_data.default",
     }
 )
-_CHANNEL_REDUCTIONS = frozenset({
+CHANNEL_REDUCTIONS = frozenset({
     "aten.native_batch_norm.default", "aten._native_batch_norm_legit.default",
     "aten._native_batch_norm_legit_functional.default", "aten.native_batch_norm_backward.default",
 })  # fmt: skip
@@ -66,7 +66,7 @@ def node_ranges(node: NodeCost) -> tuple[tuple[int, int] | None, bool]:
             return None, False
         rows = max(math.prod(shapes[index]), 1)
         return (rows, math.prod(node.in_shapes[0]) // rows), True
-    if op in _DIM_REDUCTIONS or op in _CHANNEL_REDUCTIONS:
+    if op in _DIM_REDUCTIONS or op in CHANNEL_REDUCTIONS:
         if not node.in_shapes or not node.in_shapes[0]:
             return None, False
         shape = node.in_shapes[0]

@@ -11,8 +11,28 @@ Execution modes (``execution=`` across the API):
   :func:`~fxcost.lowering.nodes.memory_pass`), no less than its FLOPs at the GPU's fp32 peak, and,
   for a kernel holding a reduction, no less than the reduction's own kernel (a row reduction is not
   faster for having a prologue). Extern kernels (GEMMs, convolutions, attention, ops run alone)
-  keep their eager kernel time. The host issues each kernel as eager issues an op: its time is per
-  kernel, so a compiled step has far fewer launches.
+  keep their eager kernel time.
+- Layout: where Inductor runs a conv net channels-last (:func:`~fxcost.lowering.fusion_layout.channels_last`),
+  a convolution measured on the GPU predicted keeps its recorded kernels but cuDNN's NCHW/NHWC
+  transposes, and a batch norm's kernel is not held to ATen's NCHW batch-norm kernel (Inductor
+  decomposes it into its own reductions over channels-last data). Predicted on another GPU, a
+  convolution keeps its eager prediction (the tensor-core model charges the transposes: not
+  undone here).
+- Host: Inductor's generated wrapper calls each kernel directly (a Triton launcher, or an ATen op
+  for a library call), without the model's Python and the per-op work of eager mode, which the host
+  time fitted on a measured eager step holds. Each kernel costs the host one launch,
+  :data:`~fxcost.cost_models.eager.HOST_MS` (a Python call into a C++ op), or the fitted eager time
+  per op where that is smaller (the eager host issued every op faster).
+
+What the captured graphs decide is what Inductor compiles: both see the same ATen graphs. Where
+Dynamo decomposed ``scaled_dot_product_attention`` to its math form (BERT-large's H100 capture:
+``bmm``, ``_safe_softmax``, ``bmm``, in fp32 because the math path upcasts bf16 unless
+``torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp``), the compiled step ran that math too
+(fp32 ``sm80_xmma_gemm_f32f32`` GEMMs and ``triton_per_fused__safe_softmax`` kernels), slower than
+the eager step that ran the fused kernel. The compiled prediction follows the capture; but the
+kernel scale fitted on that eager step (:class:`~fxcost.propagate.eager.Pipeline`, 0.44 there: the
+recorded math kernels add up to far more than the step that ran the fused one) still scales every
+kernel, which a capture that does not describe its timed eager step makes wrong: not corrected here.
 - ``"cudagraphs"``: the eager kernels replayed from a CUDA graph, with no host time between them.
 """
 
@@ -24,11 +44,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
-from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms, kernel_times
+from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_ms, kernel_times
 from fxcost.cost_models.roofline import Roofline
 from fxcost.execution import EXECUTIONS, Execution, check_execution
 from fxcost.gpus import Device
 from fxcost.lowering.fusion import FusedKernel, reduces
+from fxcost.lowering.fusion_layout import CONVOLUTION, layout_transpose_ms
+from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS
 from fxcost.lowering.nodes import memory_pass
 from fxcost.precision import itemsize
 from fxcost.propagate.eager import Pipeline
@@ -39,6 +61,7 @@ __all__ = [
     "Execution",
     "KernelSpan",
     "check_execution",
+    "compiled_host_ms",
     "compiled_timeline",
     "fused_kernel_ms",
     "node_kernel_ms",
@@ -56,11 +79,25 @@ class KernelSpan:
     end_ms: float
 
 
-def node_kernel_ms(nodes: Sequence[NodeCost], device: Device, on_origin: bool = False) -> np.ndarray:
+def node_kernel_ms(
+    nodes: Sequence[NodeCost], device: Device, on_origin: bool = False, channels_last: bool = False
+) -> np.ndarray:
     """Each node's kernel time in an eager step on ``device`` (NaN: no prediction there); ``on_origin``:
-    the nodes' recorded kernel times are ``device``'s own."""
+    the nodes' recorded kernel times are ``device``'s own. ``channels_last``: the step runs its
+    convolutions channels-last, so a recorded convolution's layout transposes do not run."""
     hidden = hidden_overhead_ms(device)
-    return np.array([_eager_kernel_ms(n, device, hidden, on_origin) for n in nodes], dtype=np.float64)
+    ms = np.array([_eager_kernel_ms(n, device, hidden, on_origin) for n in nodes], dtype=np.float64)
+    if channels_last and on_origin:
+        for i, n in enumerate(nodes):
+            if n.op in _CONVOLUTIONS and n.kernel_ms is not None:
+                ms[i] = max(n.kernel_ms - layout_transpose_ms(n), MIN_KERNEL_MS)
+    return ms
+
+
+def compiled_host_ms(pipeline: Pipeline) -> float:
+    """The host's time per kernel of a compiled step: one launch (``HOST_MS``), or the eager host time
+    per op ``pipeline`` holds where smaller (see the module docstring)."""
+    return min(pipeline.host_ms, HOST_MS)
 
 
 def fused_kernel_ms(
@@ -70,11 +107,13 @@ def fused_kernel_ms(
     device: Device,
     model: ModelSpec = "auto",
     origin: Device | None = None,
+    channels_last: bool = False,
 ) -> np.ndarray:
     """The GPU time of each kernel of ``kernels`` (fused from ``nodes``) on ``device``, in ms; NaN
     where an extern kernel's node has no prediction there. ``eager_ms``: each node's eager kernel time
     (:func:`node_kernel_ms`). ``model`` prices the generated kernels' memory passes (the roofline
-    where it has no answer)."""
+    where it has no answer). ``channels_last``: the step's conv activations are channels-last, so a
+    batch norm's eager (NCHW) kernel does not bound the kernel that reduces it."""
     out = np.full(len(kernels), np.nan)
     generated: list[int] = []
     passes: list[NodeCost] = []
@@ -106,7 +145,8 @@ def fused_kernel_ms(
     for k, t in zip(generated, times.tolist(), strict=True):
         kernel = kernels[k]
         if kernel.kind == "reduction":  # no faster than its reductions' own kernels
-            own = [eager_ms[i] for i in kernel.members if reduces(nodes[i])]
+            own = [eager_ms[i] for i in kernel.members if reduces(nodes[i])
+                   and not (channels_last and nodes[i].op in CHANNEL_REDUCTIONS)]  # fmt: skip
             t = max([t, *(x for x in own if np.isfinite(x))])
         out[k] = t
     return out
@@ -117,8 +157,9 @@ def compiled_timeline(
     *, host_ms: float | None = None,
 ) -> list[KernelSpan]:  # fmt: skip
     """The kernels with a time on the compiled step's timeline, in order: the host spends its time
-    per op (``host_ms``, else the pipeline's) once per kernel; the GPU runs them back to back."""
-    host_per_kernel = pipeline.host_ms if host_ms is None else host_ms
+    per kernel (``host_ms``, else :func:`compiled_host_ms`) once per kernel; the GPU runs them back
+    to back."""
+    host_per_kernel = compiled_host_ms(pipeline) if host_ms is None else host_ms
     if host_per_kernel < 0:
         raise ValueError(f"host_ms must be >= 0, got {host_per_kernel}")
     host = gpu = 0.0
@@ -131,6 +172,9 @@ def compiled_timeline(
         gpu = start + ms * pipeline.kernel_scale
         spans.append(KernelSpan(kernel, nodes[kernel.members[0]].phase, host, start, gpu))
     return spans
+
+
+_CONVOLUTIONS = frozenset({CONVOLUTION, "aten.convolution_backward.default"})
 
 
 def _eager_kernel_ms(node: NodeCost, device: Device, hidden: float, on_origin: bool) -> float:

@@ -3,8 +3,9 @@
 From one captured :class:`~fxcost.report.Report`, every GPU gets its predicted step time, its
 throughput (``report.batch`` samples per step) and, where it has an hourly price, samples per dollar:
 Habitat's throughput divided by the hourly cost of renting the GPU (§5, Figures 7-8). The step time is
-``Report.eager_ms``, the whole eager step, rather than ``total_ms``: the latter adds up ops timed one
-by one, each with a launch overhead that the GPU queue hides when they run back to back.
+``Report.step_ms_in``, the whole step in the report's execution mode (eager, compiled, cudagraphs),
+rather than ``total_ms``: the latter adds up ops timed one by one, each with a launch overhead that
+the GPU queue hides when they run back to back.
 
 A GPU no measurement of which went into the heads, predicted without a GPU origin to scale from, has
 figures that rest on spec sheets alone (``GpuChoice.spec_sheet_only``): the printout marks it and
@@ -47,7 +48,7 @@ class GpuChoice:
 
     Attributes:
         device: canonical device name.
-        step_ms: predicted time of one step (``Report.eager_ms``).
+        step_ms: predicted time of one step in the report's execution mode (``Report.step_ms_in``).
         samples_per_s: throughput, the report's batch size per step.
         usd_per_hr: hourly price used, or None if the GPU has none.
         samples_per_usd: cost-normalized throughput, ``samples_per_s * 3600 / usd_per_hr``, or None.
@@ -191,7 +192,7 @@ def plot(choices: Sequence[GpuChoice], path: str | os.PathLike[str], title: str 
 
 
 def _choice(report: Report, batch: int, device: Device, prices: Mapping[str, float]) -> GpuChoice:
-    step_ms = report.eager_ms(device)
+    step_ms = report.step_ms_in(device)
     if step_ms <= 0:
         raise ValueError(f"predicted step time on {device.name} is {step_ms} ms; no throughput to compare")
     samples_per_s = batch / step_ms * 1000

@@ -26,6 +26,7 @@ from fxcost.cost_models import predict as predict_nodes
 from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.lowering.fusion import FusedKernel, fuse
+from fxcost.lowering.fusion_layout import channels_last
 from fxcost.propagate import Execution, KernelSpan, Pipeline, Span, check_execution
 from fxcost.records import PHASES, GraphRecord, NodeCost, Phase
 from fxcost.report.exports import chrome_trace, csv_text, dataframe
@@ -129,8 +130,10 @@ class Report:
         """The compiled step's kernels (of one phase) on ``device``'s timeline, in order."""
         target, origin = get_device(self._predicted_name(device)), self.origin_device()
         kernels = [k for k in fuse(self.nodes) if phase in (None, self.nodes[k.members[0]].phase)]
-        eager = propagate.node_kernel_ms(self.nodes, target, on_origin=origin == target)
-        ms = propagate.fused_kernel_ms(self.nodes, kernels, eager, target, self.model, origin)
+        layout = channels_last(self.nodes)
+        eager = propagate.node_kernel_ms(self.nodes, target, on_origin=origin == target, channels_last=layout)
+        ms = propagate.fused_kernel_ms(self.nodes, kernels, eager, target, self.model, origin,
+                                       channels_last=layout)  # fmt: skip
         return propagate.compiled_timeline(self.nodes, kernels, ms, self.pipeline(), host_ms=host_ms)
 
     def interval_ms(self, device: str | Device, phase: Phase | None = None) -> tuple[float, float]:

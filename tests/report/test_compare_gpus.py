@@ -189,3 +189,19 @@ def test_cli_captures_a_hugging_face_config_on_meta_tensors(tiny_gpt2_config, ca
     assert "(batch 2, 16 tokens), training step on meta tensors" in out and "L4" in out
     assert main([*argv, "--measure"]) == 2
     assert "--measure needs a model" in capsys.readouterr().err
+
+
+def test_the_step_is_the_reports_execution_mode(mlp_report, tmp_path, capsys) -> None:
+    compiled = dataclasses.replace(mlp_report, execution="compiled")
+    for c in compare_gpus(compiled, ["T4", "H100-SXM"]):
+        assert c.step_ms == pytest.approx(mlp_report.compiled_ms(c.device))
+        assert c.step_ms != pytest.approx(mlp_report.eager_ms(c.device))
+    trace = mlp_report.save(tmp_path / "mlp.json")
+    steps = {}
+    for execution in ("eager", "compiled"):
+        assert main(["compare-gpus", str(trace), "--devices", "T4", "--execution", execution]) == 0
+        steps[execution] = capsys.readouterr().out
+    assert steps["eager"] != steps["compiled"]
+    with pytest.raises(SystemExit):
+        main(["compare-gpus", str(trace), "--execution", "jit"])
+    assert "invalid choice: 'jit'" in capsys.readouterr().err

@@ -1,0 +1,67 @@
+"""The compiled step's pricing rules (fxcost.propagate.compiled): host launches, channels-last layouts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fxcost.cost_models.eager import HOST_MS
+from fxcost.gpus import get_device
+from fxcost.lowering.fusion import FusedKernel
+from fxcost.propagate import Pipeline, compiled_timeline, fused_kernel_ms, node_kernel_ms
+from fxcost.propagate.compiled import compiled_host_ms
+from fxcost.records import KernelRecord, NodeCost
+
+DEVICE = get_device("H100-SXM")
+
+
+def _relu(i: int) -> NodeCost:
+    return NodeCost(f"r{i}", "aten.relu.default", "fw", in_shapes=[[4]], in_dtypes=["float32"],
+                    out_shapes=[[4]], out_dtypes=["float32"])  # fmt: skip
+
+
+def test_a_compiled_kernel_costs_the_host_one_launch_not_an_eager_op() -> None:
+    nodes = [_relu(i) for i in range(100)]
+    kernels = [FusedKernel("pointwise", (i,), ((0,),), ((True,),)) for i in range(100)]
+    tiny = np.full(100, 1e-4)
+    slow_host = Pipeline(host_ms=0.05, fitted=True)  # an eager step's host time: Python and dispatch
+    assert compiled_host_ms(slow_host) == HOST_MS
+    end = compiled_timeline(nodes, kernels, tiny, slow_host)[-1].end_ms
+    assert end == pytest.approx(100 * HOST_MS + 1e-4)  # the last kernel runs after the last launch
+    fast_host = Pipeline(host_ms=0.004, fitted=True)  # the eager host was faster still: keep it
+    end = compiled_timeline(nodes, kernels, tiny, fast_host)[-1].end_ms
+    assert end == pytest.approx(100 * 0.004 + 1e-4)
+    assert compiled_timeline(nodes, kernels, tiny, slow_host, host_ms=0.0)[-1].end_ms == pytest.approx(0.01)
+
+
+def _conv() -> NodeCost:
+    node = NodeCost("c", "aten.convolution.default", "fw", in_shapes=[[64, 64, 56, 56], [64, 64, 3, 3]],
+                    in_dtypes=["bfloat16"] * 2, out_shapes=[[64, 64, 56, 56]], out_dtypes=["bfloat16"],
+                    args={"groups": 1})  # fmt: skip
+    node.kernels = [KernelRecord("void cudnn::engines_precompiled::nchwToNhwcKernel<bf16>", 0.2),
+                    KernelRecord("sm90_xmma_fprop_implicit_gemm_bf16_nhwc", 0.5),
+                    KernelRecord("void cudnn::engines_precompiled::nhwcToNchwKernel<bf16>", 0.1)]  # fmt: skip
+    return node
+
+
+def test_a_channels_last_convolution_drops_its_recorded_transposes_on_its_origin() -> None:
+    nodes = [_conv()]
+    assert node_kernel_ms(nodes, DEVICE, on_origin=True)[0] == pytest.approx(0.8)
+    assert node_kernel_ms(nodes, DEVICE, on_origin=True, channels_last=True)[0] == pytest.approx(0.5)
+    nodes[0].pred_ms[DEVICE.name] = 1.0
+    off_origin = node_kernel_ms(nodes, DEVICE, on_origin=False)[0]
+    assert node_kernel_ms(nodes, DEVICE, on_origin=False, channels_last=True)[0] == off_origin
+
+
+def test_a_batch_norm_is_not_held_to_its_nchw_kernel_when_channels_last() -> None:
+    x = [256, 64, 56, 56]
+    bn = NodeCost("bn", "aten._native_batch_norm_legit_functional.default", "fw",
+                  in_shapes=[x, [64], [64], [64], [64]], in_dtypes=["bfloat16"] * 5,
+                  out_shapes=[x, [64], [64], [64], [64]], out_dtypes=["bfloat16"] * 5,
+                  flops=10 * 256 * 64 * 3136)  # fmt: skip
+    kernel = FusedKernel("reduction", (0,), ((0,) * 5,), ((True,) * 5,))
+    eager = np.array([50.0])  # ATen's NCHW batch-norm kernel, far slower than a pass over the data
+    nchw = fused_kernel_ms([bn], [kernel], eager, DEVICE)[0]
+    nhwc = fused_kernel_ms([bn], [kernel], eager, DEVICE, channels_last=True)[0]
+    assert nchw == 50.0
+    assert 0 < nhwc < 50.0
