@@ -9,7 +9,14 @@ hides taken off) with the recorded one (``NodeCost.kernel_ms``). It also prints 
 chose for that GPU against the names of the kernels that ran. Recordings validate; nothing is fit on
 them (DESIGN.md).
 
-    python benchmarks/attention_nodes.py [--fixtures benchmarks/fixtures/gpu] [--rows 20]
+    python benchmarks/attention_nodes.py [--fixtures benchmarks/fixtures/gpu] [--rows 20] [--sweeps]
+
+With ``--sweeps`` it also reads the op sweeps ``collect`` recorded beside the traces
+(``<gpu>/collect/[<precision>/]ops/sdpa{,_bwd}/*.csv``: one row per unmasked call without dropout,
+its latency and kernel names) and predicts each row's call on the GPU of the row, as a capture on that
+GPU would see it: the kernel the row ran where fxcost can price it, else the kernel the row's torch
+would choose. One line per sweep file and ``sweep_median_err=.. sweep_sum_err=.. sweep_rows=N``, printed
+before the traces' lines.
 
 Last line: ``sdpa_node_median_err=.. sdpa_sum_err=.. sdpa_nodes=N`` (percent, absolute per-node
 median; signed error of the summed kernel time).
@@ -19,13 +26,23 @@ from __future__ import annotations
 
 import argparse
 import copy
+import csv
 import statistics
 import sys
 from pathlib import Path
 
+from fxcost.cost_models.attention import attention_kind, fused_attention_ms
 from fxcost.cost_models.eager import kernel_ms
+from fxcost.cost_models.heads import default_heads
 from fxcost.gpus import UnknownDeviceError, get_device
-from fxcost.lowering.attention import ATTENTION_OPS, attention_call, choose_backend
+from fxcost.lowering.attention import (
+    ATTENTION_OPS,
+    AttentionCall,
+    Backend,
+    attention_call,
+    choose_backend,
+    fused_attention,
+)
 from fxcost.report import Report
 
 
@@ -34,10 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixtures", type=Path, default=Path("benchmarks/fixtures/gpu"))
     parser.add_argument("--rows", type=int, default=20, help="node rows printed per trace")
     parser.add_argument("--device", help="predict on this GPU instead of each trace's origin (a CPU trace)")
+    parser.add_argument("--sweeps", action="store_true", help="also compare the collect sweeps' SDPA rows")
     args = parser.parse_args(argv)
+    if args.sweeps:
+        sweeps(args.fixtures)
     errors: list[float] = []
     predicted_sum = recorded_sum = 0.0
-    for path in sorted(p for p in args.fixtures.rglob("*.json.gz") if not p.name.endswith("-kernels.json.gz")):
+    traces = (p for p in args.fixtures.rglob("*.json.gz") if not p.name.endswith("-kernels.json.gz"))
+    for path in sorted(traces):
         report = Report.load(path)
         try:
             target = get_device(args.device or report.origin)
@@ -77,6 +98,63 @@ def main(argv: list[str] | None = None) -> int:
     total = (predicted_sum - recorded_sum) / recorded_sum * 100 if recorded_sum else float("nan")
     print(f"sdpa_node_median_err={median:.1f} sdpa_sum_err={total:.1f} sdpa_nodes={len(errors)}")
     return 0
+
+
+def _recorded(kernels: str) -> Backend | None:
+    """The backend a sweep row's kernel names show (None: one fxcost does not read)."""
+    if "cudnn_generated" in kernels or "sdpa_sm90" in kernels:
+        return "cudnn"
+    if "fmha_cutlass" in kernels:
+        return "efficient"
+    if "flash_fwd" in kernels or "flash_bwd" in kernels:
+        return "flash"
+    return None
+
+
+def sweep_call(row: dict[str, str]) -> AttentionCall:
+    """The call of one sweep row (``B, H, S_q, S_k, D, causal``; ``Precision`` bf16, else fp32)."""
+    b, h, sq, sk, d = (int(row[k]) for k in ("B", "H", "S_q", "S_k", "D"))
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(row.get("Precision") or "fp32", "float32")
+    kernels = f"{row.get('Kernel Name', '')};{row.get('Kernels', '')}"
+    return AttentionCall(b, h, h, sq, sk, d, d, dtype, row["causal"] in ("1", "True", "true"), False, 0.0,
+                         row["OPName"].endswith("_bwd"), _recorded(kernels))  # fmt: skip
+
+
+def sweeps(fixtures: Path) -> None:
+    """Print predicted against recorded latency of every SDPA sweep row under ``fixtures``."""
+    heads = default_heads()
+    errors: list[float] = []
+    predicted_sum = recorded_sum = 0.0
+    for path in sorted(fixtures.rglob("ops/sdpa*/*.csv")):
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        file_errors: list[float] = []
+        for row in rows:
+            try:
+                device = get_device(row["Device"])
+            except UnknownDeviceError:
+                continue
+            call = sweep_call(row)
+            backend = choose_backend(call, device, row.get("Torch Version", "").lstrip("p") or None)
+            if backend == "math":
+                continue
+            sustained = heads.tensor_cores.sustained_tflops(device, attention_kind(call))
+            ms = fused_attention_ms(call, fused_attention(call, backend), device, sustained)
+            recorded = float(row["Latency"])
+            if ms is None or recorded <= 0:
+                continue
+            file_errors.append((ms - recorded) / recorded * 100)
+            predicted_sum += ms
+            recorded_sum += recorded
+        errors += [abs(e) for e in file_errors]
+        if file_errors:
+            print(f"sweep {path.relative_to(fixtures)}: rows={len(file_errors)} "
+                  f"median_err={statistics.median(abs(e) for e in file_errors):.1f} "
+                  f"median_signed={statistics.median(file_errors):.1f} "
+                  f"range={min(file_errors):.1f}..{max(file_errors):.1f}")  # fmt: skip
+    median = statistics.median(errors) if errors else float("nan")
+    total = (predicted_sum - recorded_sum) / recorded_sum * 100 if recorded_sum else float("nan")
+    print(f"sweep_median_err={median:.1f} sweep_sum_err={total:.1f} sweep_rows={len(errors)}")
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:

@@ -4,20 +4,30 @@ No measurement of a fused attention kernel is in the training data, and none of 
 may be fit: the time is built from spec-sheet rates and the kernel's launch structure
 (:class:`~fxcost.lowering.attention.FusedAttention`), nothing learned:
 
-- **Tensor-core work** per tile at the rate the kernel's instructions reach: FlashAttention-2 and
-  the CUTLASS memory-efficient kernel issue Ampere's ``mma.sync`` on every GPU, which on Hopper
-  reaches about two thirds of the ``wgmma`` rate its spec-sheet peak is quoted at
-  (:data:`MMA_SYNC_SHARE_SM90`); cuDNN's Hopper kernel issues ``wgmma``. fp32 inputs (memory-efficient
-  only) run three TF32 products per product on sm80 or newer (CUTLASS's ``OpMultiplyAddFastF32``)
-  and CUDA cores before. Operands staged through shared memory cap the rate at 128 bytes per clock per
-  SM times the FLOPs a warp's tile does per byte it loads (:func:`_intensity`).
+- **Tensor-core work** per tile at the rate the kernel's instructions reach: the GPU's *sustained*
+  tensor rate, the one its tensor-core GEMMs are priced at (a calibrated ``tl.dot`` rate, else the
+  spec-sheet peak times the share of it a large GEMM sustains:
+  :meth:`~fxcost.cost_models.heads.tensor_core.TensorCores.sustained_tflops`; the raw peak where the
+  caller has none). FlashAttention-2 and the CUTLASS memory-efficient kernel issue Ampere's
+  ``mma.sync`` on every GPU, which on Hopper reaches about two thirds of the ``wgmma`` rate
+  (:data:`MMA_SYNC_SHARE_SM90`); cuDNN's Hopper kernel issues ``wgmma``. fp32 inputs
+  (memory-efficient only) run three TF32 ``mma.sync`` per product on sm80 or newer (PyTorch's copy of
+  the kernel picks CUTLASS's ``OpMultiplyAddFastF32`` for float on sm80+, whatever
+  ``allow_tf32`` says), each loaded operand split in registers into a big and a small TF32 part (a
+  rounding add and a subtract, :data:`SPLIT_OPS_PER_OPERAND`), and CUDA cores before sm80. Operands
+  staged through shared memory cap the rate at 128 bytes per clock per SM times the FLOPs a warp's
+  tile does per byte it loads, which 4-byte operands halve (:func:`_intensity`).
 - **Softmax work** per score on the special-function units, 16 results per clock per SM on every
   NVIDIA GPU since Maxwell (CUDA C Programming Guide, arithmetic instruction throughput): one
   exponential, the packed conversion of each 16-bit matrix fed back to the tensor cores, and a few
   fp32 operations (scale, max, sum; the backward's ``dP - D`` and product with ``P``) at the CUDA-core
-  rate; Philox dropout adds its integer rounds. FlashAttention-2 runs the softmax between its two
-  GEMMs in the same warps, so the two add; cuDNN's Hopper kernel overlaps them (FlashAttention-3's
-  ping-pong schedule), so the larger counts.
+  rate; Philox dropout adds its integer rounds; an additive mask (Hugging Face's models pass one,
+  ``[B, 1, Sq, Sk]``, with ``is_causal=False``) a load, a 16-bit unpack and an add per score, and its
+  bytes. FlashAttention-2 runs the softmax between its two GEMMs in the same warps, so the two add;
+  cuDNN's Hopper kernel overlaps them, so the larger counts: it is warp-specialized like
+  FlashAttention-3 (its launches are 384 threads, a producer and two consumer warpgroups), whose
+  paper (Shah et al. 2024, §3.1) schedules one consumer's softmax under the other's ``wgmma``
+  (ping-pong) and a warpgroup's own softmax under its next ``wgmma`` (asynchronous issue).
 - **Waves**: thread blocks resident per SM from the occupancy calculator (the kernels use all 255
   registers a thread may have); the time is that of the busiest SM, at least the longest block
   (a causal forward's last query block walks every key tile).
@@ -37,8 +47,10 @@ from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import Device
 from fxcost.gpus.occupancy import blocks_per_sm
 from fxcost.lowering.attention import AttentionCall, FusedAttention
+from fxcost.precision import itemsize
 
-__all__ = ["EFFICIENT_BACKWARD_SHARE", "MMA_SYNC_SHARE_SM90", "fused_attention_ms"]
+__all__ = ["EFFICIENT_BACKWARD_SHARE", "MMA_SYNC_SHARE_SM90", "SPLIT_OPS_PER_OPERAND", "attention_kind",
+           "fused_attention_ms"]  # fmt: skip
 
 MMA_SYNC_SHARE_SM90 = 2 / 3
 """Share of Hopper's ``wgmma`` dense rate that Ampere-style ``mma.sync`` reaches (Luo et al.,
@@ -55,6 +67,13 @@ SMEM_BYTES_PER_CLOCK = 128  # per SM, Volta onwards (32 banks of 4 bytes)
 SFU_PER_CLOCK = 16  # exponentials and conversions per SM per clock, cc 5.x to 9.0
 REGISTERS_PER_THREAD = 255
 DROPOUT_OPS_PER_SCORE = 10  # Philox 4x32-10: ten rounds of two multiplies and xors per four numbers
+MASK_OPS_PER_SCORE = 2  # the mask element's load-and-unpack to fp32, and the add
+WARP_TILE = 32  # rows and columns of a warp's tile in the mma.sync kernels
+
+SPLIT_OPS_PER_OPERAND = 2
+"""CUDA-core operations per fp32 operand element a 3xTF32 warp loads (CUTLASS's ``FastF32``: the big
+part rounded by adding half a TF32 ulp to its bits, the small part ``x - big``, truncated by the tensor
+core for free)."""
 
 
 def _sm(device: Device) -> int:
@@ -62,17 +81,30 @@ def _sm(device: Device) -> int:
     return 10 * major + minor
 
 
-def _mma_tflops(call: AttentionCall, backend: str, device: Device) -> float | None:
-    """The tensor (or CUDA-core) rate the kernel's products reach on ``device``, TFLOP/s."""
+def attention_kind(call: AttentionCall) -> str:
+    """The tensor-core kind a call's products run at: its 16-bit dtype, or ``"tf32"`` for fp32 (the
+    3xTF32 products)."""
+    return "tf32" if call.dtype == "float32" else call.dtype
+
+
+def _split_fp32(call: AttentionCall, device: Device) -> bool:
+    """Whether fp32 products run as 3xTF32 on tensor cores (sm80 or newer with TF32 units)."""
     sm = _sm(device) if device.vendor == "NVIDIA" else 0
+    return call.dtype == "float32" and device.tf32_tflops is not None and sm >= 80
+
+
+def _mma_tflops(call: AttentionCall, backend: str, device: Device, sustained: float | None) -> float | None:
+    """The tensor (or CUDA-core) rate the kernel's products reach on ``device``, TFLOP/s, from the
+    ``sustained`` rate of the call's :func:`attention_kind` (the spec peak where None)."""
+    sm = _sm(device) if device.vendor == "NVIDIA" else 0
+    mma_sync = MMA_SYNC_SHARE_SM90 if sm >= 90 and backend != "cudnn" else 1.0
     if call.dtype == "float32":
-        if device.tf32_tflops is not None and sm >= 80:
-            return device.tf32_tflops / 3  # 3xTF32 keeps fp32's accuracy
+        if _split_fp32(call, device):
+            return (sustained or device.tf32_tflops or 0.0) * mma_sync / 3  # 3xTF32 keeps fp32's accuracy
         return device.fp32_tflops
     peak = device.bf16_tflops if call.dtype == "bfloat16" else device.fp16_tflops
-    if peak is None:
-        return None
-    return peak * (MMA_SYNC_SHARE_SM90 if sm >= 90 and backend != "cudnn" else 1.0)
+    rate = sustained or peak
+    return None if rate is None else rate * mma_sync
 
 
 def _intensity(backend: str, call: AttentionCall) -> float | None:
@@ -80,16 +112,22 @@ def _intensity(backend: str, call: AttentionCall) -> float | None:
 
     FlashAttention-2's forward keeps Q and P in registers and reads only K and V: a warp owning 32
     query rows does 2·32 FLOPs per loaded 2-byte element, 32 per byte. Its backward and the CUTLASS
-    kernels load both operands of a 32x32 warp tile: 32·32·2 / ((32 + 32)·2) = 16. cuDNN's Hopper
-    kernel feeds ``wgmma`` from shared memory at 64-row warpgroup tiles, beyond what binds.
+    kernels load both operands of a 32x32 warp tile: 32·32·2 / ((32 + 32)·2) = 16 per byte of 2-byte
+    operands, 8 of 4-byte ones. cuDNN's Hopper kernel feeds ``wgmma`` from shared memory at 64-row
+    warpgroup tiles, beyond what binds.
     """
     if backend == "cudnn":
         return None
-    return 32.0 if backend == "flash" and not call.backward else 16.0
+    per_element = 2.0 * WARP_TILE if backend == "flash" and not call.backward else float(WARP_TILE)
+    return per_element / itemsize(call.dtype)
 
 
-def fused_attention_ms(call: AttentionCall, fused: FusedAttention, device: Device) -> float | None:
+def fused_attention_ms(
+    call: AttentionCall, fused: FusedAttention, device: Device, sustained_tflops: float | None = None
+) -> float | None:
     """Kernel time of a fused attention call on ``device`` in ms, None where a rate is unknown.
+    ``sustained_tflops``: the GPU's sustained tensor rate for the call's :func:`attention_kind` (what the
+    tensor-core GEMMs are priced at); the spec peak where None.
 
     Example:
         >>> from fxcost.gpus import get_device
@@ -99,7 +137,7 @@ def fused_attention_ms(call: AttentionCall, fused: FusedAttention, device: Devic
         True
     """
     sms, clock_mhz, bandwidth = device.num_sms, device.boost_clock_mhz, device.mem_bandwidth_gbps
-    rate = _mma_tflops(call, fused.backend, device)
+    rate = _mma_tflops(call, fused.backend, device, sustained_tflops)
     if not (sms and clock_mhz and bandwidth and rate and device.fp32_tflops):
         return None
     clock_hz = clock_mhz * 1e6
@@ -111,10 +149,13 @@ def fused_attention_ms(call: AttentionCall, fused: FusedAttention, device: Devic
     # Softmax: SFU results (exponential; packed 16-bit conversions, two per instruction) and fp32 ops.
     half = call.dtype != "float32"
     sfu = 1 + (1.0 if call.backward else 0.5) * half
-    alu = 3 + (DROPOUT_OPS_PER_SCORE if call.dropout else 0)
+    alu = 3 + (DROPOUT_OPS_PER_SCORE if call.dropout else 0) + (MASK_OPS_PER_SCORE if call.masked else 0)
     alu_per_clock = device.fp32_tflops * 1e12 / (2 * sms * clock_hz)
     score_cycles = sfu / SFU_PER_CLOCK + alu / alu_per_clock
     mma_ms = fused.flops_per_tile / (rate * 1e9)
+    if _split_fp32(call, device):  # the big/small split of every loaded operand, in the same warps
+        split_ops = SPLIT_OPS_PER_OPERAND * fused.flops_per_tile / WARP_TILE  # a 32x32 tile: 32 FLOPs each
+        mma_ms += split_ops / (alu_per_clock * sms * clock_hz) * 1e3
     softmax_ms = fused.scores_per_tile * score_cycles / (sms * clock_hz) * 1e3
     tile_ms = max(mma_ms, softmax_ms) if fused.backend == "cudnn" else mma_ms + softmax_ms
     # Waves: the busiest SM's tiles against a perfect spread of them.

@@ -8,8 +8,9 @@ not counted, as PyTorch's own formulas do not count it. Queries, keys and values
 grouped-query attention gives keys and values fewer heads, and the work follows the queries' heads.
 
 **Which kernel** (:func:`choose_backend`): PyTorch tries its backends in the order of
-``torch._C._get_sdp_priority_order()`` (flash, memory-efficient, math, cuDNN by default, so cuDNN runs
-only where a user asks for it) and takes the first whose constraints the call meets
+``torch._C._get_sdp_priority_order()`` (flash, memory-efficient, math, cuDNN by default; cuDNN first
+on sm90/sm100 from PyTorch 2.8, :func:`priority`, read for the running torch, the one a capture ran in)
+and takes the first whose constraints the call meets
 (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``): flash wants fp16/bf16 on sm80 or newer,
 head dims equal and at most 256, no attention mask, a causal mask only on square scores, and on
 sm86/sm89 no gradient for head dims above 192; memory-efficient wants sm50 or newer (bf16 from sm80),
@@ -30,6 +31,7 @@ models price.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,14 +45,46 @@ from fxcost.precision import itemsize
 from fxcost.records import NodeCost, Shape
 
 __all__ = ["ATTENTION_OPS", "AttentionCall", "Backend", "FusedAttention", "attention_call",
-           "attention_flops", "attention_work", "choose_backend", "lower_attention", "math_work"]  # fmt: skip
+           "attention_flops", "attention_work", "choose_backend", "lower_attention", "math_work",
+           "priority"]  # fmt: skip
 
 aten = torch.ops.aten
 
 Backend = Literal["flash", "efficient", "cudnn", "math"]
 
-# torch._C._get_sdp_priority_order() of every PyTorch from 2.5 (cuDNN after math: a user must ask).
 PRIORITY: tuple[Backend, ...] = ("flash", "efficient", "math", "cudnn")
+"""PyTorch's default backend order (``priority_order`` in ``sdp_utils.cpp``): cuDNN after math."""
+
+CUDNN_FIRST: tuple[Backend, ...] = ("cudnn", "flash", "efficient", "math")
+"""The order where PyTorch prefers cuDNN (``check_prefer_cudnn_attention``): sm90 and sm100."""
+
+CUDNN_PREFERRED_SINCE = (2, 8)
+"""The first PyTorch that prefers cuDNN on sm90/sm100 by default (it ships cuDNN >= 9.9, which the
+preference requires; ``TORCH_CUDNN_SDPA_PREFERRED=0`` turns it off). 2.5.0 preferred it on Hopper too,
+2.5.1 made it opt-in again (the same variable set to 1), until 2.8. The H100 recordings (torch 2.11)
+ran cuDNN for masked and dropout calls, which the default order gives the memory-efficient kernel."""
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``"2.11.0+cu130"`` -> ``(2, 11, 0)``; the numeric head of each dot-separated part."""
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(x) for x in found.groups() if x is not None) if found else ()
+
+
+def priority(device: Device, torch_version: str | None = None) -> tuple[Backend, ...]:
+    """The order PyTorch ``torch_version`` (default: the running one, which a capture runs in) tries
+    its attention backends in on ``device``.
+
+    Example:
+        >>> from fxcost.gpus import get_device
+        >>> priority(get_device("H100-SXM"), "2.11.0+cu130")[0], priority(get_device("H100-SXM"), "2.6.0")[0]
+        ('cudnn', 'flash')
+    """
+    version = _version(torch_version or torch.__version__)
+    if device.vendor != "NVIDIA" or _sm(device) not in (90, 100):
+        return PRIORITY
+    preferred = version >= CUDNN_PREFERRED_SINCE or version[:3] == (2, 5, 0)
+    return CUDNN_FIRST if preferred else PRIORITY
 
 
 def _packets(*names: str) -> tuple[Any, ...]:
@@ -82,10 +116,14 @@ _MASK_AT: dict[str, tuple[int, int] | None] = {
     "_scaled_dot_product_flash_attention": None, "_scaled_dot_product_flash_attention_backward": None,
     "_scaled_dot_product_efficient_attention": (3, 3),
     "_scaled_dot_product_efficient_attention_backward": (4, 8),
-    "_scaled_dot_product_cudnn_attention": (3, 3), "_scaled_dot_product_cudnn_attention_backward": (8, 10),
+    "_scaled_dot_product_cudnn_attention": (3, 3), "_scaled_dot_product_cudnn_attention_backward": (8, 8),
     "_scaled_dot_product_fused_attention_overrideable": (3, 3),
-    "_scaled_dot_product_fused_attention_overrideable_backward": (4, 6),
+    "_scaled_dot_product_fused_attention_overrideable_backward": (4, 8),
 }  # fmt: skip
+# A capture records the tensors it was given: an absent mask, and the nested-tensor offsets (cum_seq_q,
+# cum_seq_k) of a dense call, are None and take no place among the shapes; the philox seed and offset
+# are 0-d tensors that are always there. So the backwards' counts are those of grad_out, q, k, v, out,
+# logsumexp and the two philox tensors: 8.
 
 
 def attention_flops(q: Shape, k: Shape, v: Shape, causal: bool, backward: bool) -> int:
@@ -93,7 +131,7 @@ def attention_flops(q: Shape, k: Shape, v: Shape, causal: bool, backward: bool) 
 
     Example:
         >>> attention_flops((2, 4, 128, 64), (2, 4, 128, 64), (2, 4, 128, 64), causal=False, backward=False)
-        16777216
+        33554432
     """
     heads, sq, d = math.prod(q[:-2]), q[-2], q[-1]
     sk, dv = k[-2], v[-1]
@@ -131,6 +169,8 @@ class AttentionCall:
         dtype: the inputs' dtype name. causal: ``is_causal``. masked: an attention mask is passed.
         dropout: ``dropout_p``. backward: the backward op.
         recorded: the kernel a GPU capture recorded; None for a CPU kernel (the target chooses).
+        mask_bytes: bytes of the additive mask as passed (0 without one; a mask broadcast over the
+            heads, ``[B, 1, Sq, Sk]`` as Hugging Face's models pass it, counts once).
     """
 
     batch: int
@@ -146,6 +186,7 @@ class AttentionCall:
     dropout: float
     backward: bool
     recorded: Backend | None
+    mask_bytes: int = 0
 
 
 def attention_call(node: NodeCost) -> AttentionCall | None:
@@ -161,11 +202,15 @@ def attention_call(node: NodeCost) -> AttentionCall | None:
         return None
     where = _MASK_AT.get(packet)
     masked = where is not None and len(node.in_shapes) > where[1] and len(node.in_shapes[where[0]]) >= 2
+    mask_bytes = 0
+    if masked and where is not None:
+        mask_dtype = node.in_dtypes[where[0]] if len(node.in_dtypes) > where[0] else node.in_dtypes[first]
+        mask_bytes = math.prod(node.in_shapes[where[0]]) * itemsize(mask_dtype)
     return AttentionCall(
         batch=math.prod(q[:-3]), heads=q[-3], kv_heads=k[-3], sq=q[-2], sk=k[-2], d=q[-1], dv=v[-1],
         dtype=node.in_dtypes[first], causal=bool(node.args.get("is_causal")), masked=masked,
         dropout=float(node.args.get("dropout_p") or 0.0), backward=backward,
-        recorded=_RECORDED.get(forward_name),
+        recorded=_RECORDED.get(forward_name), mask_bytes=mask_bytes,
     )  # fmt: skip
 
 
@@ -204,19 +249,23 @@ def _supports(backend: Backend, call: AttentionCall, device: Device) -> bool:
     return sm >= 80 and half and call.d == call.dv and call.d <= 128 and call.d % 8 == 0  # cuDNN
 
 
-def choose_backend(call: AttentionCall, device: Device) -> Backend:
+def choose_backend(call: AttentionCall, device: Device, torch_version: str | None = None) -> Backend:
     """The kernel PyTorch runs ``call`` with on ``device``: the recorded one if the target can run it,
-    else the first backend in PyTorch's priority order whose constraints admit the call.
+    else the first backend in the :func:`priority` order of ``torch_version`` (default: the running
+    torch) whose constraints admit the call.
 
     Example:
         >>> from fxcost.gpus import get_device
         >>> call = AttentionCall(2, 8, 8, 512, 512, 64, 64, "bfloat16", True, False, 0.0, False, None)
-        >>> choose_backend(call, get_device("H100-SXM")), choose_backend(call, get_device("V100-SXM2-16GB"))
+        >>> a100, v100, h100 = (get_device(n) for n in ("A100-SXM4-80GB", "V100-SXM2-16GB", "H100-SXM"))
+        >>> choose_backend(call, a100), choose_backend(call, v100)
         ('flash', 'math')
+        >>> choose_backend(call, h100, "2.11.0"), choose_backend(call, h100, "2.7.1")
+        ('cudnn', 'flash')
     """
     if call.recorded is not None and _supports(call.recorded, call, device):
         return call.recorded
-    return next(b for b in PRIORITY if _supports(b, call, device))
+    return next(b for b in priority(device, torch_version) if _supports(b, call, device))
 
 
 @dataclass(frozen=True)
@@ -252,7 +301,10 @@ class FusedAttention:
 def _tiles(backend: Backend, call: AttentionCall) -> tuple[int, int, int]:
     """(rows per block, tile, warps) of a kernel: FlashAttention-2's kernel traits for sm80/sm90 as
     PyTorch builds them (``flash_fwd_launch_template.h``, ``flash_bwd_launch_template.h``), the CUTLASS
-    memory-efficient kernel's (``kernel_forward.h``, ``kernel_backward.h``), cuDNN's sm90 kernel's."""
+    memory-efficient kernel's (the ``fmha_cutlassF_{dtype}_aligned_{queries}x{keys}`` instances PyTorch
+    generates: 64x64 up to head dim 64, 64x128 up to 128, 32x128 beyond; one warp per 32x32 of the
+    block; ``kernel_backward.h``), cuDNN's sm90 kernels' (FlashAttention-3's layout: a producer and two
+    consumer warpgroups, 384 threads, forward and backward)."""
     d = max(call.d, call.dv)
     if backend == "flash":
         if call.backward:
@@ -261,8 +313,8 @@ def _tiles(backend: Backend, call: AttentionCall) -> tuple[int, int, int]:
     if backend == "efficient":
         if call.backward:
             return (64, 64, 4) if d <= 64 else (128, 64, 8)
-        return (64, 64, 4) if d <= 64 else (32, 128, 4)
-    return (128, 128, 12) if not call.backward else (128, 64, 8)  # cuDNN: three warpgroups forward
+        return (64, 64, 4) if d <= 64 else (64, 128, 8) if d <= 128 else (32, 128, 4)
+    return (128, 128, 12) if not call.backward else (128, 64, 12)  # cuDNN: three warpgroups
 
 
 def fused_attention(call: AttentionCall, backend: Backend) -> FusedAttention:
@@ -287,11 +339,12 @@ def fused_attention(call: AttentionCall, backend: Backend) -> FusedAttention:
     if call.backward:
         # dQ's fp32 accumulator takes every key block's atomics in L2 and reaches DRAM about once.
         dq_accum = bh * call.sq * call.d * 4
-        main = q + 2 * kv + 2 * o + 2 * lse + dq_accum  # read Q K V O dO LSE D; write dK dV, dQ fp32
+        # read Q K V O dO LSE D and the mask; write dK dV, dQ fp32
+        main = q + 2 * kv + 2 * o + 2 * lse + dq_accum + call.mask_bytes
         # D = rowsum(dO·O) before; dQ from fp32 to the dtype after.
         passes: tuple[int, ...] = (2 * o + lse, bh * call.sq * call.d * (4 + size))
     else:
-        main, passes = q + kv + o + lse, tuple[int, ...]()
+        main, passes = q + kv + o + lse + call.mask_bytes, tuple[int, ...]()
     return FusedAttention(
         backend=backend, warps=warps, block_rows=rows, tile=tile, blocks=owned * bh,
         tiles_per_block=tuple(max(w, 0) for w in per_block), shared_memory_bytes=smem,

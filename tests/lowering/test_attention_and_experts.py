@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 import fxcost
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.attention import fused_attention_ms
+from fxcost.cost_models.attention import MMA_SYNC_SHARE_SM90, attention_kind, fused_attention_ms
 from fxcost.cost_models.eager import hidden_overhead_ms
-from fxcost.cost_models.heads import LOWERED, Heads, head_of
+from fxcost.cost_models.heads import LOWERED, Heads, default_heads, head_of
 from fxcost.gpus import get_device
 from fxcost.lowering import count_flops, is_matmul_class
 from fxcost.lowering.attention import (
@@ -28,6 +28,7 @@ from fxcost.lowering.attention import (
     fused_attention,
     lower_attention,
     math_work,
+    priority,
 )
 from fxcost.lowering.experts import grouped_mm_flops, lower_grouped_mm
 from fxcost.records import NodeCost
@@ -192,7 +193,94 @@ def _call(dtype: str = "bfloat16", d: int = 64, masked: bool = False, causal: bo
     ],
 )
 def test_backend_follows_pytorchs_selection(device: str, call: AttentionCall, backend: str) -> None:
-    assert choose_backend(call, get_device(device)) == backend
+    assert choose_backend(call, get_device(device), "2.7.1") == backend  # the default order
+
+
+@pytest.mark.parametrize(
+    ("device", "call", "version", "backend"),
+    [
+        ("H100-SXM", _call(), "2.11.0+cu130", "cudnn"),  # cuDNN first on sm90 from 2.8
+        ("H100-SXM", _call(masked=True, dropout=0.1), "2.8.0", "cudnn"),  # HF's masked calls
+        ("H100-SXM", _call(masked=True), "2.7.1", "efficient"),
+        ("H100-SXM", _call(), "2.5.0", "cudnn"),  # 2.5.0 preferred it, 2.5.1 made it opt-in
+        ("H100-SXM", _call(), "2.5.1", "flash"),
+        ("H100-SXM", _call(d=256), "2.11.0", "flash"),  # cuDNN stops at head dim 128
+        ("H100-SXM", _call("float32"), "2.11.0", "efficient"),  # cuDNN wants 16-bit inputs
+        ("B200", _call(), "2.11.0", "cudnn"),
+        ("A100-SXM4-40GB", _call(), "2.11.0", "flash"),  # only sm90 and sm100 prefer it
+        ("H100-SXM", _call(recorded="flash"), "2.11.0", "flash"),  # a GPU capture's kernel is kept
+    ],
+)
+def test_backend_follows_the_capture_torchs_order(
+    device: str, call: AttentionCall, version: str, backend: str
+) -> None:
+    assert choose_backend(call, get_device(device), version) == backend
+
+
+def test_priority_reads_the_running_torch_by_default() -> None:
+    h100 = get_device("H100-SXM")
+    assert priority(h100) == priority(h100, torch.__version__)
+    assert priority(h100, "2.11.0")[0] == "cudnn" and priority(h100, "2.6.0")[-1] == "cudnn"
+
+
+def _cudnn_backward_node(mask: bool) -> NodeCost:
+    """A cuDNN backward as a GPU capture records it: the None nested-tensor offsets take no place."""
+    qkv, lse = (4, 16, 256, 64), (4, 16, 256, 1)
+    shapes = [qkv] * 5 + [lse, (), ()] + ([(4, 1, 256, 256)] if mask else [])
+    dtypes = ["bfloat16"] * 5 + ["float32", "int64", "int64"] + (["bfloat16"] if mask else [])
+    op = "aten._scaled_dot_product_cudnn_attention_backward.default"
+    args = {"cum_seq_q": None, "cum_seq_k": None, "dropout_p": 0.0, "is_causal": False}
+    return NodeCost(name="sdpa_bw", op=op, phase="bw", in_shapes=shapes, in_dtypes=dtypes,
+                    out_shapes=[qkv] * 3, out_dtypes=["bfloat16"] * 3, args=args)  # fmt: skip
+
+
+def test_the_cudnn_backward_reads_its_attention_bias() -> None:
+    masked, plain = (attention_call(_cudnn_backward_node(m)) for m in (True, False))
+    assert masked is not None and masked.masked and masked.backward and masked.recorded == "cudnn"
+    assert masked.mask_bytes == 4 * 256 * 256 * 2  # broadcast over the heads: read once
+    assert plain is not None and not plain.masked and plain.mask_bytes == 0
+
+
+def test_an_additive_mask_costs_its_bytes_and_its_per_score_work() -> None:
+    h100 = get_device("H100-SXM")
+    for backward in (False, True):
+        plain = _call(s=2048, backward=backward)
+        masked = replace(plain, masked=True, mask_bytes=plain.batch * plain.sq * plain.sk * 2)
+        for backend in ("cudnn", "efficient"):
+            a, b = fused_attention(plain, backend), fused_attention(masked, backend)
+            assert b.bytes_main == a.bytes_main + masked.mask_bytes
+            ms_a, ms_b = fused_attention_ms(plain, a, h100), fused_attention_ms(masked, b, h100)
+            assert ms_a is not None and ms_b is not None and ms_b >= ms_a
+            # cuDNN's backward at head dim 64 is bound by its GEMMs, under which the softmax overlaps.
+            assert ms_b > ms_a or (backend == "cudnn" and backward)
+
+
+def test_fused_attention_runs_at_the_sustained_tensor_rate() -> None:
+    """cuDNN's wgmma at the rate the tensor-core GEMMs are priced at: a long call's time follows it."""
+    h100 = get_device("H100-SXM")
+    call = _call(s=4096, d=128)
+    fused = fused_attention(call, "cudnn")
+    peak = fused_attention_ms(call, fused, h100)
+    half = fused_attention_ms(call, fused, h100, h100.bf16_tflops / 2)
+    assert peak is not None and half is not None
+    assert half == pytest.approx(2 * peak, rel=0.05)
+    assert fused_attention_ms(call, fused, h100, h100.bf16_tflops) == pytest.approx(peak)
+
+
+def test_fp32_memory_efficient_attention_runs_three_tf32_products_per_product() -> None:
+    """PyTorch's fp32 CUTLASS kernel (fmha_cutlassF_f32_aligned_64x128_rf_sm80 at head dim 128) issues
+    3xTF32 mma.sync whatever allow_tf32 says: no faster than a third of Hopper's mma.sync TF32 rate."""
+    h100 = get_device("H100-SXM")
+    call = _call("float32", d=128, s=2048)
+    fused = fused_attention(call, "efficient")
+    assert (fused.block_rows, fused.tile, fused.warps) == (64, 128, 8)
+    ms = fused_attention_ms(call, fused, h100)
+    q = (call.batch, call.heads, call.sq, call.d)
+    assert ms is not None and h100.tf32_tflops is not None
+    assert ms >= attention_flops(q, q, q, False, False) / (h100.tf32_tflops * MMA_SYNC_SHARE_SM90 / 3 * 1e9)
+    half = fused_attention_ms(_call("bfloat16", d=128, s=2048), fused_attention(_call(d=128, s=2048),
+                              "efficient"), h100)  # fmt: skip
+    assert half is not None and ms > 4 * half
 
 
 def test_causal_fused_attention_skips_the_tiles_above_the_diagonal() -> None:
@@ -264,12 +352,15 @@ def test_cpu_captured_sdpa_is_priced_as_the_kernel_the_gpu_runs() -> None:
     for node in sdpa:
         call = attention_call(node)
         assert call is not None and call.causal and not call.masked and call.dtype == "bfloat16"
-        assert choose_backend(call, h100) == "flash" and choose_backend(call, v100) == "math"
+        assert choose_backend(call, h100, "2.7.1") == "flash" and choose_backend(call, v100) == "math"
+        backend = choose_backend(call, h100)  # the running torch's choice, which the prediction prices
+        assert backend == priority(h100)[0]
         assert node.flops and node.flops > 0
         assert node.pred_source[h100.name] == "mlp" and node.pred_source[v100.name] == "mlp"
         ms = node.pred_ms[h100.name]
         assert ms is not None and ms >= node.flops / (h100.bf16_tflops * 1e9)
-        kernel = fused_attention_ms(call, fused_attention(call, "flash"), h100)
+        sustained = default_heads().tensor_cores.sustained_tflops(h100, attention_kind(call))
+        kernel = fused_attention_ms(call, fused_attention(call, backend), h100, sustained)
         assert ms == pytest.approx(kernel + hidden_overhead_ms(h100))  # timed alone, as the heads predict
         # The math path writes S through memory: far slower than the fused kernel on the faster GPU.
         assert node.pred_ms[v100.name] > 3 * ms

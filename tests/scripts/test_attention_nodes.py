@@ -3,13 +3,17 @@ per-node and summed errors against recorded kernel times."""
 
 from __future__ import annotations
 
+import csv
+
 import torch
 import torch.nn.functional as F
 
 import fxcost
+from fxcost.cost_models.attention import fused_attention_ms
 from fxcost.cost_models.eager import kernel_ms
+from fxcost.cost_models.heads import default_heads
 from fxcost.gpus import get_device
-from fxcost.lowering.attention import ATTENTION_OPS
+from fxcost.lowering.attention import ATTENTION_OPS, fused_attention
 from fxcost.records import KernelRecord
 
 
@@ -40,3 +44,30 @@ def test_attention_nodes_compares_sdpa_nodes_with_their_kernels(load_script, tmp
     assert fields["sdpa_nodes"] == "2"
     assert float(fields["sdpa_node_median_err"]) == 50.0
     assert float(fields["sdpa_sum_err"]) == -50.0
+
+
+def test_attention_nodes_reads_the_collect_sweeps(load_script, tmp_path, capsys) -> None:
+    """A sweep row is priced as the kernel it ran (cuDNN here), the error against its latency."""
+    script = load_script("benchmarks/attention_nodes.py")
+    h100 = get_device("H100-SXM")
+    row = {"OPName": "sdpa", "Device": "NVIDIA H100 80GB HBM3", "Torch Version": "p2.11.0",
+           "Kernel Name": "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16", "Kernels": "",
+           "B": "4", "H": "16", "S_q": "1024", "S_k": "1024", "D": "128", "causal": "0",
+           "Precision": "bf16"}  # fmt: skip
+    call = script.sweep_call(row)
+    assert call.recorded == "cudnn" and call.dtype == "bfloat16" and not call.causal and not call.backward
+    sustained = default_heads().tensor_cores.sustained_tflops(h100, "bfloat16")
+    ms = fused_attention_ms(call, fused_attention(call, "cudnn"), h100, sustained)
+    assert ms is not None
+    folder = tmp_path / "NVIDIA_H100_80GB_HBM3" / "collect" / "bf16" / "ops" / "sdpa"
+    folder.mkdir(parents=True)
+    with (folder / "NVIDIA_H100_80GB_HBM3.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*row, "Latency"])
+        writer.writeheader()
+        writer.writerow({**row, "Latency": str(ms / 2)})  # recorded twice as fast as predicted
+        fp32 = {**row, "Precision": "", "Kernel Name": "fmha_cutlassF_f32_aligned_64x128_rf_sm80"}
+        assert script.sweep_call(fp32).dtype == "float32" and script.sweep_call(fp32).recorded == "efficient"
+    assert script.main(["--fixtures", str(tmp_path), "--sweeps"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    fields = dict(item.split("=") for item in lines[-2].split())
+    assert fields == {"sweep_median_err": "100.0", "sweep_sum_err": "100.0", "sweep_rows": "1"}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fxcost.cost_models.attention import fused_attention_ms
+from fxcost.cost_models.attention import attention_kind, fused_attention_ms
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads.axis import AxisTables
 from fxcost.cost_models.heads.elementwise import SizeTables
@@ -137,7 +137,10 @@ class Heads:
             ms = self.predict(NodeBatch.of([w for w, _ in work]), device)
             return float(np.sum(ms * [c for _, c in work]))
         call = attention_call(node)
-        fused_ms = fused_attention_ms(call, work, device) if call is not None else None
+        if call is None:
+            return math.nan
+        sustained = self.tensor_cores.sustained_tflops(device, attention_kind(call))
+        fused_ms = fused_attention_ms(call, work, device, sustained)
         return math.nan if fused_ms is None else fused_ms + hidden_overhead_ms(device)
 
 
