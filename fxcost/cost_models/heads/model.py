@@ -92,7 +92,8 @@ class Heads:
             # Kept with the batch: pricing it on another GPU reuses every GPU's kernel times.
             kept = batch.derived(f"heads.tensor.{id(self)}", dict)
             ms = self.tensor_cores.predict(works, device, kept)
-            ms = self._below_untensored(batch, index, works, kept, ms, device)
+            if np.isfinite(ms).any():
+                ms = self._below_untensored(batch, index, works, kept, ms, device)
             # A GPU without tensor cores for a node's precision keeps the heads' fp32-twin reading.
             out[index] = np.where(np.isfinite(ms), ms, out[index])
         return out
