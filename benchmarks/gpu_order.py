@@ -3,8 +3,9 @@
 For every pair of GPUs in the database where one is at least as strong as the other in each spec that
 sets speed (fp32, TF32, fp16 and bf16 peaks, DRAM bandwidth, SMs, L2, boost clock, power), a grid of GEMM,
 batched-GEMM (attention's score and value products), convolution, layer-norm, softmax and
-elementwise shapes is
-predicted on both with the default origin-free policy. Printed per op class: the pairs and shapes
+elementwise shapes (fp32; GEMMs, batched GEMMs and convolutions also in bf16, GEMMs in TF32) is
+predicted on both with the default origin-free policy: the time each node is priced at (the op
+timed alone). Printed per op class: the pairs and shapes
 compared, the share where the stronger GPU is predicted slower (more than 0.1%), and the worst ratio.
 
     python benchmarks/gpu_order.py [--heads DIR]
@@ -47,6 +48,12 @@ def shapes() -> dict[str, list[NodeCost]]:
                         for k in SIZES[2:]],
         "elementwise": [kernel_alike_node(op, r, w) for op in ("add", "gelu") for r in SIZES
                         for w in (64, 1024, 8192)],
+        "bmm_bf16": [_bf16(gemm_node("bmm", b, s, s, d)) for b in (1, 12, 96) for s in (64, 128, 512, 2048)
+                     for d in (64, 128)],
+        "conv_bf16": [_bf16(conv_node(b, c, o, 3, s, 1, 1)) for b in (1, 8, 32) for c in (3, 64, 256)
+                      for o in (64, 256) for s in (7, 28, 56)],
+        "linear_tf32": [dataclasses.replace(gemm_node("linear", 1, m, n, k), tf32=True) for m in SIZES
+                        for n in SIZES[2:] for k in SIZES[2:]],
     }  # fmt: skip
 
 

@@ -2,15 +2,18 @@
 
 A GPU at least as strong as another in each of :data:`STRENGTH_SPECS` and in the peak of every
 precision can run anything the other runs at least as fast: the origin-free model never predicts it
-slower (see :mod:`fxcost.cost_models.heads.envelope`), and ``benchmarks/gpu_order.py`` checks that
-over a grid of shapes.
+slower (see :mod:`fxcost.cost_models.heads.envelope` and, for tensor-core work,
+:mod:`fxcost.cost_models.heads.tensor_core`), and ``benchmarks/gpu_order.py`` checks that over a
+grid of shapes.
 """
 
 from __future__ import annotations
 
+import threading
+
 from fxcost.gpus import Device, all_devices
 
-__all__ = ["STRENGTH_SPECS", "comparable", "strength", "weaker_than"]
+__all__ = ["STRENGTH_SPECS", "comparable", "strength", "stronger_than", "weaker_than"]
 
 STRENGTH_SPECS = ("fp32_tflops", "mem_bandwidth_gbps", "num_sms", "l2_cache_mb", "boost_clock_mhz", "tdp_w")
 """Peak fp32 rate, DRAM bandwidth, SMs, L2, boost clock and power."""
@@ -31,33 +34,52 @@ def weaker_than(device: Device) -> list[Device]:
     """The database's GPUs ``device`` matches or beats on every :func:`strength` value, not equal on
     all of them (GPUs with an unknown spec are comparable with none). Kept per database state: the
     eager step asks it for every price."""
+    return list(_related(device)[0])
+
+
+def stronger_than(device: Device) -> list[Device]:
+    """The database's GPUs that match or beat ``device`` on every :func:`strength` value, not equal on
+    all of them: those that count ``device`` among their :func:`weaker_than` (for a GPU of the
+    database). If one GPU beats another, its own stronger GPUs beat the other too."""
+    return list(_related(device)[1])
+
+
+def _related(device: Device) -> tuple[list[Device], list[Device]]:
+    """(weaker, stronger) GPUs of the database, kept per database state."""
     global _database
     database = tuple(map(id, all_devices()))
-    if database != _database:  # GPUs added or changed (load_devices): compare again
-        _weaker.clear()
-        _database = database
-    found = _weaker.get(device)
+    with _lock:
+        if database != _database:  # GPUs added or changed (load_devices): compare again
+            _found.clear()
+            _database = database
+        found = _found.get(device)
     if found is None:
-        found = _weaker[device] = _weaker_than(device)
-    return list(found)
+        found = _compare(device)
+        with _lock:
+            if database == _database:
+                _found[device] = found
+    return found
 
 
-def _weaker_than(device: Device) -> list[Device]:
+def _compare(device: Device) -> tuple[list[Device], list[Device]]:
     mine = strength(device)
     if mine is None:
-        return []
-    weaker = []
+        return [], []
+    weaker, stronger = [], []
     for other in all_devices():
         theirs = strength(other)
-        if other.name == device.name or theirs is None:
+        if other.name == device.name or theirs is None or mine == theirs:
             continue
-        if all(a >= b for a, b in zip(mine, theirs, strict=True)) and mine != theirs:
+        if all(a >= b for a, b in zip(mine, theirs, strict=True)):
             weaker.append(other)
-    return weaker
+        elif all(a <= b for a, b in zip(mine, theirs, strict=True)):
+            stronger.append(other)
+    return weaker, stronger
 
 
 _database: tuple[int, ...] = ()
-_weaker: dict[Device, list[Device]] = {}
+_found: dict[Device, tuple[list[Device], list[Device]]] = {}
+_lock = threading.Lock()
 
 
 def comparable() -> list[Device]:

@@ -35,6 +35,7 @@ from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
+from fxcost.gpus.order import weaker_than
 from fxcost.lowering import lower
 from fxcost.lowering.attention import ATTENTION_OPS, attention_call, attention_work
 from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
@@ -51,7 +52,8 @@ class Heads:
     GEMMs and convolutions that run on tensor cores (bf16, fp16, TF32) are priced by their tiles and
     waves at the GPU's sustained tensor rate (:mod:`~fxcost.cost_models.heads.tensor_core`), that
     rate read from the ``linear`` head's efficiency on a large fp32 GEMM; on a GPU without tensor
-    cores for them, by the heads as their fp32 twins.
+    cores for them, by the heads as their fp32 twins, and a GPU that beats such a GPU is never priced
+    slower than it.
 
     Each instance keeps its own size tables (elementwise) and axis tables (the other heads);
     :func:`default_heads` is the instance the registered ``mlp`` and ``mlp_ratio`` models share.
@@ -72,8 +74,7 @@ class Heads:
         full waves of full tiles; NaN without a ``linear`` head or the specs it reads."""
         share = self._shares.get(device)
         if share is None:
-            size = _REFERENCE_GEMM
-            batch = NodeBatch.of([gemm_node("linear", 1, size, size, size)])
+            batch = _reference_batch()
             ms = float(self._predict_heads(batch, device)[0]) if "linear" in self.heads else math.nan
             share = self._shares[device] = float(roofline_ms(batch, device)[0]) / ms
         return share
@@ -88,10 +89,38 @@ class Heads:
         tensor = batch.derived("heads.tensor", lambda: _tensor_works(batch))
         if tensor is not None:
             index, works = tensor
-            ms = self.tensor_cores.predict(works, device)
+            # Kept with the batch: pricing it on another GPU reuses every GPU's kernel times.
+            kept = batch.derived(f"heads.tensor.{id(self)}", dict)
+            ms = self.tensor_cores.predict(works, device, kept)
+            if np.isfinite(ms).any():
+                ms = self._below_untensored(batch, index, works, kept, ms, device)
             # A GPU without tensor cores for a node's precision keeps the heads' fp32-twin reading.
             out[index] = np.where(np.isfinite(ms), ms, out[index])
         return out
+
+    def _below_untensored(
+        self,
+        batch: NodeBatch,
+        index: np.ndarray,
+        works: list[TensorWork],
+        kept: dict[object, object],
+        ms: np.ndarray,
+        device: Device,
+    ) -> np.ndarray:
+        """``ms`` (the tensor-core times of ``batch``'s nodes at ``index`` on ``device``) never above the
+        heads' time on a GPU it beats that has no tensor cores for a node's kind (a V100's TF32): that
+        GPU prices it as its fp32 twin, by the heads, and a GPU that beats it is never slower."""
+        for weaker in weaker_than(device):
+            lacking = np.isfinite(ms) & ~np.isfinite(self.tensor_cores.predict(works, weaker, kept))
+            if lacking.any():
+                sub = batch.derived(
+                    "heads.tensor.batch", lambda: NodeBatch.of([batch.nodes[i] for i in index])
+                )
+                theirs = sub.derived(
+                    f"heads.{id(self)}.{weaker.name}", functools.partial(self._predict_heads, sub, weaker)
+                )
+                ms = np.where(lacking, np.fmin(ms, theirs), ms)
+        return ms
 
     def _predict_heads(self, batch: NodeBatch, device: Device) -> np.ndarray:
         out = np.where(batch.has_kernel, np.nan, 0.0)
@@ -146,6 +175,14 @@ class Heads:
 
 # The size of the square fp32 GEMM whose efficiency stands for the share of its peaks a GPU sustains.
 _REFERENCE_GEMM = 4096
+
+
+@functools.cache
+def _reference_batch() -> NodeBatch:
+    """The square fp32 GEMM of :meth:`Heads.sustained_share`, one batch for every GPU (its groups are
+    derived once)."""
+    size = _REFERENCE_GEMM
+    return NodeBatch.of([gemm_node("linear", 1, size, size, size)])
 
 
 def _tensor_works(batch: NodeBatch) -> tuple[np.ndarray, list[TensorWork]] | None:

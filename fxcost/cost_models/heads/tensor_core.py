@@ -31,9 +31,19 @@ Grouped, dilated and transposed convolutions stay with the heads.
 
 Every term grows with every problem dim (tile counts and padded K are ceilings, the candidates are
 fixed), so the minimum over candidates never falls as the problem grows (but for alignment, below).
-Across GPUs a kernel time is the smallest of the GPU's own and those of the GPUs it beats on every
-spec (:func:`fxcost.gpus.order.weaker_than`): a stronger GPU never runs one longer. A calibrated
-GPU keeps its own measured rate.
+
+**GPU order.** Across GPUs a kernel time is the smallest of the GPU's own and those of the GPUs it
+beats on every spec (:func:`fxcost.gpus.order.weaker_than`; a calibrated GPU keeps its own measured
+rate). The time a node is priced at, the one users read, is that of the op timed alone: the kernel
+plus the per-op overhead an eager step hides again (:func:`~fxcost.cost_models.eager.hidden_overhead_ms`,
+which grows with the GPUs a GPU beats, so that the heads' kernel times keep GPU order). Kernel plus
+that overhead is no order: a floor-bound GEMM took 3 us on an RTX 4090 and on an A10, plus 27 us on
+the one (it beats a P100, whose host's harness took 27 us) and 18 us on the other. So the isolated
+time is the largest of the GPU's own (kernel plus overhead) and those of every GPU that beats it
+(:func:`fxcost.gpus.order.stronger_than`): a GPU that beats another has fewer GPUs above it, so it is
+never priced slower, by construction; the kernel time the step takes back off is never below the
+GPU's own (no kernel cut under its floor), and keeps GPU order too. The price: a weaker GPU's
+floor-bound GEMMs carry the larger overhead of the GPUs above it (up to 12 us on a tiny kernel).
 
 A GEMM whose dims are not multiples of 16 bytes runs on narrow-load kernels (cuBLAS ``align1`` /
 ``align2``), at the share of the rate its load width allows (:func:`load_share`): GPT-2's 50,257-word
@@ -52,8 +62,8 @@ import numpy as np
 
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
-from fxcost.gpus import Device
-from fxcost.gpus.order import weaker_than
+from fxcost.gpus import Device, all_devices
+from fxcost.gpus.order import comparable, stronger_than, weaker_than
 from fxcost.lowering.nodes import MATMULS, gemm_dims
 from fxcost.precision import HALF_DTYPES, itemsize
 from fxcost.records import NodeCost
@@ -236,18 +246,21 @@ def gemm_kernel_ms(
     dims: np.ndarray,
     nbytes: np.ndarray,
     sustained_tflops: np.ndarray,
-    device: Device,
+    sms: np.ndarray | float,
+    bandwidth_gbps: np.ndarray | float,
     load_shares: np.ndarray | float = 1.0,
 ) -> np.ndarray:
-    """Kernel time (ms) of tensor-core GEMMs on ``device``: ``dims`` rows of (batch, M, N, K),
-    ``nbytes`` their DRAM bytes, each at its ``sustained_tflops``; the fastest tile and split-K, and
-    never less than the work at the share of the rate its operand loads allow (:func:`load_share`:
-    a bound apart from the tiles, so doubling a dim, which at most doubles the share, never gives a
-    shorter time)."""
-    sms = float(device.num_sms or np.nan)
-    bandwidth = float(device.bandwidth_gbps or np.nan) * 1e6  # bytes per ms
+    """Kernel time (ms) of tensor-core GEMMs: ``dims`` rows of (batch, M, N, K), ``nbytes`` their DRAM
+    bytes, each at its ``sustained_tflops`` on a GPU of ``sms`` SMs and ``bandwidth_gbps`` achieved
+    bandwidth (per row, so that one call prices many GPUs); the fastest tile and split-K, and never
+    less than the work at the share of the rate its operand loads allow (:func:`load_share`: a bound
+    apart from the tiles, so doubling a dim, which at most doubles the share, never gives a shorter
+    time)."""
+    sms = np.asarray(sms, dtype=np.float64)
+    bandwidth = np.asarray(bandwidth_gbps, dtype=np.float64) * 1e6  # bytes per ms
+    rates = np.asarray(sustained_tflops, dtype=np.float64) * 1e9  # FLOPs per ms
     b, m, n, k = (dims[:, i].astype(np.float64) for i in range(4))
-    per_sm = np.asarray(sustained_tflops, dtype=np.float64) * 1e9 / sms  # FLOPs per ms per SM
+    per_sm = rates / sms
     best = np.full(len(dims), np.inf)
     for tile in TILES:
         tm, tn = tile
@@ -256,20 +269,20 @@ def gemm_kernel_ms(
         for split in SPLITS:
             slice_k = np.ceil(np.ceil(k / split) / _K_STEP) * _K_STEP
             waves = np.ceil(tiles * split / sms)
-            compute = waves * 2.0 * tm * tn * slice_k / rate
+            compute = waves * (2.0 * tm * tn) * slice_k / rate
             partials = 0.0 if split == 1 else 2.0 * split * b * m * n * 4  # fp32, written and read
             memory = (nbytes + partials) / bandwidth
             ms = np.maximum(np.maximum(compute, memory), _KERNEL_FLOOR_MS)
             if split > 1:  # the reduction of the partial sums is a kernel of its own
                 ms = ms + _KERNEL_FLOOR_MS
-            best = np.fmin(best, ms)
-    loads = 2.0 * b * m * n * k / (np.asarray(sustained_tflops, dtype=np.float64) * 1e9 * load_shares)
+            np.fmin(best, ms, out=best)
+    loads = 2.0 * b * m * n * k / (rates * load_shares)
     return np.maximum(best, loads)
 
 
-def pass_ms(nbytes: np.ndarray, device: Device) -> np.ndarray:
-    """Kernel time (ms) of memory passes moving ``nbytes`` at ``device``'s achieved bandwidth."""
-    bandwidth = float(device.bandwidth_gbps or np.nan) * 1e6
+def pass_ms(nbytes: np.ndarray, bandwidth_gbps: np.ndarray | float) -> np.ndarray:
+    """Kernel time (ms) of memory passes moving ``nbytes`` at an achieved bandwidth."""
+    bandwidth = np.asarray(bandwidth_gbps, dtype=np.float64) * 1e6
     return np.maximum(np.asarray(nbytes, dtype=np.float64) / bandwidth, _KERNEL_FLOOR_MS)
 
 
@@ -299,49 +312,126 @@ class TensorCores:
 
     def kernel_ms(self, works: Sequence[TensorWork], device: Device) -> np.ndarray:
         """Kernel time (ms) of each work on ``device`` by its own rates (NaN where it has none)."""
-        out = np.full(len(works), np.nan)
-        if not works or device.num_sms is None or device.bandwidth_gbps is None:
+        return self.kernel_table(works, [device])[0]
+
+    def kernel_table(self, works: Sequence[TensorWork], devices: Sequence[Device]) -> np.ndarray:
+        """:meth:`kernel_ms` on each of ``devices`` (rows), in one vectorized pass."""
+        out = np.full((len(devices), len(works)), np.nan)
+        if not works:
             return out
-        rates = {kind: self.sustained_tflops(device, kind) for kind in {w.kind for w in works}}
-        owners: list[int] = []
-        dims: list[tuple[int, int, int, int]] = []
-        nbytes: list[float] = []
-        rate: list[float] = []
-        shares: list[float] = []
-        pass_owner: list[int] = []
-        pass_bytes: list[float] = []
-        for i, work in enumerate(works):
-            r = rates[work.kind]
-            if r is None:
+        gemm_owner = np.repeat(np.arange(len(works)), [len(w.gemms) for w in works])
+        pass_owner = np.repeat(np.arange(len(works)), [len(w.passes) for w in works])
+        dims = np.array([g for w in works for g in w.gemms], dtype=np.float64).reshape(-1, 4)
+        gemm_bytes = np.array([x for w in works for x in w.gemm_bytes], dtype=np.float64)
+        shares = np.array([x for w in works for x in w.shares()], dtype=np.float64)
+        pass_bytes = np.array([x for w in works for x in w.passes], dtype=np.float64)
+        kinds = sorted({w.kind for w in works})
+        work_kind = np.array([kinds.index(w.kind) for w in works])
+        rows, rates, sms, bandwidths = [], [], [], []
+        for row, device in enumerate(devices):
+            if device.num_sms is None or device.bandwidth_gbps is None:
                 continue
-            out[i] = 0.0
-            owners += [i] * len(work.gemms)
-            dims += work.gemms
-            nbytes += work.gemm_bytes
-            rate += [r] * len(work.gemms)
-            shares += work.shares()
-            pass_owner += [i] * len(work.passes)
-            pass_bytes += work.passes
-        if owners:
-            ms = gemm_kernel_ms(
-                np.array(dims, dtype=np.float64), np.array(nbytes), np.array(rate), device, np.array(shares)
-            )
-            np.add.at(out, np.array(owners), ms)
-        if pass_owner:
-            np.add.at(out, np.array(pass_owner), pass_ms(np.array(pass_bytes), device))
+            rate = np.array([self.sustained_tflops(device, kind) or np.nan for kind in kinds])[work_kind]
+            rows.append(row)
+            rates.append(rate)
+            sms.append(float(device.num_sms))
+            bandwidths.append(float(device.bandwidth_gbps))
+        if not rows:
+            return out
+        rate = np.array(rates)  # (GPUs, works): NaN where a GPU has no tensor cores for a work's kind
+        count = len(rows)
+        per_gpu = np.array(sms)[:, None], np.array(bandwidths)[:, None]
+        ms = np.zeros((count, len(works)))
+        if len(dims):
+            gemm = gemm_kernel_ms(
+                np.tile(dims, (count, 1)),
+                np.tile(gemm_bytes, count),
+                rate[:, gemm_owner].ravel(),
+                np.broadcast_to(per_gpu[0], (count, len(dims))).ravel(),
+                np.broadcast_to(per_gpu[1], (count, len(dims))).ravel(),
+                np.tile(shares, count),
+            ).reshape(count, len(dims))
+            # A GPU without tensor cores for a kind has NaN there: kept out of the other works' sums.
+            ms += np.nan_to_num(gemm, nan=0.0) @ _owned_by(gemm_owner, len(works))
+        if len(pass_bytes):
+            ms += pass_ms(pass_bytes[None, :], per_gpu[1]) @ _owned_by(pass_owner, len(works))
+        out[rows] = np.where(np.isfinite(rate), ms, np.nan)
         return out
 
-    def predict(self, works: Sequence[TensorWork], device: Device) -> np.ndarray:
+    def predict(
+        self, works: Sequence[TensorWork], device: Device, cache: dict[object, object] | None = None
+    ) -> np.ndarray:
         """Isolated-op times (ms, as the heads predict: kernel time plus the per-op overhead an eager
-        step hides, :func:`~fxcost.cost_models.eager.hidden_overhead_ms`); the kernel time is the
-        smallest of ``device``'s own and those of every GPU it beats (a calibrated GPU: its own)."""
-        own = self.kernel_ms(works, device)
-        if not _is_calibrated(device):
-            found = [own, *(self.kernel_ms(works, weaker) for weaker in weaker_than(device))]
-            # A weaker GPU without tensor cores for a kind (NaN) takes no part in the envelope; where
-            # the GPU itself has none, there is no prediction (the heads price it).
-            own = np.where(np.isfinite(own), np.fmin.reduce(found), np.nan)
-        return own + hidden_overhead_ms(device)
+        step hides, :func:`~fxcost.cost_models.eager.hidden_overhead_ms`), in GPU order by
+        construction: the largest of ``device``'s own and those of every GPU that beats it, each
+        GPU's own being its kernel time (the smallest of its own and those of every GPU it beats; a
+        calibrated GPU: its own) plus its hidden overhead. NaN where ``device`` has no tensor cores
+        for a work's kind (the heads price it). ``cache``: a dict kept with ``works`` (the batch's),
+        so that pricing them on another GPU reuses every GPU's kernel times."""
+        state = _State.of(cache, works)
+        found = state.isolated.get(device)
+        if found is not None:
+            return found
+        own = state.kernels(self, [device])[device]
+        if np.isfinite(own).any():
+            above = stronger_than(device)
+            bounds = [state.own_isolated(self, e) for e in (device, *above)]
+            # A GPU above without tensor cores for a kind (NaN) bounds nothing there.
+            found = np.where(np.isfinite(own), np.fmax.reduce(bounds), np.nan)
+        else:
+            found = own
+        state.isolated[device] = found
+        return found
+
+
+class _State:
+    """What :meth:`TensorCores.predict` keeps of one list of works, per database state: each GPU's
+    kernel times, its own isolated times and its final ones."""
+
+    def __init__(self, works: Sequence[TensorWork]) -> None:
+        self.works = works
+        self.raw: dict[Device, np.ndarray] = {}
+        self.own: dict[Device, np.ndarray] = {}
+        self.isolated: dict[Device, np.ndarray] = {}
+
+    @classmethod
+    def of(cls, cache: dict[object, object] | None, works: Sequence[TensorWork]) -> _State:
+        if cache is None:
+            return cls(works)
+        key = ("tensor_core", tuple(map(id, all_devices())))  # GPUs added or changed: start again
+        state = cache.get(key)
+        if not isinstance(state, _State):
+            state = cache[key] = cls(works)
+        return state
+
+    def kernels(self, cores: TensorCores, devices: Sequence[Device]) -> dict[Device, np.ndarray]:
+        """Kernel times on ``devices``, those not computed yet in one pass."""
+        todo = [d for d in dict.fromkeys(devices) if d not in self.raw]
+        if todo:
+            for d, row in zip(todo, cores.kernel_table(self.works, todo), strict=True):
+                self.raw[d] = row
+        return {d: self.raw[d] for d in devices}
+
+    def own_isolated(self, cores: TensorCores, device: Device) -> np.ndarray:
+        """``device``'s kernel times, the smallest of its own and its weaker GPUs' (a calibrated GPU:
+        its own), plus its hidden overhead."""
+        found = self.own.get(device)
+        if found is None:
+            weaker = [] if _is_calibrated(device) else weaker_than(device)
+            if device not in self.raw:  # the GPUs near it are likely asked next: every one at once
+                self.kernels(cores, [device, *weaker, *comparable()])
+            own = self.raw[device]
+            found_below = self.kernels(cores, weaker).values()
+            kernel = np.where(np.isfinite(own), np.fmin.reduce([own, *found_below]), np.nan)
+            found = self.own[device] = kernel + hidden_overhead_ms(device)
+        return found
+
+
+def _owned_by(owner: np.ndarray, count: int) -> np.ndarray:
+    """The (items, owners) matrix summing items into their owners by a product."""
+    matrix = np.zeros((len(owner), count))
+    matrix[np.arange(len(owner)), owner] = 1.0
+    return matrix
 
 
 def _calibrated(device: Device, kind: str) -> float | None:
