@@ -196,7 +196,8 @@ class Report:
         return sum(times) if times else None
 
     def coverage(self, device: str | Device) -> float:
-        """Fraction of kernel-launching nodes that have a prediction on ``device``."""
+        """Fraction of kernel-launching nodes a model of their op predicts on ``device``: a node only the
+        roofline fallback priced is not covered (:func:`fxcost.propagate.coverage`)."""
         return propagate.coverage(self.nodes, self._predicted_name(device))
 
     @property
