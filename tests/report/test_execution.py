@@ -142,3 +142,15 @@ def test_the_cli_takes_the_execution_mode(tmp_path, capsys) -> None:
         main(["show", str(trace), "--execution", "fast"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_header_warns_when_attention_was_captured_on_its_math_path() -> None:
+    from fxcost.records import NodeCost
+    from fxcost.report import Report
+    from fxcost.report.header import MATH_ATTENTION, MATH_ATTENTION_CAVEAT, header_lines
+
+    softmax = NodeCost("s", MATH_ATTENTION, "fw", in_shapes=[(2, 4, 8, 8)], out_shapes=[(2, 4, 8, 8)])
+    plain = NodeCost("r", "aten.relu.default", "fw", in_shapes=[(8,)], out_shapes=[(8,)])
+    assert MATH_ATTENTION_CAVEAT in header_lines(Report(nodes=[plain, softmax]))
+    assert MATH_ATTENTION_CAVEAT not in header_lines(Report(nodes=[plain]))
+    assert MATH_ATTENTION_CAVEAT not in header_lines(Report(nodes=[plain, softmax], execution="compiled"))
