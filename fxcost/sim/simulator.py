@@ -35,7 +35,7 @@ from fxcost.propagate import check_execution
 from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
-from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
+from fxcost.sim.plan import Comm, Plan, compile_plan, deepen, host_bound
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["GAMMA", "SimResult", "simulate"]
@@ -111,6 +111,7 @@ def simulate(
     loss_fn: LossFn = default_loss,
     estimator: Estimator | None = None,
     execution: str = "eager",
+    layers: int | None = None,
 ) -> SimResult:
     """Simulate one training iteration of ``model`` under ``strategy`` on ``cluster``.
 
@@ -129,6 +130,9 @@ def simulate(
         execution: ``"eager"``, ``"compiled"`` or ``"cudagraphs"``: every compute task is scaled by
             what that mode makes of one rank's micro-batch step on one GPU (its step over the eager
             step, :meth:`~fxcost.estimator.Captured.cost`); collectives are left as they are.
+        layers: simulate the model as this many layers deep: its traced layers (identical, at least
+            one) stand for ``layers`` of them, the last one repeated (:func:`fxcost.sim.plan.deepen`), so
+            that a model of hundreds of layers is traced with two. None: as traced.
 
     Raises:
         ValueError: ``batch`` or ``seqlen`` is below 1, the strategy needs another number of GPUs than
@@ -150,7 +154,12 @@ def simulate(
     captured, params, batch = _traced(
         model, example_inputs, batch, seqlen, params, loss_fn, strategy, estimator or default_estimator()
     )
-    plan = compile_plan(captured, params, strategy, cluster.device, batch, parsed)
+    if layers is None:
+        plan = compile_plan(captured, params, strategy, cluster.device, batch, parsed)
+    else:
+        one_stage = dataclasses.replace(strategy, pp=1)
+        plan = compile_plan(captured, params, one_stage, cluster.device, batch, parsed)
+        plan = deepen(plan, params, strategy, positive_int("layers", layers))
     tasks, collectives = _tasks(plan, cluster)
     if execution != "eager":
         micro = strategy.micro_batch(batch)
