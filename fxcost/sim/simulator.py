@@ -259,12 +259,15 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
     gradients: list[tuple[int, Comm, int]] = []  # (stage, reduction, the backward task it follows)
     for st in plan.stages:
         recomputed = {seg.layer: 0.0 for seg in st.forward if seg.layer and s.recompute_of(seg.layer)}
+        rerun: dict[str, list[Comm]] = {layer: [] for layer in recomputed}  # the forward's TP collectives
         for seg in st.forward:
             if seg.layer in recomputed:
                 recomputed[seg.layer] += host_bound(seg)
+                rerun[seg.layer] += seg.inside
         for direction, m in _schedule(s.schedule, st.index, s.pp, s.micro_batches):
             prev: int | None = None
             first[(direction, st.index, m)] = len(tasks)
+            again = set(recomputed) if direction == "B" else set()  # layers still to recompute
             for seg in st.forward if direction == "F" else st.backward:
                 deps = [] if prev is None else [prev]
                 if prev is None and direction == "B" and ("F", st.index, m) in done:
@@ -272,11 +275,15 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
                 for c in seg.before:
                     deps = [communicate(c, st.index, deps)]
                 duration = host_bound(seg)
-                if direction == "B":  # a recomputed layer runs its forward again first
-                    duration += recomputed.get(seg.layer, 0.0)
+                # A recomputed layer runs its forward again first, with its tensor-parallel collectives.
+                inside = list(seg.inside)
+                if seg.layer in again:
+                    again.discard(seg.layer)
+                    duration += recomputed[seg.layer]
+                    inside = rerun[seg.layer] + inside
                 prev = add(Task(f"{direction}{m} {seg.layer or 'outer'}", st.index, "compute", duration, deps,
                                 {"micro_batch": m, "ops": seg.ops}))  # fmt: skip
-                for c in seg.inside:
+                for c in inside:
                     prev = communicate(c, st.index, [prev])
                 if direction == "B" and m == s.micro_batches - 1:
                     gradients += [(st.index, c, prev) for c in seg.after]

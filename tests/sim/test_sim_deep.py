@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from fxcost.sim.engine import Task, simulate_tasks
 DIM, SEQ, VOCAB = 64, 16, 256
 
 
-def _gpt(layers: int) -> tuple[object, tuple[object, ...]]:
+def _gpt(layers: int) -> tuple[Any, Any]:
     return zoo.build("gpt2", 8, seq=SEQ, dim=DIM, heads=4, layers=layers, vocab=VOCAB)
 
 
@@ -93,3 +94,20 @@ def test_the_engine_schedules_as_its_definition_says(seed: int) -> None:
     copy = [Task(t.name, t.stage, t.stream, t.duration_ms, list(t.deps)) for t in tasks]
     assert simulate_tasks(tasks, gamma) == _reference(copy, gamma)
     assert [(t.start_ms, t.end_ms) for t in tasks] == [(t.start_ms, t.end_ms) for t in copy]
+
+
+def test_a_recomputed_layer_all_reduces_its_tensor_parallel_activations_again() -> None:
+    model, inputs = _gpt(2)
+    plain = simulate(model, "tp=2,mb=2", "2xA100-SXM4-80GB", example_inputs=inputs, batch=8)
+    again = simulate(model, "tp=2,mb=2,recompute=1", "2xA100-SXM4-80GB", example_inputs=inputs, batch=8)
+    boundary = 8 // 2 * SEQ * DIM * 4  # a micro-batch's activations, fp32
+
+    def tp_all_reduces(result: Any) -> int:
+        return sum(n for (kind, group, nbytes), n in result.collectives.items()
+                   if (kind, group, nbytes) == ("all_reduce", "tp", boundary))  # fmt: skip
+
+    # Per micro-batch and layer: attention and MLP outputs forward, their gradients backward; the
+    # recomputed forward all-reduces its two outputs once more.
+    micro_batches, layers = 2, 2
+    assert tp_all_reduces(plain) >= micro_batches * layers * 2 * 2
+    assert tp_all_reduces(again) - tp_all_reduces(plain) == micro_batches * layers * 2
