@@ -14,6 +14,7 @@ simulated once: one track per stage.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,34 +45,39 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
         ValueError: a stream's order contradicts the dependencies (a deadlock), or a bad dependency.
     """
     queues: dict[tuple[int, str], list[int]] = {}
+    dependents: list[list[int]] = [[] for _ in tasks]
     for i, task in enumerate(tasks):
         if task.stream not in STREAMS:
             raise ValueError(f"task {task.name!r} has stream {task.stream!r}; streams: {', '.join(STREAMS)}")
         if any(not 0 <= d < len(tasks) or d == i for d in task.deps):
             raise ValueError(f"task {task.name!r} has a dependency outside the task list: {task.deps}")
         queues.setdefault((task.stage, task.stream), []).append(i)
+        for d in set(task.deps):
+            dependents[d].append(i)
+    keys = list(queues)
+    order = {key: n for n, key in enumerate(keys)}  # ties go to the stream seen first
+    queue_of = {i: key for key, queue in queues.items() for i in queue}
     heads = dict.fromkeys(queues, 0)
     free = dict.fromkeys(queues, 0.0)
+    waiting = [len(set(task.deps)) for task in tasks]  # dependencies not finished yet
     gradient_spans: dict[int, list[tuple[float, float]]] = {}
-    done = 0
-    while done < len(tasks):
-        best: tuple[float, int, tuple[int, str]] | None = None
-        for key, queue in queues.items():
-            if heads[key] == len(queue):
-                continue
-            i = queue[heads[key]]
-            if any(tasks[d].end_ms < 0 for d in tasks[i].deps):
-                continue
+    # The tasks that can start (the next of their stream, dependencies done), by earliest start;
+    # communication first at equal times, so that compute sees the transfers it overlaps.
+    ready: list[tuple[float, int, int, int]] = []
+
+    def offer(key: tuple[int, str]) -> None:
+        queue = queues[key]
+        if heads[key] < len(queue) and waiting[i := queue[heads[key]]] == 0:
             start = max([free[key], *(tasks[d].end_ms for d in tasks[i].deps)])
-            # Communication first at equal times, so that compute sees the transfers it overlaps.
-            rank = (start, 0 if key[1] != "compute" else 1)
-            if best is None or rank < (best[0], 0 if best[2][1] != "compute" else 1):
-                best = (start, i, key)
-        if best is None:
-            stuck = [tasks[q[heads[k]]].name for k, q in queues.items() if heads[k] < len(q)]
-            raise ValueError(f"the schedule deadlocks: no stream can run its next task ({stuck[:4]})")
-        start, i, key = best
+            heapq.heappush(ready, (start, 0 if key[1] != "compute" else 1, order[key], i))
+
+    for key in keys:
+        offer(key)
+    done = 0
+    while ready:
+        start, _, _, i = heapq.heappop(ready)
         task = tasks[i]
+        key = queue_of[i]
         duration = task.duration_ms
         if task.stream == "compute" and gamma > 0:
             duration += gamma * _overlap(gradient_spans.get(task.stage, []), start, start + duration)
@@ -81,6 +87,16 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
         free[key] = task.end_ms
         heads[key] += 1
         done += 1
+        for j in dependents[i]:
+            waiting[j] -= 1
+        offer(key)
+        for j in dependents[i]:  # a task waiting only for this one, next on its own stream, can start
+            other = queue_of[j]
+            if waiting[j] == 0 and other != key and queues[other][heads[other]] == j:
+                offer(other)
+    if done < len(tasks):
+        stuck = [tasks[q[heads[k]]].name for k, q in queues.items() if heads[k] < len(q)]
+        raise ValueError(f"the schedule deadlocks: no stream can run its next task ({stuck[:4]})")
     return max((t.end_ms for t in tasks), default=0.0)
 
 

@@ -32,10 +32,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from fxcost._checks import positive_int
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms
 from fxcost.cost_models.heads.intervals import node_bounds
@@ -47,7 +48,17 @@ from fxcost.records import NodeCost
 from fxcost.sim.shard import shard_node, shard_vocabulary
 from fxcost.sim.strategy import Strategy
 
-__all__ = ["Comm", "Plan", "Segment", "StagePlan", "compile_plan", "host_bound", "itemsize_of", "layers_of"]
+__all__ = [
+    "Comm",
+    "Plan",
+    "Segment",
+    "StagePlan",
+    "compile_plan",
+    "deepen",
+    "host_bound",
+    "itemsize_of",
+    "layers_of",
+]
 
 _LAYER = re.compile(r"^(.*?\.?\d+)(?:\.|$)")  # the first path prefix that ends in an index
 _NORM = re.compile(r"(^|\.)(ln(_\w+)?|\w*norm\w*)$", re.IGNORECASE)  # ln_1, layernorm, norm
@@ -74,6 +85,7 @@ class Segment:
     before: list[Comm] = field(default_factory=list)
     inside: list[Comm] = field(default_factory=list)
     after: list[Comm] = field(default_factory=list)
+    saved_bytes: float = 0.0  # a forward segment: the bytes its nodes write (kept for the backward)
 
 
 @dataclass
@@ -225,8 +237,9 @@ def compile_plan(
             current.compute_ms += shard_ms[d] if sharded else kernel[d]
             current.ops += 1
             if phase == "fw":
-                written = (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written
-                saved[(plan.index, layer)] += written or 0
+                written = (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written or 0
+                saved[(plan.index, layer)] += written
+                current.saved_bytes += written
         if current is not None and region is not None:
             current.inside.append(all_reduce)
     _add_layer_collectives(stages, params, known, s, itemsize)
@@ -236,6 +249,77 @@ def compile_plan(
         plan.activation_bytes = kept + boundary * len(recomputed)
         plan.recompute_bytes = max((saved[(plan.index, layer)] for layer in recomputed), default=0)
     return Plan(s, stages, boundary, hidden, tokens, itemsize, interval)
+
+
+def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: int) -> Plan:
+    """``plan``, compiled with one pipeline stage for a model of a few identical layers, as the plan of
+    the same model ``layers`` layers deep under ``strategy`` (its pipeline stages included).
+
+    A model of hundreds of layers need not be traced whole: its layers are the same module repeated,
+    so tracing two and repeating them gives the deep model's stages. The deep model's first layers are
+    the traced ones (the first layer's backward has no residual gradient to add), the rest repeat the
+    last traced layer (compute, tensor-parallel collectives, saved activations); the embeddings stay on
+    the first stage, the head and loss on the last. The data-parallel and ZeRO collectives are placed
+    again for the new layers. ``params``: the traced model's parameter counts by module path.
+
+    Raises:
+        ValueError: ``plan`` has more than one stage or no layers, it was compiled for other data or
+            tensor parallelism or micro-batches than ``strategy``, or ``strategy.pp`` exceeds ``layers``.
+    """
+    s = strategy
+    positive_int("layers", layers)
+    if len(plan.stages) != 1 or not plan.stages[0].layers:
+        raise ValueError(f"deepen takes a one-stage plan with layers; got {len(plan.stages)} stage(s)")
+    p = plan.strategy
+    if (p.dp, p.tp, p.micro_batches) != (s.dp, s.tp, s.micro_batches):
+        raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp and micro-batches of {s}")
+    if s.pp > layers:
+        raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
+    stage = plan.stages[0]
+    traced = stage.layers
+    prefix = traced[-1].rpartition(".")[0]
+    names = [f"{prefix}.{i}" if prefix else str(i) for i in range(layers)]
+    source = {name: traced[min(i, len(traced) - 1)] for i, name in enumerate(names)}
+
+    def parts(segments: list[Segment]) -> tuple[list[Segment], dict[str, list[Segment]], list[Segment]]:
+        """(the segments before the layers, each traced layer's, those after the layers)"""
+        inside = [i for i, seg in enumerate(segments) if seg.layer]
+        by_layer = {layer: [seg for seg in segments if seg.layer == layer] for layer in traced}
+        return segments[: inside[0]], by_layer, segments[inside[-1] + 1 :]
+
+    def copied(segments: list[Segment], layer: str | None = None) -> list[Segment]:
+        return [replace(seg, layer=seg.layer if layer is None else layer, before=[], inside=list(seg.inside),
+                        after=[]) for seg in segments]  # fmt: skip
+
+    embed_fw, layer_fw, head_fw = parts(stage.forward)
+    head_bw, layer_bw, embed_bw = parts(stage.backward)
+    stage_of_layer = {layer: i * s.pp // layers for i, layer in enumerate(names)}
+    stages = []
+    for index in range(s.pp):
+        mine = [layer for layer in names if stage_of_layer[layer] == index]
+        forward = [seg for layer in mine for seg in copied(layer_fw[source[layer]], layer)]
+        backward = [seg for layer in reversed(mine) for seg in copied(layer_bw[source[layer]], layer)]
+        if index == 0:
+            forward, backward = copied(embed_fw) + forward, backward + copied(embed_bw)
+        if index == s.pp - 1:
+            forward, backward = forward + copied(head_fw), copied(head_bw) + backward
+        stages.append(StagePlan(index, mine, forward, backward, 0, 0.0, 0.0))
+    per_layer: Counter[str] = Counter()
+    for module, count in params.items():
+        per_layer[_layer(module, set(traced))] += count
+    deep = {module: count for module, count in params.items() if not _layer(module, set(traced))}
+    deep.update({name: per_layer[source[name]] for name in names})
+    _add_layer_collectives(stages, deep, set(names), s, plan.itemsize)
+    for st in stages:
+        recomputed = {layer for layer in st.layers if s.recompute_of(layer)}
+        kept = sum(seg.saved_bytes for seg in st.forward if seg.layer not in recomputed)
+        st.activation_bytes = kept + plan.boundary_bytes * len(recomputed)
+        by_layer: dict[str, float] = dict.fromkeys((seg.layer for seg in st.forward), 0.0)
+        for seg in st.forward:
+            by_layer[seg.layer] += seg.saved_bytes
+        st.recompute_bytes = max((by_layer[layer] for layer in recomputed), default=0.0)
+    return Plan(s, stages, plan.boundary_bytes, plan.hidden, plan.tokens, plan.itemsize,
+                plan.compute_interval)  # fmt: skip
 
 
 def _add_layer_collectives(

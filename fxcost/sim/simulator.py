@@ -35,7 +35,7 @@ from fxcost.propagate import check_execution
 from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
-from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
+from fxcost.sim.plan import Comm, Plan, compile_plan, deepen, host_bound
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["GAMMA", "SimResult", "simulate"]
@@ -111,6 +111,7 @@ def simulate(
     loss_fn: LossFn = default_loss,
     estimator: Estimator | None = None,
     execution: str = "eager",
+    layers: int | None = None,
 ) -> SimResult:
     """Simulate one training iteration of ``model`` under ``strategy`` on ``cluster``.
 
@@ -129,6 +130,9 @@ def simulate(
         execution: ``"eager"``, ``"compiled"`` or ``"cudagraphs"``: every compute task is scaled by
             what that mode makes of one rank's micro-batch step on one GPU (its step over the eager
             step, :meth:`~fxcost.estimator.Captured.cost`); collectives are left as they are.
+        layers: simulate the model as this many layers deep: its traced layers (identical, at least
+            one) stand for ``layers`` of them, the last one repeated (:func:`fxcost.sim.plan.deepen`), so
+            that a model of hundreds of layers is traced with two. None: as traced.
 
     Raises:
         ValueError: ``batch`` or ``seqlen`` is below 1, the strategy needs another number of GPUs than
@@ -150,7 +154,12 @@ def simulate(
     captured, params, batch = _traced(
         model, example_inputs, batch, seqlen, params, loss_fn, strategy, estimator or default_estimator()
     )
-    plan = compile_plan(captured, params, strategy, cluster.device, batch, parsed)
+    if layers is None:
+        plan = compile_plan(captured, params, strategy, cluster.device, batch, parsed)
+    else:
+        one_stage = dataclasses.replace(strategy, pp=1)
+        plan = compile_plan(captured, params, one_stage, cluster.device, batch, parsed)
+        plan = deepen(plan, params, strategy, positive_int("layers", layers))
     tasks, collectives = _tasks(plan, cluster)
     if execution != "eager":
         micro = strategy.micro_batch(batch)
@@ -250,12 +259,15 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
     gradients: list[tuple[int, Comm, int]] = []  # (stage, reduction, the backward task it follows)
     for st in plan.stages:
         recomputed = {seg.layer: 0.0 for seg in st.forward if seg.layer and s.recompute_of(seg.layer)}
+        rerun: dict[str, list[Comm]] = {layer: [] for layer in recomputed}  # the forward's TP collectives
         for seg in st.forward:
             if seg.layer in recomputed:
                 recomputed[seg.layer] += host_bound(seg)
+                rerun[seg.layer] += seg.inside
         for direction, m in _schedule(s.schedule, st.index, s.pp, s.micro_batches):
             prev: int | None = None
             first[(direction, st.index, m)] = len(tasks)
+            again = set(recomputed) if direction == "B" else set()  # layers still to recompute
             for seg in st.forward if direction == "F" else st.backward:
                 deps = [] if prev is None else [prev]
                 if prev is None and direction == "B" and ("F", st.index, m) in done:
@@ -263,11 +275,15 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
                 for c in seg.before:
                     deps = [communicate(c, st.index, deps)]
                 duration = host_bound(seg)
-                if direction == "B":  # a recomputed layer runs its forward again first
-                    duration += recomputed.get(seg.layer, 0.0)
+                # A recomputed layer runs its forward again first, with its tensor-parallel collectives.
+                inside = list(seg.inside)
+                if seg.layer in again:
+                    again.discard(seg.layer)
+                    duration += recomputed[seg.layer]
+                    inside = rerun[seg.layer] + inside
                 prev = add(Task(f"{direction}{m} {seg.layer or 'outer'}", st.index, "compute", duration, deps,
                                 {"micro_batch": m, "ops": seg.ops}))  # fmt: skip
-                for c in seg.inside:
+                for c in inside:
                     prev = communicate(c, st.index, [prev])
                 if direction == "B" and m == s.micro_batches - 1:
                     gradients += [(st.index, c, prev) for c in seg.after]

@@ -1,0 +1,329 @@
+"""Published large training runs (papers, reports) simulated and compared with their measured figure.
+
+Each row of ``--runs`` (schema: ``shared/data/README.md``, published_runs.csv) names a GPT-style decoder
+by its dimensions, a cluster (GPU and count) and a parallel plan. The decoder is built on meta tensors
+as a Hugging Face GPT-2 of the row's width, heads, MLP width, vocabulary and sequence, traced with
+``TRACED_LAYERS`` layers and simulated ``layers`` deep (``fxcost.simulate(..., layers=N)``: the traced
+layers' segments repeated; a 1T-parameter model costs the trace of two layers). A trace depends on the
+width, heads, MLP, vocabulary and sequence only, so rows sharing them share it.
+
+How a row becomes a simulation (no row is special-cased; any CSV in the schema runs):
+
+- **Model.** GPT-2 blocks (LayerNorm, GELU MLP of ``ffn_hidden``, 4 x ``hidden`` if empty). If the
+  row's ``params_b`` is closer to the count of a gated (SwiGLU, three ``hidden x ffn`` matrices, as in
+  Llama) MLP, the MLP is a GELU one of width ``1.5 x ffn_hidden``: the same FLOPs and parameters.
+- **Plan.** ``tp``, ``pp``, ``dp`` (``gpus / (tp pp cp)`` if empty), ZeRO stage, full recomputation,
+  ``global_batch / (dp micro_batch)`` micro-batches under 1F1B, in the row's precision. Not supported
+  by the simulator, reported as ``unsupported: ...`` and simulated without: ``vpp`` (plain 1F1B),
+  ``sp`` (TP all-reduces), ``cp`` (folded into data parallelism), ``ep`` (a dense model),
+  selective recomputation (none). An unstated micro-batch is 1 and an unstated global batch one
+  micro-batch per replica (``assumed: ...``).
+- **Cluster.** Nodes of 8 GPUs (DGX/HGX; ``gcd(gpus, 8)``) on the GPU's NVLink/NVSwitch link
+  (``fxcost.sim.cluster`` defaults) and, between nodes, one InfiniBand NIC per GPU of the GPU
+  generation's rate: the DGX machines' compute fabric. Volta (DGX-1/DGX-2): EDR 100 Gb/s; Ampere
+  (DGX A100, and Selene in Narayanan et al. SC'21 §5.1: "eight NVIDIA Mellanox 200Gbps HDR
+  Infiniband HCAs"): HDR 200 Gb/s; Hopper and later (DGX H100/B200: ConnectX-7): NDR 400 Gb/s.
+- **Units.** ``s_per_iter``: the simulated iteration (forward and backward, no optimizer step).
+  ``tokens_per_s_per_gpu``: ``global_batch x seq`` per iteration second per GPU. ``tflops_per_gpu``:
+  Megatron's count (Narayanan et al. eq. 3, generalized to any MLP width) ``B s (k l (8h^2 + 4h f +
+  4 s h) + 6 h V)`` with ``k = 4`` (the recomputed forward counted: hardware FLOPs) under full
+  recomputation and ``k = 3`` otherwise. ``mfu_pct``: the ``k = 3`` count over the GPU's dense
+  tensor peak in the row's precision.
+
+A row that cannot run (an unknown GPU, a plan that does not fit the GPUs or the model) prints its error
+and the rest go on. ``--cache DIR`` keeps each row's simulated iteration so that an interrupted run
+resumes (keyed by the row and the fxcost version; delete the directory after changing the simulator).
+
+Last line: ``mape_published=.. max_err_published=.. rows=N rows_flagged=N rows_failed=N``.
+
+    python benchmarks/published_runs.py --runs ../shared/data/published_runs.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fxcost
+from fxcost.gpus import Device, get_device
+from fxcost.precision import parse_precision
+from fxcost.sim import Cluster, Strategy, simulate
+from fxcost.sim.cluster import IB_HDR_GBPS
+
+TRACED_LAYERS = 2
+GPUS_PER_NODE = 8
+UNITS = ("s_per_iter", "tflops_per_gpu", "tokens_per_s_per_gpu", "mfu_pct")
+# Per GPU generation, the InfiniBand rate of one NIC (GB/s): EDR 100, HDR 200, NDR 400 Gb/s.
+NIC_GBPS = {
+    "Volta": IB_HDR_GBPS / 2,
+    "Ampere": IB_HDR_GBPS,
+    "Hopper": IB_HDR_GBPS * 2,
+    "Blackwell": IB_HDR_GBPS * 2,
+}
+REQUIRED = ("layers", "hidden", "seq", "gpu", "gpus", "measured", "unit")
+
+
+class RowError(ValueError):
+    """A row that cannot be simulated, with what is wrong in it."""
+
+
+@dataclass
+class Run:
+    """One published run, parsed: the model, the plan, the cluster and the figure."""
+
+    model: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    vocab: int
+    seq: int
+    gated: bool
+    gpu: str
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    recompute: str
+    micro_batch: int
+    global_batch: int
+    precision: str
+    measured: float
+    unit: str
+    flags: list[str] = field(default_factory=list)
+
+    @property
+    def strategy(self) -> Strategy:
+        micro_batches = self.global_batch // (self.dp * self.micro_batch)
+        return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=micro_batches, zero=self.zero,
+                        recompute=self.recompute == "full")  # fmt: skip
+
+
+def _number(raw: dict[str, str], key: str) -> float | None:
+    value = (raw.get(key) or "").strip()
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError as e:
+        raise RowError(f"column {key!r} must be a number, got {value!r}") from e
+    return None if math.isnan(number) else number
+
+
+def _int(raw: dict[str, str], key: str, default: int | None = None) -> int | None:
+    number = _number(raw, key)
+    if number is None:
+        return default
+    if number != int(number) or number < 0:
+        raise RowError(f"column {key!r} must be a whole number >= 0, got {raw[key]!r}")
+    return int(number)
+
+
+def gpt_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int, gated: bool) -> float:
+    """Parameters of a GPT-style decoder (attention 4h^2, MLP of 2 or 3 h x ffn matrices, tied
+    embeddings and positions; biases and norms left out)."""
+    mlp = (3 if gated else 2) * hidden * ffn
+    return layers * (4 * hidden * hidden + mlp) + (vocab + seq) * hidden
+
+
+def parse_run(raw: dict[str, str]) -> Run:
+    """A CSV row as a :class:`Run`, its assumptions and unsupported settings in ``flags``.
+
+    Raises:
+        RowError: a required column is empty or not a number, the unit is unknown, the plan does not
+            fit the GPUs or the batch.
+    """
+    missing = [key for key in REQUIRED if not (raw.get(key) or "").strip()]
+    if missing:
+        raise RowError(f"empty required column(s) {missing}; required: {list(REQUIRED)}")
+    flags: list[str] = []
+    layers, hidden, seq, gpus = (_int(raw, k) for k in ("layers", "hidden", "seq", "gpus"))
+    assert layers is not None and hidden is not None and seq is not None and gpus is not None
+    if min(layers, hidden, seq, gpus) < 1:
+        raise RowError("layers, hidden, seq and gpus must be >= 1")
+    heads = _int(raw, "heads")
+    if heads is None:
+        heads = max(hidden // 128, 1)
+        flags.append(f"assumed: heads={heads} (hidden/128)")
+    ffn = _int(raw, "ffn_hidden")
+    if ffn is None:
+        ffn = 4 * hidden
+        flags.append("assumed: ffn=4h")
+    vocab = _int(raw, "vocab")
+    if vocab is None:
+        vocab = 51200
+        flags.append("assumed: vocab=51200")
+    params_b = _number(raw, "params_b")
+    gated = False
+    if params_b is not None:
+        dense, swiglu = (gpt_params(layers, hidden, ffn, vocab, seq, g) / 1e9 for g in (False, True))
+        gated = abs(swiglu - params_b) < abs(dense - params_b)
+    unit = raw["unit"].strip()
+    if unit not in UNITS:
+        raise RowError(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}")
+    tp, pp, vpp, cp, ep = (_int(raw, k, 1) or 1 for k in ("tp", "pp", "vpp", "cp", "ep"))
+    dp = _int(raw, "dp")
+    if dp is None:
+        dp = gpus // (tp * pp * cp)
+        flags.append(f"assumed: dp={dp} (gpus/(tp*pp*cp))")
+    if vpp > 1:
+        flags.append(f"unsupported: vpp={vpp} (simulated as 1F1B)")
+    if (_int(raw, "sp", 0) or 0) and tp > 1:
+        flags.append("unsupported: sp (simulated with TP all-reduces)")
+    if cp > 1:
+        flags.append(f"unsupported: cp={cp} (simulated as data parallel)")
+        dp *= cp
+    if ep > 1:
+        flags.append(f"unsupported: ep={ep} (a dense model)")
+    if tp * pp * dp != gpus:
+        raise RowError(f"tp={tp} x pp={pp} x dp={dp} x cp={cp} makes {tp * pp * dp} GPUs, the row has {gpus}")
+    recompute = (raw.get("recompute") or "").strip().lower() or "none"
+    if recompute not in ("none", "selective", "full"):
+        raise RowError(f"recompute must be none, selective or full, got {recompute!r}")
+    if recompute == "selective":
+        flags.append("unsupported: selective recompute (simulated as none)")
+    micro = _int(raw, "micro_batch")
+    if micro is None:
+        micro = 1
+        flags.append("assumed: micro_batch=1")
+    batch = _int(raw, "global_batch")
+    if batch is None:
+        batch = micro * dp
+        flags.append(f"assumed: global_batch={batch}")
+    if micro < 1 or batch < 1 or batch % (dp * micro):
+        raise RowError(f"global_batch {batch} does not split into dp={dp} x micro_batch={micro} pieces")
+    precision = (raw.get("precision") or "").strip().lower() or "fp32"
+    if precision not in ("fp32", "tf32", "fp16", "bf16"):
+        raise RowError(f"precision must be fp32, tf32, fp16 or bf16, got {precision!r}")
+    measured = _number(raw, "measured")
+    assert measured is not None
+    if measured <= 0:
+        raise RowError(f"measured must be > 0, got {measured}")
+    return Run(raw.get("model", "").strip() or "?", layers, hidden, heads, ffn, vocab, seq, gated,
+               raw["gpu"].strip(), gpus, tp, pp, dp, _int(raw, "zero", 0) or 0, recompute, micro, batch,
+               precision, measured, unit, flags)  # fmt: skip
+
+
+def config_of(run: Run) -> dict[str, Any]:
+    """The Hugging Face GPT-2 config of the run's decoder, ``TRACED_LAYERS`` deep."""
+    width = run.ffn * 3 // 2 if run.gated else run.ffn
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+            "n_layer": min(TRACED_LAYERS, run.layers), "n_embd": run.hidden, "n_head": run.heads,
+            "n_inner": width, "vocab_size": run.vocab, "n_positions": run.seq,
+            "activation_function": "gelu_pytorch_tanh", "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
+
+
+def cluster_of(device: Device, gpus: int) -> Cluster:
+    """Nodes of 8 GPUs (fewer if the count does not split so), one NIC per GPU (see the docstring)."""
+    per_node = math.gcd(gpus, GPUS_PER_NODE)
+    family = device.architecture.split()[0] if device.architecture else ""
+    nic = NIC_GBPS.get(family, IB_HDR_GBPS)
+    return Cluster.parse(
+        f"{gpus // per_node}x{per_node}x{device.name}", inter_gbps=nic, nics_per_node=per_node
+    )
+
+
+def iteration_flops(run: Run, hardware: bool) -> float:
+    """FLOPs of one iteration in Megatron's count; ``hardware``: the recomputed forward counted."""
+    h, s, f = run.hidden, run.seq, run.ffn
+    passes = 4 if hardware else 3
+    layer = 8 * h * h + (6 if run.gated else 4) * h * f + 4 * s * h
+    return run.global_batch * s * (passes * run.layers * layer + 6 * h * run.vocab)
+
+
+def peak_tflops(device: Device, precision: str) -> float:
+    """The GPU's dense peak in ``precision`` (tensor cores for 16-bit and tf32)."""
+    peak = {"fp16": device.fp16_tflops, "bf16": device.bf16_tflops, "tf32": device.tf32_tflops}.get(precision)
+    peak = peak or device.fp32_tflops
+    if not peak:
+        raise RowError(f"{device.name} has no {precision} peak in the device database (needed for mfu_pct)")
+    return peak
+
+
+def in_unit(run: Run, iteration_s: float, device: Device) -> float:
+    """The simulated iteration as the row's figure."""
+    if run.unit == "s_per_iter":
+        return iteration_s
+    if run.unit == "tokens_per_s_per_gpu":
+        return run.global_batch * run.seq / iteration_s / run.gpus
+    if run.unit == "tflops_per_gpu":
+        return iteration_flops(run, run.recompute == "full") / iteration_s / run.gpus / 1e12
+    return (
+        iteration_flops(run, False) / iteration_s / run.gpus / 1e12 / peak_tflops(device, run.precision) * 100
+    )
+
+
+def simulated_s(run: Run, device: Device, cache: Path | None) -> tuple[float, bool]:
+    """(the simulated iteration in seconds, whether a rank runs out of memory), cached by the row."""
+    key = json.dumps([fxcost.__version__, config_of(run), str(run.strategy), run.global_batch, run.layers,
+                      run.precision, device.name, run.gpus], sort_keys=True)  # fmt: skip
+    path = cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json" if cache else None
+    if path is not None and path.exists():
+        saved = json.loads(path.read_text())
+        return saved["iteration_s"], saved["oom"]
+    cluster, precision = cluster_of(device, run.gpus), parse_precision(run.precision)
+    result = simulate(config_of(run), run.strategy, cluster, batch=run.global_batch, seqlen=run.seq,
+                      precision=precision, layers=run.layers)  # fmt: skip
+    iteration_s, oom = result.iteration_ms / 1000, result.oom
+    if path is not None:
+        path.write_text(json.dumps({"iteration_s": iteration_s, "oom": oom}))
+    return iteration_s, oom
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default="/work/shared/data/published_runs.csv", help="published runs CSV")
+    parser.add_argument("--cache", help="directory keeping each row's simulated iteration (resume)")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    cache = Path(args.cache) if args.cache else None
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+    with open(args.runs, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        print(f"no rows in {args.runs}", file=sys.stderr)
+        return 1
+    start = time.perf_counter()
+    errors: list[float] = []
+    flagged = failed = 0
+    print(f"{'#':>3} {'model':18s} {'gpu':16s} {'gpus':>5} {'plan':38s} {'unit':21s} {'measured':>9} "
+          f"{'predicted':>9} {'error':>7}  flags")  # fmt: skip
+    for number, raw in enumerate(rows, 1):
+        head = f"{number:3d} {(raw.get('model') or '?')[:18]:18s} {(raw.get('gpu') or '?')[:16]:16s}"
+        try:
+            run = parse_run(raw)
+            device = get_device(run.gpu)
+            iteration_s, oom = simulated_s(run, device, cache)
+            predicted = in_unit(run, iteration_s, device)
+        except (ValueError, KeyError) as e:  # one bad row (an unknown GPU, a plan that does not fit)
+            failed += 1
+            print(f"{head} ERROR: {e}", flush=True)
+            continue
+        flags = run.flags + (["predicted OOM"] if oom else [])
+        flagged += bool(flags)
+        error = (predicted - run.measured) / run.measured * 100
+        errors.append(error)
+        plan = f"{run.strategy}" + (f",mbs={run.micro_batch}" if run.micro_batch > 1 else "")
+        print(f"{head} {run.gpus:5d} {plan[:38]:38s} {run.unit:21s} {run.measured:9.4g} {predicted:9.4g} "
+              f"{error:+6.1f}%  {'; '.join(flags)}", flush=True)  # fmt: skip
+    mape = sum(abs(e) for e in errors) / len(errors) if errors else math.nan
+    worst = max((abs(e) for e in errors), default=math.nan)
+    print(f"({time.perf_counter() - start:.0f} s)")
+    print(f"mape_published={mape:.2f} max_err_published={worst:.2f} rows={len(errors)} "
+          f"rows_flagged={flagged} rows_failed={failed}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""``benchmarks/published_runs.py``: unit conversions, a tiny CSV end to end, a bad row in its place."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fxcost.gpus import get_device
+
+HEADER = [
+    "source", "url", "model", "params_b", "layers", "hidden", "heads", "ffn_hidden", "vocab", "seq", "gpu",
+    "gpus", "tp", "pp", "vpp", "dp", "sp", "cp", "ep", "zero", "recompute", "micro_batch", "global_batch",
+    "precision", "measured", "unit", "notes",
+]  # fmt: skip
+
+
+def _row(**values: Any) -> dict[str, str]:
+    row = dict.fromkeys(HEADER, "")
+    row.update(model="tiny", layers="4", hidden="64", heads="4", ffn_hidden="256", vocab="512", seq="32",
+               gpu="A100-SXM4-80GB", gpus="4", tp="2", pp="2", dp="1", recompute="full", micro_batch="1",
+               global_batch="4", precision="bf16", measured="1.0", unit="s_per_iter")  # fmt: skip
+    row.update({k: str(v) for k, v in values.items()})
+    return row
+
+
+def test_units_are_converted_as_computed_by_hand(load_script: Any) -> None:
+    script = load_script("benchmarks/published_runs.py")
+    run = script.parse_run(_row(global_batch=8, gpus=4, unit="tflops_per_gpu"))
+    h, s, n, v, b = 64, 32, 4, 512, 8  # the row's ffn is 4h, as Megatron's formula assumes
+    # Megatron eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh) under full recomputation; without it the
+    # layers' forward is counted three times, not four: 72 B s l h^2 (1 + s/6h + V/12lh).
+    megatron = 96 * b * s * n * h * h * (1 + s / (6 * h) + v / (16 * n * h))
+    model_flops = 72 * b * s * n * h * h * (1 + s / (6 * h) + v / (12 * n * h))
+    assert script.iteration_flops(run, hardware=True) == pytest.approx(megatron)
+    assert script.iteration_flops(run, hardware=False) == pytest.approx(model_flops)
+    a100 = get_device("A100-SXM4-80GB")
+    assert script.in_unit(run, 2.0, a100) == pytest.approx(megatron / 2.0 / 4 / 1e12)
+    tokens = script.parse_run(_row(global_batch=8, gpus=4, unit="tokens_per_s_per_gpu"))
+    assert script.in_unit(tokens, 2.0, a100) == pytest.approx(8 * 32 / 2.0 / 4)
+    seconds = script.parse_run(_row(unit="s_per_iter"))
+    assert script.in_unit(seconds, 2.5, a100) == 2.5
+    mfu = script.parse_run(_row(global_batch=8, unit="mfu_pct", recompute="full"))
+    assert a100.bf16_tflops is not None
+    assert script.in_unit(mfu, 2.0, a100) == pytest.approx(
+        model_flops / 2.0 / 4 / 1e12 / a100.bf16_tflops * 100
+    )
+
+
+def test_a_gated_mlp_is_chosen_when_the_parameters_say_so(load_script: Any) -> None:
+    script = load_script("benchmarks/published_runs.py")
+    # Llama-3-8B's dimensions: 8.0B parameters fit three h x ffn matrices per layer, not two.
+    llama = _row(params_b="8.0", layers=32, hidden=4096, heads=32, ffn_hidden=14336, vocab=128000, seq=8192)
+    assert script.parse_run(llama).gated and not script.parse_run(_row(params_b="0.00023")).gated
+    run = script.parse_run(llama)
+    assert script.config_of(run)["n_inner"] == 14336 * 3 // 2
+
+
+def test_unsupported_settings_and_assumptions_are_flagged(load_script: Any) -> None:
+    script = load_script("benchmarks/published_runs.py")
+    run = script.parse_run(
+        _row(vpp=2, sp=1, cp=2, gpus=8, global_batch=4, micro_batch="", recompute="selective")
+    )
+    flags = "; ".join(run.flags)
+    for part in ("unsupported: vpp=2", "unsupported: sp", "unsupported: cp=2", "unsupported: selective",
+                 "assumed: micro_batch=1"):  # fmt: skip
+        assert part in flags
+    assert (run.dp, run.recompute, run.strategy.recompute) == (2, "selective", False)
+    with pytest.raises(script.RowError, match="makes 4 GPUs, the row has 8"):
+        script.parse_run(_row(gpus=8))
+    with pytest.raises(script.RowError, match="unknown unit 'furlongs'"):
+        script.parse_run(_row(unit="furlongs"))
+
+
+def test_a_tiny_csv_runs_end_to_end_and_a_bad_row_fails_in_its_place(
+    load_script: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data_parallel = _row(model="tiny-dp", tp=1, pp=1, dp=4, zero=3, recompute="none", measured=1000,
+                         unit="tokens_per_s_per_gpu")  # fmt: skip
+    rows = [_row(), _row(gpu="Z9000-NOPE"), data_parallel]
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=HEADER)
+        writer.writeheader()
+        writer.writerows(rows)
+    script = load_script("benchmarks/published_runs.py")
+    assert script.main(["--runs", str(path), "--cache", str(tmp_path / "cache")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    bad = next(line for line in lines if "Z9000-NOPE" in line)
+    assert "ERROR: unknown device 'Z9000-NOPE'" in bad
+    assert sum("tiny" in line and "%" in line for line in lines) == 2
+    last = lines[-1]
+    assert last.startswith("mape_published=") and last.endswith("rows=2 rows_flagged=0 rows_failed=1")
+    # Resumed from the cache: the same figures.
+    assert script.main(["--runs", str(path), "--cache", str(tmp_path / "cache")]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == last

@@ -1,0 +1,113 @@
+"""Deep models from a shallow trace (``simulate(..., layers=N)``), and the event engine's schedule."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from fxcost import zoo
+from fxcost.sim import simulate
+from fxcost.sim.engine import Task, simulate_tasks
+
+DIM, SEQ, VOCAB = 64, 16, 256
+
+
+def _gpt(layers: int) -> tuple[Any, Any]:
+    return zoo.build("gpt2", 8, seq=SEQ, dim=DIM, heads=4, layers=layers, vocab=VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "cluster"),
+    [("dp=2,tp=2,pp=2,mb=4", "8xA100-SXM4-80GB"), ("dp=2,pp=3,mb=2,zero=3,recompute=1", "6xA100-SXM4-80GB")],
+)
+def test_two_traced_layers_stand_for_a_deep_model_exactly(strategy: str, cluster: str) -> None:
+    deep_model, inputs = _gpt(6)
+    shallow_model, _ = _gpt(2)
+    whole = simulate(deep_model, strategy, cluster, example_inputs=inputs, batch=16)
+    deepened = simulate(shallow_model, strategy, cluster, example_inputs=inputs, batch=16, layers=6)
+    assert deepened.iteration_ms == pytest.approx(whole.iteration_ms, rel=1e-9)
+    assert deepened.collectives == whole.collectives
+    assert [m.total for m in deepened.memory] == pytest.approx([m.total for m in whole.memory], rel=1e-9)
+    assert [m.params for m in deepened.memory] == [m.params for m in whole.memory]
+    assert len(deepened.tasks) == len(whole.tasks)
+
+
+def test_a_deep_model_refuses_more_stages_than_layers() -> None:
+    model, inputs = _gpt(2)
+    with pytest.raises(ValueError, match="pp=4 stages but the model has 3 layers"):
+        simulate(model, "pp=4,mb=4", "4xA100-SXM4-80GB", example_inputs=inputs, batch=8, layers=3)
+    with pytest.raises(ValueError, match="layers must be a whole number >= 1"):
+        simulate(model, "pp=1", "1xA100-SXM4-80GB", example_inputs=inputs, batch=8, layers=0)
+
+
+def _reference(tasks: list[Task], gamma: float) -> float:
+    """The schedule by its definition: repeatedly run, of every stream's next task whose dependencies
+    are done, the one that can start first (communication before compute at equal times, then the
+    stream seen first)."""
+    queues: dict[tuple[int, str], list[int]] = {}
+    for i, t in enumerate(tasks):
+        queues.setdefault((t.stage, t.stream), []).append(i)
+    heads, free = dict.fromkeys(queues, 0), dict.fromkeys(queues, 0.0)
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for _ in tasks:
+        best = None
+        for key, queue in queues.items():
+            if heads[key] < len(queue) and all(tasks[d].end_ms >= 0 for d in tasks[queue[heads[key]]].deps):
+                i = queue[heads[key]]
+                start = max([free[key], *(tasks[d].end_ms for d in tasks[i].deps)])
+                rank = (start, key[1] == "compute")
+                if best is None or rank < best[0]:
+                    best = (rank, i, key)
+        assert best is not None
+        (start, _), i, key = best
+        t = tasks[i]
+        duration = t.duration_ms
+        if t.stream == "compute":
+            duration += gamma * sum(
+                max(0.0, min(start + duration, b) - max(start, a)) for a, b in spans.get(t.stage, [])
+            )
+        t.start_ms, t.end_ms = start, start + duration
+        if t.stream == "gradient":
+            spans.setdefault(t.stage, []).append((start, t.end_ms))
+        free[key], heads[key] = t.end_ms, heads[key] + 1
+    return max(t.end_ms for t in tasks)
+
+
+def _random_tasks(rng: random.Random, n: int) -> list[Task]:
+    tasks = []
+    for i in range(n):
+        deps = rng.sample(range(i), k=min(i, rng.randint(0, 2)))
+        stream = rng.choice(("compute", "compute", "feature", "gradient"))
+        tasks.append(
+            Task(f"t{i}", rng.randint(0, 2), stream, rng.choice((0.0, 1.0, 2.0, rng.random())), deps)
+        )
+    return tasks
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_engine_schedules_as_its_definition_says(seed: int) -> None:
+    rng = random.Random(seed)
+    n, gamma = rng.randint(1, 60), rng.choice((0.0, 0.1))
+    tasks = _random_tasks(rng, n)
+    copy = [Task(t.name, t.stage, t.stream, t.duration_ms, list(t.deps)) for t in tasks]
+    assert simulate_tasks(tasks, gamma) == _reference(copy, gamma)
+    assert [(t.start_ms, t.end_ms) for t in tasks] == [(t.start_ms, t.end_ms) for t in copy]
+
+
+def test_a_recomputed_layer_all_reduces_its_tensor_parallel_activations_again() -> None:
+    model, inputs = _gpt(2)
+    plain = simulate(model, "tp=2,mb=2", "2xA100-SXM4-80GB", example_inputs=inputs, batch=8)
+    again = simulate(model, "tp=2,mb=2,recompute=1", "2xA100-SXM4-80GB", example_inputs=inputs, batch=8)
+    boundary = 8 // 2 * SEQ * DIM * 4  # a micro-batch's activations, fp32
+
+    def tp_all_reduces(result: Any) -> int:
+        return sum(n for (kind, group, nbytes), n in result.collectives.items()
+                   if (kind, group, nbytes) == ("all_reduce", "tp", boundary))  # fmt: skip
+
+    # Per micro-batch and layer: attention and MLP outputs forward, their gradients backward; the
+    # recomputed forward all-reduces its two outputs once more.
+    micro_batches, layers = 2, 2
+    assert tp_all_reduces(plain) >= micro_batches * layers * 2 * 2
+    assert tp_all_reduces(again) - tp_all_reduces(plain) == micro_batches * layers * 2
