@@ -74,6 +74,7 @@ def test_unsupported_settings_and_assumptions_are_flagged(load_script: Any) -> N
         script.parse_run(_row(unit="furlongs"))
 
 
+@pytest.mark.slow
 def test_a_tiny_csv_runs_end_to_end_and_a_bad_row_fails_in_its_place(
     load_script: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
