@@ -30,7 +30,8 @@ from fxcost.cost_models.heads.features import (
     node_features,
     roofline_ms,
 )
-from fxcost.cost_models.heads.tensor_core import TensorCores, TensorWork, tensor_work
+from fxcost.cost_models.heads.tensor_core import TensorCores
+from fxcost.cost_models.heads.tensor_work import TensorWork, tensor_work
 from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.mlp import MLP
