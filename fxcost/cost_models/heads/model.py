@@ -38,7 +38,8 @@ from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
 from fxcost.gpus.order import weaker_than
 from fxcost.lowering import lower
-from fxcost.lowering.attention import ATTENTION_OPS, attention_call, attention_work
+from fxcost.lowering.attention import ATTENTION_OPS, attention_call
+from fxcost.lowering.attention_kernels import attention_work
 from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
 from fxcost.lowering.nodes import conv_gradients, forward_conv, gemm_node, is_conv_backward, memory_pass
 from fxcost.precision import is_float
