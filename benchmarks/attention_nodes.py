@@ -41,8 +41,8 @@ from fxcost.lowering.attention import (
     Backend,
     attention_call,
     choose_backend,
-    fused_attention,
 )
+from fxcost.lowering.attention_kernels import fused_attention
 from fxcost.report import Report
 
 

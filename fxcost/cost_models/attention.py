@@ -2,7 +2,7 @@
 
 No measurement of a fused attention kernel is in the training data, and none of the held-out GPUs'
 may be fit: the time is built from spec-sheet rates and the kernel's launch structure
-(:class:`~fxcost.lowering.attention.FusedAttention`), nothing learned:
+(:class:`~fxcost.lowering.attention_kernels.FusedAttention`), nothing learned:
 
 - **Tensor-core work** per tile at the rate the kernel's instructions reach: the GPU's *sustained*
   tensor rate, the one its tensor-core GEMMs are priced at (a calibrated ``tl.dot`` rate, else the
@@ -46,7 +46,8 @@ import math
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import Device
 from fxcost.gpus.occupancy import blocks_per_sm
-from fxcost.lowering.attention import AttentionCall, FusedAttention
+from fxcost.lowering.attention import AttentionCall
+from fxcost.lowering.attention_kernels import FusedAttention
 from fxcost.precision import itemsize
 
 __all__ = ["EFFICIENT_BACKWARD_SHARE", "MMA_SYNC_SHARE_SM90", "SPLIT_OPS_PER_OPERAND", "attention_kind",
@@ -131,7 +132,7 @@ def fused_attention_ms(
 
     Example:
         >>> from fxcost.gpus import get_device
-        >>> from fxcost.lowering.attention import fused_attention
+        >>> from fxcost.lowering.attention_kernels import fused_attention
         >>> call = AttentionCall(4, 16, 16, 2048, 2048, 128, 128, "bfloat16", True, False, 0.0, False, None)
         >>> 0.1 < fused_attention_ms(call, fused_attention(call, "flash"), get_device("H100-SXM")) < 1
         True

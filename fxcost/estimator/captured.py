@@ -29,6 +29,7 @@ from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Po
 from fxcost.gpus import Device, get_device
 from fxcost.lowering import is_matmul_class
 from fxcost.lowering.fusion import FusedKernel, fuse
+from fxcost.lowering.fusion_layout import channels_last
 from fxcost.precision import Precision, PrecisionArg, itemsize, parse_precision
 from fxcost.propagate import check_execution, fused_kernel_ms, phase_totals, replay_ends
 from fxcost.records import META_KEY, PHASES, NodeCost
@@ -120,7 +121,7 @@ class Captured:
         self._polys = _PolyTable(kept)
         self._batches: OrderedDict[tuple[int | None, Precision | None], NodeBatch] = OrderedDict()
         self._costs: dict[tuple[int | None, Precision | None, str, str], Cost] = {}
-        self._fused: list[FusedKernel] | None = None
+        self._fused: tuple[list[FusedKernel], np.ndarray, bool] | None = None  # kernels, phases, layout
         self._lock = threading.Lock()
 
     @classmethod
@@ -202,15 +203,17 @@ class Captured:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The compiled step's kernel times in run order, and each kernel's phase: Inductor's fusion
         of the traced step, its kernels priced at the sizes of ``batch``."""
-        if self._fused is None:
-            self._fused = fuse(self.report.nodes)
+        if self._fused is None:  # the step's structure: the same at every batch and precision
+            kernels = fuse(self.report.nodes)
+            # The phase of the step's own node: a distinct node stands for equal nodes of every phase.
+            opened = [PHASES.index(self.report.nodes[k.members[0]].phase) for k in kernels]
+            self._fused = kernels, np.array(opened, dtype=np.intp), channels_last(self.report.nodes)
+        kernels, phases, layout = self._fused
         nodes = [
             n if i is None else batch.nodes[i] for n, i in zip(self.report.nodes, self.index, strict=True)
         ]
         eager = np.array([np.nan if i is None else per_node[i] for i in self.index], dtype=np.float64)
-        times = fused_kernel_ms(nodes, self._fused, eager, device, self.chain)
-        phases = np.array([PHASES.index(nodes[k.members[0]].phase) for k in self._fused], dtype=np.intp)
-        return times, phases
+        return fused_kernel_ms(nodes, kernels, eager, device, self.chain, channels_last=layout), phases
 
     def _relative(self, batch_size: int | None) -> int | None:
         """None for the traced batch: one cache entry, and no polynomials to evaluate there."""

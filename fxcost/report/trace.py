@@ -100,10 +100,8 @@ class Report:
         spans = self.timeline(device, phase, host_ms)
         return spans[-1].end_ms if spans else 0.0
 
-    def step_ms_in(
-        self, device: str | Device, phase: Phase | None = None, execution: str | None = None,
-        host_ms: float | None = None,
-    ) -> float:  # fmt: skip
+    def step_ms_in(self, device: str | Device, phase: Phase | None = None, execution: str | None = None,
+                   host_ms: float | None = None) -> float:  # fmt: skip
         """Predicted ms of the step on ``device`` run in ``execution`` (default: the report's own):
         :meth:`eager_ms`, :meth:`compiled_ms`, or ``"cudagraphs"``: the eager step without host time."""
         mode = check_execution(execution or self.execution)
@@ -111,9 +109,8 @@ class Report:
             return self.compiled_ms(device, phase, host_ms)
         return self.eager_ms(device, phase, 0.0 if mode == "cudagraphs" else host_ms)
 
-    def compiled_ms(
-        self, device: str | Device, phase: Phase | None = None, host_ms: float | None = None
-    ) -> float:
+    def compiled_ms(self, device: str | Device, phase: Phase | None = None,
+                    host_ms: float | None = None) -> float:  # fmt: skip
         """Predicted ms of the step compiled with Inductor on ``device``: its fused kernels back to back,
         the host issuing each (see :mod:`fxcost.propagate.compiled`)."""
         spans = self.compiled_timeline(device, phase, host_ms)
@@ -129,7 +126,7 @@ class Report:
     ) -> list[KernelSpan]:
         """The compiled step's kernels (of one phase) on ``device``'s timeline, in order."""
         target, origin = get_device(self._predicted_name(device)), self.origin_device()
-        kernels = [k for k in fuse(self.nodes) if phase in (None, self.nodes[k.members[0]].phase)]
+        kernels = [k for k in self.fused_kernels() if phase in (None, self.nodes[k.members[0]].phase)]
         layout = channels_last(self.nodes)
         eager = propagate.node_kernel_ms(self.nodes, target, on_origin=origin == target, channels_last=layout)
         ms = propagate.fused_kernel_ms(self.nodes, kernels, eager, target, self.model, origin,

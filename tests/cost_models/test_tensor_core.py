@@ -9,13 +9,8 @@ import pytest
 
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import Heads, default_heads
-from fxcost.cost_models.heads.tensor_core import (
-    TensorCores,
-    load_share,
-    tensor_kind,
-    tensor_peak_tflops,
-    tensor_work,
-)
+from fxcost.cost_models.heads.tensor_core import TensorCores, tensor_peak_tflops
+from fxcost.cost_models.heads.tensor_work import load_share, tensor_kind, tensor_work
 from fxcost.cost_models.interface import NodeBatch
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import get_device

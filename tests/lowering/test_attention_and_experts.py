@@ -23,13 +23,11 @@ from fxcost.lowering.attention import (
     Backend,
     attention_call,
     attention_flops,
-    attention_work,
     choose_backend,
-    fused_attention,
     lower_attention,
-    math_work,
     priority,
 )
+from fxcost.lowering.attention_kernels import attention_work, fused_attention, math_work
 from fxcost.lowering.experts import grouped_mm_flops, lower_grouped_mm
 from fxcost.records import NodeCost
 

@@ -121,6 +121,48 @@ def test_the_estimator_prices_the_modes_as_the_report_does(pointwise) -> None:
     assert double.ms > costs["compiled"].ms
 
 
+class _ScaledRelu(nn.Module):
+    """``relu(x) * 1.5``: the backward's ``grad * 1.5`` equals the forward's ``mul`` node for node, so
+    the estimator keeps one distinct node for both, and it opens a backward kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)) * 1.5)
+
+
+class _ConvNet(nn.Module):
+    """Convolutions wide enough for Inductor's channels-last layout, batch norms between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers = [(nn.Conv2d(c, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU()) for c in (3, 128)]
+        self.body = nn.Sequential(*(layer for block in layers for layer in block))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pytest.mark.parametrize(("model", "inputs"), [(_ScaledRelu, (32, 64)), (_ConvNet, (8, 3, 16, 16))])
+def test_the_estimators_compiled_step_and_phases_are_the_reports(model, inputs) -> None:
+    """The estimator prices the compiled step as the report does (a channels-last conv net's batch
+    norms included), and splits it where the report's forward kernels end."""
+    from fxcost.lowering.fusion_layout import channels_last
+
+    torch.manual_seed(0)
+    args = (torch.randn(*inputs),)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = fxcost.profile(model(), args, devices=[DEVICE], measure=False)
+        cost = fxcost.Estimator(devices=[DEVICE]).cost(model(), args, execution="compiled")
+    assert channels_last(report.nodes) == (model is _ConvNet)
+    assert cost.ms == pytest.approx(report.compiled_ms(DEVICE), rel=1e-6)
+    forward_end = max(s.end_ms for s in report.compiled_timeline(DEVICE) if s.phase == "fw")
+    assert cost.fw_ms == pytest.approx(forward_end, rel=1e-6)
+
+
 def test_the_torch_compile_backend_reports_the_compiled_step_beside_eager() -> None:
     torch._dynamo.reset()
     backend = fxcost.estimate(devices=[DEVICE], measure=False)

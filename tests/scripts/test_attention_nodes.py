@@ -13,7 +13,8 @@ from fxcost.cost_models.attention import fused_attention_ms
 from fxcost.cost_models.eager import kernel_ms
 from fxcost.cost_models.heads import default_heads
 from fxcost.gpus import get_device
-from fxcost.lowering.attention import ATTENTION_OPS, fused_attention
+from fxcost.lowering.attention import ATTENTION_OPS
+from fxcost.lowering.attention_kernels import fused_attention
 from fxcost.records import KernelRecord
 
 

@@ -30,14 +30,16 @@ from fxcost.cost_models.heads.features import (
     node_features,
     roofline_ms,
 )
-from fxcost.cost_models.heads.tensor_core import TensorCores, TensorWork, tensor_work
+from fxcost.cost_models.heads.tensor_core import TensorCores
+from fxcost.cost_models.heads.tensor_work import TensorWork, tensor_work
 from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
 from fxcost.gpus.order import weaker_than
 from fxcost.lowering import lower
-from fxcost.lowering.attention import ATTENTION_OPS, attention_call, attention_work
+from fxcost.lowering.attention import ATTENTION_OPS, attention_call
+from fxcost.lowering.attention_kernels import attention_work
 from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
 from fxcost.lowering.nodes import conv_gradients, forward_conv, gemm_node, is_conv_backward, memory_pass
 from fxcost.precision import is_float

@@ -1,0 +1,154 @@
+"""What a GEMM or convolution node runs on tensor cores, on no GPU in particular (:class:`TensorWork`):
+its GEMMs, their DRAM bytes and operand-load shares, and its memory passes. Priced per GPU by
+:mod:`fxcost.cost_models.heads.tensor_core`.
+
+A convolution runs as cuDNN's implicit GEMM: forward ``M = B*Ho*Wo, N = C_out, K = C_in*kh*kw``; its
+input gradient ``M = B*H*W, N = C_in, K = C_out*kh*kw``; its weight gradient ``M = C_out,
+N = C_in*kh*kw, K = B*Ho*Wo``; channels padded to 16 bytes. The tensor-core kernels are NHWC, and
+PyTorch tensors are NCHW unless a user asks for channels_last (which the records do not say): cuDNN
+transposes each tensor such a kernel reads or writes (NVIDIA's convolution performance guide says
+so; the recorded H100 kernels show it), one memory pass each; a 1x1 stride-1 convolution (and its
+gradients) is instead a plain GEMM per image, whose leading dimension is the image's pixels.
+Grouped, dilated and transposed convolutions stay with the heads.
+
+A GEMM whose dims are not multiples of 16 bytes runs on narrow-load kernels (cuBLAS ``align1`` /
+``align2``), at the share of the rate its load width allows (:func:`load_share`): GPT-2's 50,257-word
+vocabulary makes its output GEMMs run 8x slower per FLOP than 50,304 would. That is the one place
+where a larger problem may be predicted faster (a dim padded to 16 bytes); doubling a dim never is
+(the load width at most doubles with it). Operand layouts are not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fxcost.lowering.nodes import MATMULS, gemm_dims
+from fxcost.precision import HALF_DTYPES, itemsize
+from fxcost.records import NodeCost
+
+__all__ = ["TensorWork", "load_share", "tensor_kind", "tensor_work"]
+
+_CONV = "aten.convolution.default"
+_CONV_BACKWARD = "aten.convolution_backward.default"
+_CONVS = (_CONV, _CONV_BACKWARD)
+
+# The widest load of the tensor-core kernels' main loops (cp.async / TMA vectors): 16 bytes.
+_FULL_LOAD_BYTES = 16
+
+
+def tensor_kind(node: NodeCost) -> str | None:
+    """``"bfloat16"``, ``"float16"`` or ``"tf32"`` for a GEMM or convolution node that runs on tensor
+    cores where the GPU has them (half-precision operands, or fp32 ones with TF32 allowed at
+    capture: ``NodeCost.tf32``); None otherwise."""
+    if node.op not in MATMULS and node.op not in _CONVS:
+        return None
+    dtypes = node.in_dtypes[-2:] if node.op in MATMULS else node.in_dtypes[:3]
+    half = next((d for d in dtypes if d in HALF_DTYPES), None)
+    if half is not None:
+        return half
+    return "tf32" if node.tf32 and "float32" in dtypes else None
+
+
+@dataclass(frozen=True)
+class TensorWork:
+    """What a tensor-core node runs, independent of the GPU: its GEMMs (batch, M, N, K) with the DRAM
+    bytes of each kernel and the share of the rate its operand loads allow (:func:`load_share`), and
+    the bytes of each memory pass (layout transposes, a bias gradient)."""
+
+    kind: str
+    gemms: tuple[tuple[int, int, int, int], ...]
+    gemm_bytes: tuple[float, ...]
+    passes: tuple[float, ...]
+    load_shares: tuple[float, ...] = ()
+
+    def shares(self) -> tuple[float, ...]:
+        return self.load_shares or (1.0,) * len(self.gemms)
+
+
+def tensor_work(node: NodeCost) -> TensorWork | None:
+    """The tensor-core work of ``node`` (None if it does not run on tensor cores, or its shapes are
+    not those this model reads)."""
+    kind = tensor_kind(node)
+    if kind is None or node.bytes is None:
+        return None
+    size = 4 if kind == "tf32" else itemsize(kind)
+    align = max(_FULL_LOAD_BYTES // size, 1)  # elements per 16 bytes
+    try:
+        if node.op in MATMULS:
+            b, m, n, k = gemm_dims(node)
+            if min(b, m, n, k) < 1:
+                return None
+            share = min(load_share(d, size) for d in (m, n, k))
+            return TensorWork(kind, ((b, m, n, k),), (float(node.bytes),), (), (share,))
+        return _conv_work(node, kind, size, align)
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _conv_work(node: NodeCost, kind: str, size: int, align: int) -> TensorWork | None:
+    args = node.args
+    if args.get("transposed") or int(args.get("groups") or 1) != 1:
+        return None
+    if any(int(d) != 1 for d in (args.get("dilation") or [1])):
+        return None
+    backward = node.op == _CONV_BACKWARD
+    dy = node.in_shapes[0] if backward else node.out_shapes[0]
+    x, w = (node.in_shapes[1], node.in_shapes[2]) if backward else (node.in_shapes[0], node.in_shapes[1])
+    if len(x) != 4 or len(w) != 4 or len(dy) != 4:
+        return None
+    batch, c_in, height, width = x
+    c_out, _, kh, kw = w
+    pixels, out_pixels = height * width, dy[2] * dy[3]
+    cin, cout = _up(c_in, align), _up(c_out, align)
+    x_bytes, w_bytes, y_bytes = (math.prod(s) * size for s in (x, w, dy))
+    mask = [True, False, False] if not backward else list(args.get("output_mask") or [True, True, False])
+    bias = len(mask) > 2 and bool(mask[2])  # a bias gradient: one pass reading dy
+    plain = kh == kw == 1 and all(int(s) == 1 for s in (args.get("stride") or [1]))
+    if plain and all(int(p) == 0 for p in (args.get("padding") or [0])):
+        # A 1x1 stride-1 convolution of NCHW tensors is a GEMM per image over its pixels (the pixels
+        # the leading dimension): no layout transposes.
+        share = load_share(pixels, size)
+        found = []
+        if mask[0]:
+            found.append(((batch, cout, pixels, cin), x_bytes + w_bytes + y_bytes) if not backward else
+                         ((batch, cin, pixels, cout), y_bytes + w_bytes + x_bytes))  # fmt: skip
+        if mask[1]:  # the weight gradient, reduced over every image's pixels
+            found.append(((1, cout, cin, batch * pixels), y_bytes + x_bytes + w_bytes))
+        if not found:
+            return None
+        return TensorWork(kind, tuple(g for g, _ in found), tuple(float(b) for _, b in found),
+                          (float(y_bytes),) if bias else (), (share,) * len(found))  # fmt: skip
+    # cuDNN's implicit GEMM on NHWC: each tensor a kernel reads or writes transposed once.
+    gemms_list, moved_list, passes_list = [], [], []
+    if mask[0] and not backward:
+        gemms_list.append((1, batch * out_pixels, cout, cin * kh * kw))
+    elif mask[0]:  # input gradient: dy (x) w^T
+        gemms_list.append((1, batch * pixels, cin, cout * kh * kw))
+    if mask[0]:
+        moved_list.append(float(x_bytes + w_bytes + y_bytes))
+        passes_list += [2.0 * y_bytes, 2.0 * w_bytes, 2.0 * x_bytes]
+    if mask[1]:  # weight gradient: dy^T (x) x, reduced over the output pixels
+        gemms_list.append((1, cout, cin * kh * kw, batch * out_pixels))
+        moved_list.append(float(y_bytes + x_bytes + w_bytes))
+        passes_list += [2.0 * y_bytes, 2.0 * x_bytes, 2.0 * w_bytes]
+    if bias:
+        passes_list.append(float(y_bytes))
+    if not gemms_list:
+        return None
+    return TensorWork(kind, tuple(gemms_list), tuple(moved_list), tuple(passes_list))
+
+
+def load_share(dim: int, size: int) -> float:
+    """The share of the tensor rate a GEMM with dimension ``dim`` (of ``size``-byte elements) runs
+    at: the libraries load operands in the widest vector that divides every leading dimension, and a
+    main loop built to keep the tensor cores fed with 16-byte loads issues ``16 / width`` times as
+    many loads with narrower ones (cuBLAS's ``align1``/``align2`` kernels), running that many times
+    slower. Which dims are leading dimensions depends on layouts the records do not keep, so every
+    dim counts: a dim that is only a GEMM's row count is priced too slow when odd."""
+    width = size * (int(dim) & -int(dim))  # the largest power of two dividing dim, in bytes
+    return min(width, _FULL_LOAD_BYTES) / _FULL_LOAD_BYTES
+
+
+def _up(x: int, multiple: int) -> int:
+    return -(-int(x) // multiple) * multiple

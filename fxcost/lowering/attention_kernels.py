@@ -1,0 +1,148 @@
+"""The work of the kernel a GPU runs for an attention node (:func:`attention_work`).
+
+The fused kernels (FlashAttention-2 as PyTorch ships it, xformers' CUTLASS memory-efficient kernel,
+cuDNN's) never write ``S``: a thread block owns ``Br`` query rows (the forward) or ``Bc`` key rows
+(the backward, which accumulates ``dQ`` in fp32 through global atomics) and walks the other side
+tile by tile. :class:`FusedAttention` is that structure:
+tile sizes per kernel and head dim, the grid, the tiles a causal mask skips (those wholly above the
+diagonal; diagonal tiles run in full), the per-block work, and the bytes it moves. The math backend
+materializes ``S``: it lowers to its batched GEMMs and memory passes, which the GEMM and elementwise
+models price.
+
+Which kernel runs, and the call it runs, are :mod:`fxcost.lowering.attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fxcost.gpus import Device
+from fxcost.lowering.attention import AttentionCall, Backend, attention_call, choose_backend
+from fxcost.lowering.nodes import gemm_node, memory_pass
+from fxcost.precision import itemsize
+from fxcost.records import NodeCost
+
+__all__ = ["FusedAttention", "attention_work", "fused_attention", "math_work"]
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    """The launch structure and work of one fused attention kernel on one GPU.
+
+    Attributes:
+        backend: the kernel family. warps: warps per thread block.
+        block_rows: rows a thread block owns (queries forward, keys backward); tile: rows of the other
+            side per step.
+        blocks: the grid's thread blocks. tiles_per_block: the tiles each of a (batch, head)'s blocks
+            walks, in launch order (a causal mask skips the tiles above the diagonal).
+        shared_memory_bytes: per block (Q, K, V tiles; the backward also dO and the scores).
+        flops_per_tile: tensor-core FLOPs of one block-rows x tile step.
+        scores_per_tile: softmax elements of one step (exponentials and conversions).
+        bytes_main: DRAM bytes of the main kernel; bytes_passes: those of the backward's two memory
+            passes (``D = rowsum(dO·O)`` before, the fp32 ``dQ`` converted after).
+    """
+
+    backend: Backend
+    warps: int
+    block_rows: int
+    tile: int
+    blocks: int
+    tiles_per_block: tuple[int, ...]
+    shared_memory_bytes: int
+    flops_per_tile: int
+    scores_per_tile: int
+    bytes_main: int
+    bytes_passes: tuple[int, ...]
+
+
+def _tiles(backend: Backend, call: AttentionCall) -> tuple[int, int, int]:
+    """(rows per block, tile, warps) of a kernel: FlashAttention-2's kernel traits for sm80/sm90 as
+    PyTorch builds them (``flash_fwd_launch_template.h``, ``flash_bwd_launch_template.h``), the CUTLASS
+    memory-efficient kernel's (the ``fmha_cutlassF_{dtype}_aligned_{queries}x{keys}`` instances PyTorch
+    generates: 64x64 up to head dim 64, 64x128 up to 128, 32x128 beyond; one warp per 32x32 of the
+    block; ``kernel_backward.h``), cuDNN's sm90 kernels' (FlashAttention-3's layout: a producer and two
+    consumer warpgroups, 384 threads, forward and backward)."""
+    d = max(call.d, call.dv)
+    if backend == "flash":
+        if call.backward:
+            return (128, 128, 8) if d <= 64 else (64, 128, 8) if d <= 128 else (64, 64, 8)
+        return (128, 128, 4) if d <= 64 else (128, 64, 4) if d <= 128 else (128, 64, 8)
+    if backend == "efficient":
+        if call.backward:
+            return (64, 64, 4) if d <= 64 else (128, 64, 8)
+        return (64, 64, 4) if d <= 64 else (64, 128, 8) if d <= 128 else (32, 128, 4)
+    return (128, 128, 12) if not call.backward else (128, 64, 12)  # cuDNN: three warpgroups
+
+
+def fused_attention(call: AttentionCall, backend: Backend) -> FusedAttention:
+    """The structure of ``call`` run by a fused ``backend`` (not ``"math"``)."""
+    rows, tile, warps = _tiles(backend, call)
+    size = itemsize(call.dtype)
+    bh = call.batch * call.heads
+    if call.backward:  # blocks own keys, walk the queries that see them
+        owned, walked = math.ceil(call.sk / rows), math.ceil(call.sq / tile)
+        per_block = [walked - (j * rows // tile if call.causal else 0) for j in range(owned)]
+        flops = 2 * rows * tile * (3 * call.d + 2 * call.dv)
+        smem = (2 * tile * call.d + 2 * rows * call.d + rows * tile) * size  # Q, dO; K, V; P/dS
+    else:  # blocks own queries, walk the keys they see
+        owned, walked = math.ceil(call.sq / rows), math.ceil(call.sk / tile)
+        per_block = [min(walked, -(-(i + 1) * rows // tile)) if call.causal else walked for i in range(owned)]
+        flops = 2 * rows * tile * (call.d + call.dv)
+        smem = (rows * call.d + 2 * tile * call.d) * size  # Q; K, V
+    q = bh * call.sq * call.d * size
+    kv = call.batch * call.kv_heads * call.sk * (call.d + call.dv) * size
+    o = bh * call.sq * call.dv * size
+    lse = bh * call.sq * 4
+    if call.backward:
+        # dQ's fp32 accumulator takes every key block's atomics in L2 and reaches DRAM about once.
+        dq_accum = bh * call.sq * call.d * 4
+        # read Q K V O dO LSE D and the mask; write dK dV, dQ fp32
+        main = q + 2 * kv + 2 * o + 2 * lse + dq_accum + call.mask_bytes
+        # D = rowsum(dO·O) before; dQ from fp32 to the dtype after.
+        passes: tuple[int, ...] = (2 * o + lse, bh * call.sq * call.d * (4 + size))
+    else:
+        main, passes = q + kv + o + lse + call.mask_bytes, tuple[int, ...]()
+    return FusedAttention(
+        backend=backend, warps=warps, block_rows=rows, tile=tile, blocks=owned * bh,
+        tiles_per_block=tuple(max(w, 0) for w in per_block), shared_memory_bytes=smem,
+        flops_per_tile=flops, scores_per_tile=rows * tile, bytes_main=main, bytes_passes=passes,
+    )  # fmt: skip
+
+
+def math_work(call: AttentionCall) -> list[tuple[NodeCost, int]]:
+    """The math backend's kernels, as (node the GEMM and elementwise models price, repetitions): it
+    writes ``S`` and each step over it through memory."""
+    bh, size = call.batch * call.heads, itemsize(call.dtype)
+    scores = bh * call.sq * call.sk * size
+    gemm = [gemm_node("bmm", bh, call.sq, call.sk, call.d, call.dtype),
+            gemm_node("bmm", bh, call.sq, call.dv, call.sk, call.dtype)]  # fmt: skip
+    # Forward passes over S: the scale, the mask (reading it too), softmax, dropout (writing its mask).
+    forward = [2 * scores, *([3 * scores] if call.masked or call.causal else []), 2 * scores,
+               *([3 * scores] if call.dropout else [])]  # fmt: skip
+    kv_copies = []
+    if call.kv_heads != call.heads:  # grouped-query keys and values are repeated per query head first
+        kv_copies = [2 * bh * call.sk * (call.d + call.dv) * size]
+    if not call.backward:
+        return [(g, 1) for g in gemm] + [(memory_pass(b, call.dtype), 1) for b in kv_copies + forward]
+    grads = [gemm_node("bmm", bh, call.sk, call.dv, call.sq, call.dtype),  # dV = P^T dO
+             gemm_node("bmm", bh, call.sq, call.sk, call.dv, call.dtype),  # dP = dO V^T
+             gemm_node("bmm", bh, call.sq, call.d, call.sk, call.dtype),  # dQ = dS K
+             gemm_node("bmm", bh, call.sk, call.d, call.sq, call.dtype)]  # dK = dS^T Q  # fmt: skip
+    # Backward passes: dropout's, softmax's (P, dP -> dS), the scale's.
+    backward = [*([3 * scores] if call.dropout else []), 3 * scores, 2 * scores]
+    return [(g, 1) for g in grads] + [(memory_pass(b, call.dtype), 1) for b in kv_copies + backward]
+
+
+def attention_work(
+    node: NodeCost, device: Device
+) -> tuple[Backend, FusedAttention | list[tuple[NodeCost, int]]] | None:
+    """The backend an attention node runs on ``device`` and its work: the fused kernel's structure,
+    or the math backend's GEMMs and memory passes. None for other ops or shapes it cannot read."""
+    call = attention_call(node)
+    if call is None:
+        return None
+    backend = choose_backend(call, device)
+    if backend == "math":
+        return backend, math_work(call)
+    return backend, fused_attention(call, backend)
