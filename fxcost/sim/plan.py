@@ -32,11 +32,10 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from fxcost._checks import positive_int
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms
 from fxcost.cost_models.heads.intervals import node_bounds
@@ -45,7 +44,7 @@ from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
 from fxcost.propagate import issue_bound_ms
 from fxcost.records import NodeCost
-from fxcost.sim.shard import shard_node, shard_vocabulary
+from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_vocabulary
 from fxcost.sim.strategy import Strategy
 
 __all__ = [
@@ -53,10 +52,11 @@ __all__ = [
     "Plan",
     "Segment",
     "StagePlan",
+    "add_layer_collectives",
     "compile_plan",
-    "deepen",
     "host_bound",
     "itemsize_of",
+    "layer_of",
     "layers_of",
 ]
 
@@ -181,12 +181,13 @@ def compile_plan(
         return shard_vocabulary(n, s.tp, tokens, vocab) if vocab else None
 
     if s.tp > 1:
-        _check_tp(s.tp, hidden, _heads([n for n in batch_nodes.nodes if _layer(n.module, set(layers))]))
+        layered = [n for n in batch_nodes.nodes if layer_of(n.module, set(layers))]
+        check_tp(s.tp, hidden, attention_heads(layered))
     layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
     outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
 
     known = set(layers)
-    layer_of = {module: _layer(module, known) for module in {n.module for n in report.nodes}}
+    layer_by_module = {module: layer_of(module, known) for module in {n.module for n in report.nodes}}
     stages = [StagePlan(i, [x for x in layers if stage_of_layer[x] == i], [], [], 0, 0.0, 0.0)
               for i in range(s.pp)]  # fmt: skip
     saved: Counter[tuple[int, str]] = Counter()  # forward bytes written by (stage, layer)
@@ -202,9 +203,9 @@ def compile_plan(
             for n, d in zip(report.nodes, captured.index, strict=True)
             if n.phase == phase and d is not None
         ]
-        in_layers = [i for i, (n, _) in enumerate(ordered) if layer_of[n.module]]
+        in_layers = [i for i, (n, _) in enumerate(ordered) if layer_by_module[n.module]]
         for i, (node, d) in enumerate(ordered):
-            layer = layer_of[node.module]
+            layer = layer_by_module[node.module]
             inherited = False
             if not layer and current is not None and in_layers and in_layers[0] < i < in_layers[-1]:
                 inherited, layer = True, current.layer  # no module amid the layers: the residual stream's
@@ -242,7 +243,7 @@ def compile_plan(
                 current.saved_bytes += written
         if current is not None and region is not None:
             current.inside.append(all_reduce)
-    _add_layer_collectives(stages, params, known, s, itemsize)
+    add_layer_collectives(stages, params, known, s, itemsize)
     for plan in stages:
         recomputed = {layer for layer in plan.layers if s.recompute_of(layer)}
         kept = sum(n for (i, layer), n in saved.items() if i == plan.index and layer not in recomputed)
@@ -251,78 +252,7 @@ def compile_plan(
     return Plan(s, stages, boundary, hidden, tokens, itemsize, interval)
 
 
-def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: int) -> Plan:
-    """``plan``, compiled with one pipeline stage for a model of a few identical layers, as the plan of
-    the same model ``layers`` layers deep under ``strategy`` (its pipeline stages included).
-
-    A model of hundreds of layers need not be traced whole: its layers are the same module repeated,
-    so tracing two and repeating them gives the deep model's stages. The deep model's first layers are
-    the traced ones (the first layer's backward has no residual gradient to add), the rest repeat the
-    last traced layer (compute, tensor-parallel collectives, saved activations); the embeddings stay on
-    the first stage, the head and loss on the last. The data-parallel and ZeRO collectives are placed
-    again for the new layers. ``params``: the traced model's parameter counts by module path.
-
-    Raises:
-        ValueError: ``plan`` has more than one stage or no layers, it was compiled for other data or
-            tensor parallelism or micro-batches than ``strategy``, or ``strategy.pp`` exceeds ``layers``.
-    """
-    s = strategy
-    positive_int("layers", layers)
-    if len(plan.stages) != 1 or not plan.stages[0].layers:
-        raise ValueError(f"deepen takes a one-stage plan with layers; got {len(plan.stages)} stage(s)")
-    p = plan.strategy
-    if (p.dp, p.tp, p.micro_batches) != (s.dp, s.tp, s.micro_batches):
-        raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp and micro-batches of {s}")
-    if s.pp > layers:
-        raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
-    stage = plan.stages[0]
-    traced = stage.layers
-    prefix = traced[-1].rpartition(".")[0]
-    names = [f"{prefix}.{i}" if prefix else str(i) for i in range(layers)]
-    source = {name: traced[min(i, len(traced) - 1)] for i, name in enumerate(names)}
-
-    def parts(segments: list[Segment]) -> tuple[list[Segment], dict[str, list[Segment]], list[Segment]]:
-        """(the segments before the layers, each traced layer's, those after the layers)"""
-        inside = [i for i, seg in enumerate(segments) if seg.layer]
-        by_layer = {layer: [seg for seg in segments if seg.layer == layer] for layer in traced}
-        return segments[: inside[0]], by_layer, segments[inside[-1] + 1 :]
-
-    def copied(segments: list[Segment], layer: str | None = None) -> list[Segment]:
-        return [replace(seg, layer=seg.layer if layer is None else layer, before=[], inside=list(seg.inside),
-                        after=[]) for seg in segments]  # fmt: skip
-
-    embed_fw, layer_fw, head_fw = parts(stage.forward)
-    head_bw, layer_bw, embed_bw = parts(stage.backward)
-    stage_of_layer = {layer: i * s.pp // layers for i, layer in enumerate(names)}
-    stages = []
-    for index in range(s.pp):
-        mine = [layer for layer in names if stage_of_layer[layer] == index]
-        forward = [seg for layer in mine for seg in copied(layer_fw[source[layer]], layer)]
-        backward = [seg for layer in reversed(mine) for seg in copied(layer_bw[source[layer]], layer)]
-        if index == 0:
-            forward, backward = copied(embed_fw) + forward, backward + copied(embed_bw)
-        if index == s.pp - 1:
-            forward, backward = forward + copied(head_fw), copied(head_bw) + backward
-        stages.append(StagePlan(index, mine, forward, backward, 0, 0.0, 0.0))
-    per_layer: Counter[str] = Counter()
-    for module, count in params.items():
-        per_layer[_layer(module, set(traced))] += count
-    deep = {module: count for module, count in params.items() if not _layer(module, set(traced))}
-    deep.update({name: per_layer[source[name]] for name in names})
-    _add_layer_collectives(stages, deep, set(names), s, plan.itemsize)
-    for st in stages:
-        recomputed = {layer for layer in st.layers if s.recompute_of(layer)}
-        kept = sum(seg.saved_bytes for seg in st.forward if seg.layer not in recomputed)
-        st.activation_bytes = kept + plan.boundary_bytes * len(recomputed)
-        by_layer: dict[str, float] = dict.fromkeys((seg.layer for seg in st.forward), 0.0)
-        for seg in st.forward:
-            by_layer[seg.layer] += seg.saved_bytes
-        st.recompute_bytes = max((by_layer[layer] for layer in recomputed), default=0.0)
-    return Plan(s, stages, plan.boundary_bytes, plan.hidden, plan.tokens, plan.itemsize,
-                plan.compute_interval)  # fmt: skip
-
-
-def _add_layer_collectives(
+def add_layer_collectives(
     stages: list[StagePlan], params: Mapping[str, int], layers: Collection[str], s: Strategy, itemsize: int
 ) -> None:
     """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer: its
@@ -331,7 +261,7 @@ def _add_layer_collectives(
     whole by the first and the last stage, which both reduce it."""
     per_layer: Counter[str] = Counter()
     for module, count in params.items():
-        per_layer[_layer(module, layers)] += count
+        per_layer[layer_of(module, layers)] += count
 
     def held(layer: str) -> int:
         return per_layer[layer] // s.tp_of(layer) if layer else per_layer[layer]
@@ -377,38 +307,6 @@ def _interval(
 
 
 # Ops whose first input is (batch, heads, tokens, ...) in an attention layer.
-_ATTENTION = frozenset(
-    f"aten.{op}.default"
-    for op in ("_softmax", "_safe_softmax", "scaled_dot_product_attention",
-               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
-)  # fmt: skip
-
-
-def _heads(nodes: Sequence[NodeCost]) -> int | None:
-    """The attention heads of the layers' ``nodes``: dimension 1 of the 4-d inputs of their softmaxes
-    and fused attentions (the most common), or None if they have none."""
-    counts = Counter(
-        n.in_shapes[0][1] for n in nodes if n.op in _ATTENTION and n.in_shapes and len(n.in_shapes[0]) == 4
-    )
-    return counts.most_common(1)[0][0] if counts else None
-
-
-def _check_tp(tp: int, hidden: int, heads: int | None) -> None:
-    """Megatron splits every attention head and the width (so the MLP's 4x width too) evenly over the
-    ``tp`` ranks: refuse a degree that divides them unevenly, listing the degrees that do not."""
-    sizes = {"{} attention heads": heads, "width {}": hidden if hidden > 1 else None}
-    known = {name: size for name, size in sizes.items() if size}
-    uneven = [name.format(size) for name, size in known.items() if size % tp]
-    if uneven:
-        common = math.gcd(*known.values())
-        accepted = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
-        raise ValueError(
-            f"tp={tp} does not divide the model's {' and '.join(uneven)}: tensor parallelism splits "
-            f"them evenly over its ranks; accepted tp: {accepted}"
-        )
-
-
 def _vocab(nodes: Sequence[NodeCost]) -> int | None:
     """The vocabulary: rows of the widest embedding table looked up."""
     tables = [
@@ -427,7 +325,7 @@ def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> list[float
     ]
 
 
-def _layer(module: str, layers: Collection[str]) -> str:
+def layer_of(module: str, layers: Collection[str]) -> str:
     """The layer ``module`` is or belongs to (the shortest of its path prefixes in ``layers``), or ""."""
     end = module.find(".")
     while end != -1:

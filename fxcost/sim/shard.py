@@ -11,12 +11,14 @@ tensors, priced at its own shapes rather than as a fraction of the whole.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 
 from fxcost.lowering import recorded_bytes
 from fxcost.lowering.nodes import MATMULS, matmul_operands
 from fxcost.records import NodeCost, Shape
 
-__all__ = ["shard_node", "shard_vocabulary"]
+__all__ = ["attention_heads", "check_tp", "shard_node", "shard_vocabulary"]
 
 
 def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:
@@ -92,3 +94,35 @@ def _shard_matmul(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
                         flops=None if node.flops is None else node.flops // tp,
                         bytes_read=recorded_bytes(shapes, node.in_dtypes),
                         bytes_written=recorded_bytes(out, node.out_dtypes))  # fmt: skip
+
+
+_ATTENTION = frozenset(
+    f"aten.{op}.default"
+    for op in ("_softmax", "_safe_softmax", "scaled_dot_product_attention",
+               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+)  # fmt: skip
+
+
+def attention_heads(nodes: Sequence[NodeCost]) -> int | None:
+    """The attention heads of the layers' ``nodes``: dimension 1 of the 4-d inputs of their softmaxes
+    and fused attentions (the most common), or None if they have none."""
+    counts = Counter(
+        n.in_shapes[0][1] for n in nodes if n.op in _ATTENTION and n.in_shapes and len(n.in_shapes[0]) == 4
+    )
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def check_tp(tp: int, hidden: int, heads: int | None) -> None:
+    """Megatron splits every attention head and the width (so the MLP's 4x width too) evenly over the
+    ``tp`` ranks: refuse a degree that divides them unevenly, listing the degrees that do not."""
+    sizes = {"{} attention heads": heads, "width {}": hidden if hidden > 1 else None}
+    known = {name: size for name, size in sizes.items() if size}
+    uneven = [name.format(size) for name, size in known.items() if size % tp]
+    if uneven:
+        common = math.gcd(*known.values())
+        accepted = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
+        raise ValueError(
+            f"tp={tp} does not divide the model's {' and '.join(uneven)}: tensor parallelism splits "
+            f"them evenly over its ranks; accepted tp: {accepted}"
+        )

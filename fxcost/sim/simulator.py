@@ -33,9 +33,10 @@ from fxcost.estimator import Captured, Estimator, default_estimator
 from fxcost.precision import PrecisionArg, parse_precision
 from fxcost.propagate import check_execution
 from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
+from fxcost.sim.deepen import deepen
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
-from fxcost.sim.plan import Comm, Plan, compile_plan, deepen, host_bound
+from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["GAMMA", "SimResult", "simulate"]
@@ -131,7 +132,7 @@ def simulate(
             what that mode makes of one rank's micro-batch step on one GPU (its step over the eager
             step, :meth:`~fxcost.estimator.Captured.cost`); collectives are left as they are.
         layers: simulate the model as this many layers deep: its traced layers (identical, at least
-            one) stand for ``layers`` of them, the last one repeated (:func:`fxcost.sim.plan.deepen`), so
+            one) stand for ``layers`` of them, the last one repeated (:func:`fxcost.sim.deepen.deepen`), so
             that a model of hundreds of layers is traced with two. None: as traced.
 
     Raises:

@@ -1,0 +1,88 @@
+"""A plan compiled from a few traced layers, deepened to the whole model's layers.
+
+A model of hundreds of layers need not be traced whole: its layers are the same module repeated, so
+tracing two and repeating them gives the deep model's stages (:func:`deepen`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
+
+from fxcost._checks import positive_int
+from fxcost.sim.plan import Plan, Segment, StagePlan, add_layer_collectives, layer_of
+from fxcost.sim.strategy import Strategy
+
+__all__ = ["deepen"]
+
+
+def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: int) -> Plan:
+    """``plan``, compiled with one pipeline stage for a model of a few identical layers, as the plan of
+    the same model ``layers`` layers deep under ``strategy`` (its pipeline stages included).
+
+    A model of hundreds of layers need not be traced whole: its layers are the same module repeated,
+    so tracing two and repeating them gives the deep model's stages. The deep model's first layers are
+    the traced ones (the first layer's backward has no residual gradient to add), the rest repeat the
+    last traced layer (compute, tensor-parallel collectives, saved activations); the embeddings stay on
+    the first stage, the head and loss on the last. The data-parallel and ZeRO collectives are placed
+    again for the new layers. ``params``: the traced model's parameter counts by module path.
+
+    Raises:
+        ValueError: ``plan`` has more than one stage or no layers, it was compiled for other data or
+            tensor parallelism or micro-batches than ``strategy``, or ``strategy.pp`` exceeds ``layers``.
+    """
+    s = strategy
+    positive_int("layers", layers)
+    if len(plan.stages) != 1 or not plan.stages[0].layers:
+        raise ValueError(f"deepen takes a one-stage plan with layers; got {len(plan.stages)} stage(s)")
+    p = plan.strategy
+    if (p.dp, p.tp, p.micro_batches) != (s.dp, s.tp, s.micro_batches):
+        raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp and micro-batches of {s}")
+    if s.pp > layers:
+        raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
+    stage = plan.stages[0]
+    traced = stage.layers
+    prefix = traced[-1].rpartition(".")[0]
+    names = [f"{prefix}.{i}" if prefix else str(i) for i in range(layers)]
+    source = {name: traced[min(i, len(traced) - 1)] for i, name in enumerate(names)}
+
+    def parts(segments: list[Segment]) -> tuple[list[Segment], dict[str, list[Segment]], list[Segment]]:
+        """(the segments before the layers, each traced layer's, those after the layers)"""
+        inside = [i for i, seg in enumerate(segments) if seg.layer]
+        by_layer = {layer: [seg for seg in segments if seg.layer == layer] for layer in traced}
+        return segments[: inside[0]], by_layer, segments[inside[-1] + 1 :]
+
+    def copied(segments: list[Segment], layer: str | None = None) -> list[Segment]:
+        return [replace(seg, layer=seg.layer if layer is None else layer, before=[], inside=list(seg.inside),
+                        after=[]) for seg in segments]  # fmt: skip
+
+    embed_fw, layer_fw, head_fw = parts(stage.forward)
+    head_bw, layer_bw, embed_bw = parts(stage.backward)
+    stage_of_layer = {layer: i * s.pp // layers for i, layer in enumerate(names)}
+    stages = []
+    for index in range(s.pp):
+        mine = [layer for layer in names if stage_of_layer[layer] == index]
+        forward = [seg for layer in mine for seg in copied(layer_fw[source[layer]], layer)]
+        backward = [seg for layer in reversed(mine) for seg in copied(layer_bw[source[layer]], layer)]
+        if index == 0:
+            forward, backward = copied(embed_fw) + forward, backward + copied(embed_bw)
+        if index == s.pp - 1:
+            forward, backward = forward + copied(head_fw), copied(head_bw) + backward
+        stages.append(StagePlan(index, mine, forward, backward, 0, 0.0, 0.0))
+    per_layer: Counter[str] = Counter()
+    for module, count in params.items():
+        per_layer[layer_of(module, set(traced))] += count
+    deep = {module: count for module, count in params.items() if not layer_of(module, set(traced))}
+    deep.update({name: per_layer[source[name]] for name in names})
+    add_layer_collectives(stages, deep, set(names), s, plan.itemsize)
+    for st in stages:
+        recomputed = {layer for layer in st.layers if s.recompute_of(layer)}
+        kept = sum(seg.saved_bytes for seg in st.forward if seg.layer not in recomputed)
+        st.activation_bytes = kept + plan.boundary_bytes * len(recomputed)
+        by_layer: dict[str, float] = dict.fromkeys((seg.layer for seg in st.forward), 0.0)
+        for seg in st.forward:
+            by_layer[seg.layer] += seg.saved_bytes
+        st.recompute_bytes = max((by_layer[layer] for layer in recomputed), default=0.0)
+    return Plan(s, stages, plan.boundary_bytes, plan.hidden, plan.tokens, plan.itemsize,
+                plan.compute_interval)  # fmt: skip
