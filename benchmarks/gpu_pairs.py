@@ -50,13 +50,15 @@ from typing import Any
 
 from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms
 from fxcost.gpus import get_device
+from fxcost.lowering.attention import ATTENTION_OPS
 from fxcost.records import NodeCost
 from fxcost.report import Report
 
-# The op classes of the per-node table of bf16 tensor-core work.
+# The op classes of the per-node table of tensor-core work: GEMMs, batched GEMMs, convolutions, attention.
 TENSOR_CLASSES = {"aten.mm.default": "GEMM", "aten.addmm.default": "GEMM", "aten.bmm.default": "bmm",
                   "aten.baddbmm.default": "bmm", "aten.convolution.default": "conv",
-                  "aten.convolution_backward.default": "conv"}  # fmt: skip
+                  "aten.convolution_backward.default": "conv",
+                  **{op: "SDPA" for op in ATTENTION_OPS}}  # fmt: skip
 
 # A step is bound by the GPU when its recorded kernels fill this share of it; kernels past MAX_BUSY of
 # the step mean the captured graph is not the step that ran (isolated kernels run up to ~25% longer
@@ -125,14 +127,27 @@ def node_kernel_ms(report: Report, device: str) -> list[tuple[NodeCost, float]]:
     ]
 
 
+def add_class_rows(
+    rows: dict[str, list[tuple[float, float]]], truth: Report, blind: Report, target: str, precision: str
+) -> None:
+    """Append each tensor-core node of ``truth`` whose kernels were recorded, as (origin-free predicted,
+    recorded) kernel ms, to ``rows`` under ``"<precision> <class>"`` (``blind``: ``truth`` predicted
+    origin-free for ``target``)."""
+    timed = {(n.graph, n.name): n.kernel_ms for n in truth.nodes}
+    for node, ms in node_kernel_ms(blind, target):
+        name, recorded_ms = TENSOR_CLASSES.get(node.op), timed.get((node.graph, node.name))
+        if name is not None and recorded_ms:
+            rows[f"{precision} {name}"].append((ms, recorded_ms))
+
+
 def class_table(rows: dict[str, list[tuple[float, float]]]) -> list[str]:
     """Lines of the per-class table: nodes, median and summed error of predicted against recorded."""
-    lines = [f"  {'class':6s} {'nodes':>6s} {'median err%':>11s} {'recorded ms':>11s} {'predicted ms':>12s} "
+    lines = [f"  {'class':10s} {'nodes':>6s} {'median err%':>11s} {'recorded ms':>11s} {'predicted ms':>12s} "
              f"{'sum err%':>9s}"]  # fmt: skip
     for name, pairs in sorted(rows.items()):
         median = statistics.median(_pct(p, r) for p, r in pairs)
         predicted, recorded = sum(p for p, _ in pairs), sum(r for _, r in pairs)
-        lines.append(f"  {name:6s} {len(pairs):6d} {median:+11.1f} {recorded:11.2f} {predicted:12.2f} "
+        lines.append(f"  {name:10s} {len(pairs):6d} {median:+11.1f} {recorded:11.2f} {predicted:12.2f} "
                      f"{_pct(predicted, recorded):+9.1f}")  # fmt: skip
     return lines
 
@@ -186,8 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fixtures", type=Path, default=Path(__file__).parent / "fixtures" / "gpu")
     parser.add_argument("--check", action="store_true", help="exit 1 when a figure is worse than LIMITS")
+    parser.add_argument("--classes-only", action="store_true",
+                        help="only the per-class table of tensor-core nodes (runs on older fxcost)")  # fmt: skip
     args = parser.parse_args(argv)
     runs = load(args.fixtures)
+    if args.classes_only:
+        rows: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for (_, precision), gpus in sorted(runs.items()):
+            for target, (_, path) in gpus.items():
+                truth = Report.load(path)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    add_class_rows(rows, truth, origin_free(truth).predict([target]), target, precision)
+        print("\n".join(class_table(rows)))
+        return 0
     traces = sum(len(gpus) for gpus in runs.values())
     if not traces:
         print(f"no GPU traces under {args.fixtures} (record them with benchmarks/record_gpu_traces.py)")
@@ -223,12 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             if bound == "gpu":
                 errors["origin_free_gpu_bound"].append(abs(blind_error))
                 errors[f"origin_free_gpu_bound_{precision}"].append(abs(blind_error))
-            if precision == "bf16" and bound != "differs":
-                timed = {(n.graph, n.name): n.kernel_ms for n in truth.nodes}
-                for node, ms in node_kernel_ms(blind, target):
-                    name, recorded_ms = TENSOR_CLASSES.get(node.op), timed.get((node.graph, node.name))
-                    if name is not None and recorded_ms:
-                        tensor_rows[name].append((ms, recorded_ms))
+            add_class_rows(tensor_rows, truth, blind, target, precision)
             print(f"  {case:22s} {precision:4s} {slug(target):>5s} {measured:9.2f} {bound:>7s} {busy:5.2f} "
                   f"{'-' if spread is None else f'{spread:.2f}':>7s} {blind.eager_ms(target):11.2f} "
                   f"{blind_error:+7.1f} {blind_gpu_error:+8.1f}")  # fmt: skip
@@ -263,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(pair_lines))
 
     if tensor_rows:
-        print("\nbf16 tensor-core nodes: origin-free kernel time against the recorded one (all cases, GPUs)")
+        print(
+            "\ntensor-core work: each node's origin-free kernel time against its recorded one (all cases, GPUs)"
+        )
         print("\n".join(class_table(tensor_rows)))
 
     compiled = compiled_rows(args.fixtures)
