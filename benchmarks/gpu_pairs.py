@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixtures", type=Path, default=Path(__file__).parent / "fixtures" / "gpu")
     parser.add_argument("--check", action="store_true", help="exit 1 when a figure is worse than LIMITS")
     parser.add_argument("--classes-only", action="store_true",
-                        help="only the per-class table of tensor-core nodes (runs on older fxcost)")  # fmt: skip
+                        help="only the per-class table of tensor-core nodes")  # fmt: skip
     args = parser.parse_args(argv)
     runs = load(args.fixtures)
     if args.classes_only:
@@ -285,9 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(pair_lines))
 
     if tensor_rows:
-        print(
-            "\ntensor-core work: each node's origin-free kernel time against its recorded one (all cases, GPUs)"
-        )
+        print("\ntensor-core work: each node's origin-free kernel time against its recorded one")
         print("\n".join(class_table(tensor_rows)))
 
     compiled = compiled_rows(args.fixtures)
