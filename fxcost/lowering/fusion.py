@@ -23,7 +23,8 @@ step the way its scheduler does, a pure function of the records, so it works on 
   producer once) and writes each result used outside it (or by nothing in the graph: an output)
   once; an embedding or gather reads the rows it gathers, not the whole table;
 - no kernel holds more than :data:`MAX_FUSION_SIZE` nodes (Inductor's ``max_fusion_size``); a merge
-  that would make a kernel depend on itself through an outside node is refused.
+  that would make a kernel depend on itself through an outside kernel is refused (views between
+  members are no such kernel: the loops read through them).
 
 Other kernel-launching ops (scans, sorts, scatters, losses, foreach optimizer ops) run as one kernel
 each, at their eager cost. Whether Inductor runs a conv net's activations channels-last is decided
@@ -250,21 +251,25 @@ class _Fuser:
         return target
 
     def _cycle(self, group: _Group, joining: list[int]) -> bool:
-        """Whether a node of ``joining`` depends on ``group`` through a node outside both."""
+        """Whether a node of ``joining`` depends on ``group`` through a kernel outside both. A path
+        through views alone is none: a view launches nothing, the kernel reads through it."""
         inside = set(group.members) | set(joining)
         first = min(group.members)
-        stack = [j for m in joining for j in self._inputs(m) if j not in inside and j > first]
-        seen: set[int] = set()
+        # (node, whether the path from it to ``joining`` passes a kernel outside both)
+        stack = [(j, self.nodes[j].has_kernel) for m in joining for j in self._inputs(m)
+                 if j not in inside and j > first]  # fmt: skip
+        seen: set[tuple[int, bool]] = set()
         while stack:
-            j = stack.pop()
-            if j in seen:
+            j, through_kernel = stack.pop()
+            if (j, through_kernel) in seen:
                 continue
-            seen.add(j)
+            seen.add((j, through_kernel))
             for k in self._inputs(j):
                 if k in group.members:
-                    return True
-                if k > first and k not in inside:
-                    stack.append(k)
+                    if through_kernel:
+                        return True
+                elif k > first and k not in inside:
+                    stack.append((k, through_kernel or self.nodes[k].has_kernel))
         return False
 
     def _kernel(self, group: _Group) -> FusedKernel:
