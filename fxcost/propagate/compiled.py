@@ -11,7 +11,9 @@ Execution modes (``execution=`` across the API):
   :func:`~fxcost.lowering.nodes.memory_pass`), no less than its FLOPs at the GPU's fp32 peak, and,
   for a kernel holding a reduction, no less than the reduction's own kernel (a row reduction is not
   faster for having a prologue). Extern kernels (GEMMs, convolutions, attention, ops run alone)
-  keep their eager kernel time.
+  keep their eager kernel time, but for a GEMM with a dimension not a multiple of 16 bytes, which
+  Inductor pads where that is faster (:mod:`fxcost.lowering.fusion_padding`): the aligned GEMM and
+  its operands' copies, as predicted on the device, where more than 1.1 times faster.
 - Layout: where Inductor runs a conv net channels-last (:func:`~fxcost.lowering.fusion_layout.channels_last`),
   a convolution measured on the GPU predicted keeps its recorded kernels but cuDNN's NCHW/NHWC
   transposes, and a batch norm's kernel is not held to ATen's NCHW batch-norm kernel (Inductor
@@ -50,6 +52,7 @@ from fxcost.execution import EXECUTIONS, Execution, check_execution
 from fxcost.gpus import Device
 from fxcost.lowering.fusion import FusedKernel, reduces
 from fxcost.lowering.fusion_layout import CONVOLUTION, layout_transpose_ms
+from fxcost.lowering.fusion_padding import PAD_SPEEDUP, PaddedGemm, compute_bound, padded_gemm
 from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS
 from fxcost.lowering.nodes import memory_pass
 from fxcost.precision import itemsize
@@ -117,9 +120,14 @@ def fused_kernel_ms(
     out = np.full(len(kernels), np.nan)
     generated: list[int] = []
     passes: list[NodeCost] = []
+    pads: list[tuple[int, PaddedGemm]] = []
     for k, kernel in enumerate(kernels):
         if kernel.kind == "extern":
+            node = nodes[kernel.members[0]]
             out[k] = eager_ms[kernel.members[0]]
+            padded = padded_gemm(node)
+            if padded is not None and compute_bound(node, device):
+                pads.append((k, padded))
             continue
         if kernel.kind == "attention":  # the fused attention kernel, priced as such
             node = kernel.stands_for(nodes)
@@ -130,6 +138,10 @@ def fused_kernel_ms(
             node.flops = max(kernel.flops(nodes), node.flops or 0)
         generated.append(k)
         passes.append(node)
+    padded_ms = _padded_ms([p for _, p in pads], device, model, origin)
+    for (k, _), padded_k in zip(pads, padded_ms, strict=True):
+        if out[k] > PAD_SPEEDUP * padded_k:  # pad_mm's choice: padding only where it pays
+            out[k] = padded_k
     if not passes:
         return out
     batch = NodeBatch.of(passes, origin)
@@ -175,6 +187,25 @@ def compiled_timeline(
 
 
 _CONVOLUTIONS = frozenset({CONVOLUTION, "aten.convolution_backward.default"})
+
+
+def _padded_ms(
+    padded: Sequence[PaddedGemm], device: Device, model: ModelSpec, origin: Device | None
+) -> list[float]:
+    """Each padded GEMM's time with its operands' copies on ``device`` (NaN where unknown)."""
+    if not padded:
+        return []
+    nodes: list[NodeCost] = []
+    owner: list[int] = []
+    for i, p in enumerate(padded):
+        nodes.append(p.gemm)
+        nodes.extend(memory_pass(nbytes, p.dtype) for nbytes in p.copy_bytes)
+        owner.extend([i] * (1 + len(p.copy_bytes)))
+    ms, sources = predict_batch(NodeBatch.of(nodes, origin), model_chain(model, origin), device)
+    times = kernel_times(ms, sources, device)
+    total = np.zeros(len(padded))
+    np.add.at(total, owner, times)  # NaN anywhere makes its GEMM's total NaN
+    return total.tolist()
 
 
 def _eager_kernel_ms(node: NodeCost, device: Device, hidden: float, on_origin: bool) -> float:
