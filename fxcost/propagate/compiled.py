@@ -18,8 +18,9 @@ Execution modes (``execution=`` across the API):
   a convolution measured on the GPU predicted keeps its recorded kernels but cuDNN's NCHW/NHWC
   transposes, and a batch norm's kernel is not held to ATen's NCHW batch-norm kernel (Inductor
   decomposes it into its own reductions over channels-last data). Predicted on another GPU, a
-  convolution keeps its eager prediction (the tensor-core model charges the transposes: not
-  undone here).
+  convolution's time scaled from its recording keeps the recording's share without transposes, and
+  the tensor-core model's (origin-free) drops the transposes it charges
+  (:func:`~fxcost.cost_models.heads.tensor_core.layout_pass_bytes`).
 - Host: Inductor's generated wrapper calls each kernel directly (a Triton launcher, or an ATen op
   for a library call), without the model's Python and the per-op work of eager mode, which the host
   time fitted on a measured eager step holds. Each kernel costs the host one launch,
@@ -47,6 +48,7 @@ import numpy as np
 
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
 from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_ms, kernel_times
+from fxcost.cost_models.heads.tensor_core import layout_pass_bytes, pass_ms
 from fxcost.cost_models.roofline import Roofline
 from fxcost.execution import EXECUTIONS, Execution, check_execution
 from fxcost.gpus import Device
@@ -90,11 +92,27 @@ def node_kernel_ms(
     convolutions channels-last, so a recorded convolution's layout transposes do not run."""
     hidden = hidden_overhead_ms(device)
     ms = np.array([_eager_kernel_ms(n, device, hidden, on_origin) for n in nodes], dtype=np.float64)
-    if channels_last and on_origin:
+    if channels_last:
         for i, n in enumerate(nodes):
-            if n.op in _CONVOLUTIONS and n.kernel_ms is not None:
-                ms[i] = max(n.kernel_ms - layout_transpose_ms(n), MIN_KERNEL_MS)
+            if n.op in _CONVOLUTIONS and np.isfinite(ms[i]):
+                ms[i] = max(_channels_last_ms(n, float(ms[i]), device, on_origin), MIN_KERNEL_MS)
     return ms
+
+
+def _channels_last_ms(node: NodeCost, eager_ms: float, device: Device, on_origin: bool) -> float:
+    """A convolution's kernel time without the NCHW/NHWC transposes its eager time holds: on the
+    origin its recorded kernels but the transposes; elsewhere, a time scaled from the recording
+    (``mlp_ratio``, ``wave_scaling``) keeps the recording's share of the rest, and the tensor-core
+    model's (``mlp``) loses the transposes it charged."""
+    recorded = node.kernel_ms
+    if on_origin and recorded is not None:
+        return recorded - layout_transpose_ms(node)
+    source = node.pred_source.get(device.name)
+    if source in _SCALED_FROM_ORIGIN and recorded:
+        return eager_ms * (1 - layout_transpose_ms(node) / recorded)
+    if source == "mlp":
+        return eager_ms - float(pass_ms(np.array(layout_pass_bytes(node)), device).sum())
+    return eager_ms
 
 
 def compiled_host_ms(pipeline: Pipeline) -> float:
@@ -187,6 +205,7 @@ def compiled_timeline(
 
 
 _CONVOLUTIONS = frozenset({CONVOLUTION, "aten.convolution_backward.default"})
+_SCALED_FROM_ORIGIN = frozenset({"mlp_ratio", "wave_scaling"})  # models scaling a recorded time
 
 
 def _padded_ms(

@@ -64,6 +64,7 @@ __all__ = [
     "TensorCores",
     "TensorWork",
     "gemm_kernel_ms",
+    "layout_pass_bytes",
     "tensor_kind",
     "tensor_peak_tflops",
     "tensor_work",
@@ -203,6 +204,16 @@ def _conv_work(node: NodeCost, kind: str, size: int, align: int) -> TensorWork |
     if not gemms_list:
         return None
     return TensorWork(kind, tuple(gemms_list), tuple(moved_list), tuple(passes_list))
+
+
+def layout_pass_bytes(node: NodeCost) -> tuple[float, ...]:
+    """The bytes of the NCHW/NHWC transposes :func:`tensor_work` charges a convolution (none for other
+    nodes or a 1x1 stride-1 convolution): the passes a step running channels-last does not run."""
+    work = tensor_work(node) if node.op in _CONVS else None
+    if work is None:
+        return ()
+    mask = list(node.args.get("output_mask") or [True, True, False]) if node.op == _CONV_BACKWARD else []
+    return work.passes[:-1] if len(mask) > 2 and mask[2] else work.passes  # the last: a bias gradient
 
 
 # The widest load of the tensor-core kernels' main loops (cp.async / TMA vectors): 16 bytes.
