@@ -32,10 +32,11 @@ Dynamo decomposed ``scaled_dot_product_attention`` to its math form (BERT-large'
 ``bmm``, ``_safe_softmax``, ``bmm``, in fp32 because the math path upcasts bf16 unless
 ``torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp``), the compiled step ran that math too
 (fp32 ``sm80_xmma_gemm_f32f32`` GEMMs and ``triton_per_fused__safe_softmax`` kernels), slower than
-the eager step that ran the fused kernel. The compiled prediction follows the capture; but the
-kernel scale fitted on that eager step (:class:`~fxcost.propagate.eager.Pipeline`, 0.44 there: the
-recorded math kernels add up to far more than the step that ran the fused one) still scales every
-kernel, which a capture that does not describe its timed eager step makes wrong: not corrected here.
+the eager step that ran the fused kernel. The compiled prediction follows the capture. The kernel
+scale fitted on the eager step (:class:`~fxcost.propagate.eager.Pipeline`) scales the compiled
+kernels only where inputs found in L2 explain it (``l2_explained``): BERT's 0.44 (the recorded math
+kernels add up to far more than the step that ran the fused one) says the capture is not the step
+that was timed, and is not applied.
 - ``"cudagraphs"``: the eager kernels replayed from a CUDA graph, with no host time between them.
 """
 
@@ -194,12 +195,14 @@ def compiled_timeline(
         raise ValueError(f"host_ms must be >= 0, got {host_per_kernel}")
     host = gpu = 0.0
     spans = []
+    # The eager step's in-step speed-up, where L2 explains it (else it measured another graph).
+    scale = pipeline.kernel_scale if pipeline.l2_explained else 1.0
     for kernel, ms in zip(kernels, times_ms.tolist(), strict=True):
         if not np.isfinite(ms):
             continue
         host += host_per_kernel
         start = max(gpu, host)
-        gpu = start + ms * pipeline.kernel_scale
+        gpu = start + ms * scale
         spans.append(KernelSpan(kernel, nodes[kernel.members[0]].phase, host, start, gpu))
     return spans
 

@@ -82,3 +82,13 @@ def test_a_batch_norm_is_not_held_to_its_nchw_kernel_when_channels_last() -> Non
     nhwc = fused_kernel_ms([bn], [kernel], eager, DEVICE, channels_last=True)[0]
     assert nchw == 50.0
     assert 0 < nhwc < 50.0
+
+
+def test_the_eager_kernel_scale_applies_only_where_l2_explains_it() -> None:
+    nodes = [_relu(i) for i in range(2)]
+    kernels = [FusedKernel("pointwise", (i,), ((0,),), ((True,),)) for i in range(2)]
+    times = np.array([1.0, 1.0])
+    explained = Pipeline(host_ms=0.0, kernel_scale=0.9, fitted=True)
+    assert compiled_timeline(nodes, kernels, times, explained)[-1].end_ms == pytest.approx(1.8)
+    other_graph = Pipeline(host_ms=0.0, kernel_scale=0.44, fitted=True, l2_explained=False)
+    assert compiled_timeline(nodes, kernels, times, other_graph)[-1].end_ms == pytest.approx(2.0)
