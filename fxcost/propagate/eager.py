@@ -88,8 +88,10 @@ def origin_pipeline(nodes: Sequence[NodeCost], origin: Device | None, step_ms: f
 
     Host bound (the kernels alone take less than the step): the host time per op that stretches the
     replay to the step, by bisection (the replay grows with it). GPU bound: the step only bounds the
-    host, which issued every op within it (``min(HOST_MS, step / ops)``), and the kernels are scaled
-    to fill exactly the step. The defaults without a GPU origin, a measured step or kernel times.
+    host, which issued every op within it (``min(HOST_MS, step / ops)``, or where that alone fills
+    the step, the host time that keeps pace with the kernels), and the kernels are scaled to fill
+    exactly the step. The defaults without a GPU
+    origin, a measured step or kernel times.
     """
     if origin is None or not step_ms:
         return Pipeline()
@@ -99,12 +101,19 @@ def origin_pipeline(nodes: Sequence[NodeCost], origin: Device | None, step_ms: f
         return Pipeline()
     if replay_ms(kernels, 0.0) >= step_ms:
         host = min(HOST_MS, step_ms / len(kernels))  # the host alone takes at most the step
-        if host * len(kernels) >= step_ms:
-            # The host alone fills the step: the replay cannot split it between host and kernels
-            # (it would scale the kernels to nothing); the kernels fill it back to back.
-            scale = step_ms / float(kernels.sum())
-        else:
+        if host * len(kernels) < step_ms:
             scale = _solve(lambda scale: replay_ms(scale * kernels, host), step_ms, 1.0)
+        else:
+            # The host alone would fill the step, leaving the kernels no time: it kept pace with
+            # them instead, issuing each op while the previous kernel ran. The largest host time
+            # per op that, with the kernels filling the rest of the step, delays none of them.
+            total = float(kernels.sum())
+
+            def paced(h: float) -> float:
+                return replay_ms((step_ms - h) / total * kernels, h)
+
+            host = _solve(paced, step_ms * (1 + 1e-9), step_ms / len(kernels))
+            scale = (step_ms - host) / total
         floor = l2_scale_floor([n for n, _ in timed], kernels, origin)
         return Pipeline(host, scale, True, l2_explained=scale >= floor)
     return Pipeline(_solve(lambda host: replay_ms(kernels, host), step_ms, step_ms / len(kernels)), 1.0, True)

@@ -35,7 +35,9 @@ def test_a_host_that_fills_the_step_alone_leaves_the_kernels_their_share() -> No
     # still ran: they fill the step back to back, not nothing.
     nodes = [_kernel(i, 0.002, 10**6) for i in range(1000)]
     pipeline = origin_pipeline(nodes, H100, step_ms=1.6)
-    assert pipeline.kernel_scale == pytest.approx(1.6 / 2.0)
+    assert pipeline.host_ms == pytest.approx(1.6 / 1001)  # the last kernel ran after the last issue
+    assert pipeline.kernel_scale == pytest.approx(1.6 / 2.0, rel=0.01)
+    assert replay_ms(np.full(1000, 0.002 * pipeline.kernel_scale), pipeline.host_ms) == pytest.approx(1.6)
 
 
 def test_a_scale_beyond_what_l2_explains_marks_another_graph() -> None:
