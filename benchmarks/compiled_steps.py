@@ -10,7 +10,10 @@ number of kernels, and kernels and GPU time by family (Inductor's ``triton_poi_*
 ``triton_red_*``/``triton_per_*`` reductions, the rest library calls). Nothing is fit on these
 recordings (DESIGN.md).
 
-    python benchmarks/compiled_steps.py [--fixtures benchmarks/fixtures/gpu]
+    python -m benchmarks.compiled_steps [--fixtures benchmarks/fixtures/gpu]
+
+(from the repository root: run as a file, ``python benchmarks/compiled_steps.py`` imports whichever
+fxcost the environment installed, not necessarily this checkout's).
 
 Last line: ``compiled_mape=.. eager_mape=.. kernels_ratio=.. rows=N`` (eager: the eager prediction of
 the same trace against the compiled step, for comparison).

@@ -23,7 +23,8 @@ step the way its scheduler does, a pure function of the records, so it works on 
   producer once) and writes each result used outside it (or by nothing in the graph: an output)
   once; an embedding or gather reads the rows it gathers, not the whole table;
 - no kernel holds more than :data:`MAX_FUSION_SIZE` nodes (Inductor's ``max_fusion_size``); a merge
-  that would make a kernel depend on itself through an outside node is refused.
+  that would make a kernel depend on itself through an outside kernel is refused (views between
+  members are no such kernel: the loops read through them).
 
 Other kernel-launching ops (scans, sorts, scatters, losses, foreach optimizer ops) run as one kernel
 each, at their eager cost. Whether Inductor runs a conv net's activations channels-last is decided
@@ -34,10 +35,10 @@ a second, column-wise reduction in Inductor, here part of the row reduction's ke
 reductions (a reduction to few outputs split over two kernels; a batch norm over a large batch is
 split, and its normalizing pointwise epilogue then runs as a kernel of its own re-reading the input:
 the ResNet-50 H100 step's pointwise kernels), loop reordering and tiling choices,
-AOTAutograd's min-cut rematerialization (which saves fewer activations for backward and recomputes
-pointwise ops there), combo kernels of foreach ops, CUDA-graph trees, and which results of a
-training step's forward are saved for backward when they are also used inside a kernel (the
-records keep no graph outputs beyond unused results).
+combo kernels of foreach ops and CUDA-graph trees. In a training step, which activations the
+forward writes for the backward and which the backward recomputes follow Inductor's partitioner
+as far as the records tell (:mod:`fxcost.lowering.fusion_saved`); a GEMM with an unaligned
+dimension runs padded where Inductor pads it (:mod:`fxcost.lowering.fusion_padding`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from typing import Literal
 
 from fxcost.lowering.fusion_attention import attention_chains, attention_node
 from fxcost.lowering.fusion_rules import GATHERS, merged_ranges, node_ranges
+from fxcost.lowering.fusion_saved import rematerialize
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 
@@ -58,9 +60,10 @@ MAX_FUSION_SIZE = 64  # torch._inductor.config.max_fusion_size
 
 KernelKind = Literal["pointwise", "reduction", "attention", "extern"]
 
-# How a member reads one of its input tensors: from DRAM, from inside the kernel (free), or gathered
-# (an embedding table or indexed source: as many bytes as the rows it writes).
-_DRAM, _INSIDE, _GATHERED = 0, 1, 2
+# How a member reads one of its input tensors: from DRAM, from inside the kernel (free), gathered
+# (an embedding table or indexed source: as many bytes as the rows it writes), or recomputed (a
+# saved activation the forward did not write: the kernel reads what it is recomputed from instead).
+_DRAM, _INSIDE, _GATHERED, _RECOMPUTED = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +76,18 @@ class FusedKernel:
             (a library call or an op run alone, priced as in eager).
         members: positions of its nodes in the node list given to :func:`fuse`, in program order.
         reads: per member, per input tensor: 0 read from DRAM, 1 produced inside the kernel, 2
-            gathered (as many bytes as the member writes).
+            gathered (as many bytes as the member writes), 3 recomputed (see ``recomputes``).
         writes: per member, per output: whether it is written to DRAM (used outside the kernel).
+        recomputes: in a training step's backward, the forward inputs (node position, input index)
+            the kernel reads to recompute saved activations the forward did not write
+            (:mod:`fxcost.lowering.fusion_saved`).
     """
 
     kind: KernelKind
     members: tuple[int, ...]
     reads: tuple[tuple[int, ...], ...]
     writes: tuple[tuple[bool, ...], ...]
+    recomputes: tuple[tuple[int, int], ...] = ()
 
     def nodes(self, nodes: Sequence[NodeCost]) -> list[NodeCost]:
         """Its member records among ``nodes`` (the list it was fused from, or that list re-sized)."""
@@ -98,6 +105,8 @@ class FusedKernel:
             written = _tensor_bytes(node.out_shapes, node.out_dtypes)
             for shape, dtype, how in zip(node.in_shapes, node.in_dtypes, reads, strict=True):
                 total += _bytes(shape, dtype) if how == _DRAM else written if how == _GATHERED else 0
+        for i, k in self.recomputes:
+            total += _bytes(nodes[i].in_shapes[k], nodes[i].in_dtypes[k])
         return total
 
     def bytes_written(self, nodes: Sequence[NodeCost]) -> int:
@@ -162,6 +171,9 @@ class _Fuser:
                 self.users[j].append(i)
         self.group_of: dict[int, _Group] = {}
         self.order: list[_Group] = []
+        # A generated kernel's member -> the kernel node each of its inputs comes from (None: from
+        # outside the graph, a saved activation in a backward).
+        self.producers: dict[int, list[int | None]] = {}
 
     def _inputs(self, i: int) -> list[int]:
         node = self.nodes[i]
@@ -207,7 +219,28 @@ class _Fuser:
         # from outside are ready: after the last of them, and no earlier than its first member.
         live = [g for g in kernels if g.members]
         live.sort(key=self._runs_after)
-        return [self._kernel(g) for g in live]
+        fused = [self._kernel(g) for g in live]
+        if any(n.phase == "bw" for n in self.nodes):
+            fused = self._rematerialized(fused)
+        return fused
+
+    def _rematerialized(self, kernels: list[FusedKernel]) -> list[FusedKernel]:
+        """A training step's kernels with Inductor's choice of saved activations
+        (:mod:`fxcost.lowering.fusion_saved`)."""
+        plan = rematerialize(self.nodes, kernels, self.producers, self.users)
+        out = []
+        for k, kernel in enumerate(kernels):
+            if k in plan.dead:
+                continue
+            if kernel.kind in ("pointwise", "reduction"):
+                slots, sources = plan.recomputed.get(k, (set(), []))
+                reads = tuple(tuple(_RECOMPUTED if (m, s) in slots else how for s, how in enumerate(r))
+                              for m, r in zip(kernel.members, kernel.reads, strict=True))  # fmt: skip
+                writes = tuple(tuple(w and (m, o) not in plan.unwritten for o, w in enumerate(ws))
+                               for m, ws in zip(kernel.members, kernel.writes, strict=True))  # fmt: skip
+                kernel = FusedKernel(kernel.kind, kernel.members, reads, writes, tuple(sources))
+            out.append(kernel)
+        return out
 
     def _runs_after(self, group: _Group) -> tuple[int, int]:
         inside = set(group.members)
@@ -250,21 +283,25 @@ class _Fuser:
         return target
 
     def _cycle(self, group: _Group, joining: list[int]) -> bool:
-        """Whether a node of ``joining`` depends on ``group`` through a node outside both."""
+        """Whether a node of ``joining`` depends on ``group`` through a kernel outside both. A path
+        through views alone is none: a view launches nothing, the kernel reads through it."""
         inside = set(group.members) | set(joining)
         first = min(group.members)
-        stack = [j for m in joining for j in self._inputs(m) if j not in inside and j > first]
-        seen: set[int] = set()
+        # (node, whether the path from it to ``joining`` passes a kernel outside both)
+        stack = [(j, self.nodes[j].has_kernel) for m in joining for j in self._inputs(m)
+                 if j not in inside and j > first]  # fmt: skip
+        seen: set[tuple[int, bool]] = set()
         while stack:
-            j = stack.pop()
-            if j in seen:
+            j, through_kernel = stack.pop()
+            if (j, through_kernel) in seen:
                 continue
-            seen.add(j)
+            seen.add((j, through_kernel))
             for k in self._inputs(j):
                 if k in group.members:
-                    return True
-                if k > first and k not in inside:
-                    stack.append(k)
+                    if through_kernel:
+                        return True
+                elif k > first and k not in inside:
+                    stack.append((k, through_kernel or self.nodes[k].has_kernel))
         return False
 
     def _kernel(self, group: _Group) -> FusedKernel:
@@ -280,16 +317,20 @@ class _Fuser:
         for m in group.members:
             node = self.nodes[m]
             how = [_DRAM] * len(node.in_shapes)
+            matched = [False] * len(node.in_shapes)
+            producers: list[int | None] = [None] * len(node.in_shapes)
             for j in self._inputs(m):
                 root = self.root(j)
                 if root is None:
                     continue
-                slot = _slot(node, self.nodes[j], how)
+                slot = _slot(node, self.nodes[j], how, matched)
                 if slot is None:
                     continue
+                matched[slot], producers[slot] = True, root
                 if root in inside or root in loaded:
                     how[slot] = _INSIDE
                 loaded.add(root)
+            self.producers[m] = producers
             table = GATHERS.get(node.op)
             if table is not None and table < len(how) and how[table] == _DRAM:
                 how[table] = _GATHERED
@@ -320,12 +361,12 @@ class _Fuser:
         return False
 
 
-def _slot(node: NodeCost, producer: NodeCost, taken: list[int]) -> int | None:
+def _slot(node: NodeCost, producer: NodeCost, taken: list[int], matched: list[bool]) -> int | None:
     """The position among ``node``'s inputs of the tensor ``producer`` gives it (matched by shape and
     dtype, a position not yet matched), or None."""
     for shape, dtype in zip(producer.out_shapes, producer.out_dtypes, strict=False):
         for k, (s, d) in enumerate(zip(node.in_shapes, node.in_dtypes, strict=True)):
-            if taken[k] == _DRAM and s == shape and d == dtype:
+            if taken[k] == _DRAM and not matched[k] and s == shape and d == dtype:
                 return k
     return None
 

@@ -11,13 +11,16 @@ Execution modes (``execution=`` across the API):
   :func:`~fxcost.lowering.nodes.memory_pass`), no less than its FLOPs at the GPU's fp32 peak, and,
   for a kernel holding a reduction, no less than the reduction's own kernel (a row reduction is not
   faster for having a prologue). Extern kernels (GEMMs, convolutions, attention, ops run alone)
-  keep their eager kernel time.
+  keep their eager kernel time, but for a GEMM with a dimension not a multiple of 16 bytes, which
+  Inductor pads where that is faster (:mod:`fxcost.lowering.fusion_padding`): the aligned GEMM and
+  its operands' copies, as predicted on the device, where more than 1.1 times faster.
 - Layout: where Inductor runs a conv net channels-last (:func:`~fxcost.lowering.fusion_layout.channels_last`),
   a convolution measured on the GPU predicted keeps its recorded kernels but cuDNN's NCHW/NHWC
   transposes, and a batch norm's kernel is not held to ATen's NCHW batch-norm kernel (Inductor
   decomposes it into its own reductions over channels-last data). Predicted on another GPU, a
-  convolution keeps its eager prediction (the tensor-core model charges the transposes: not
-  undone here).
+  convolution's time scaled from its recording keeps the recording's share without transposes, and
+  the tensor-core model's (origin-free) drops the transposes it charges
+  (:func:`~fxcost.cost_models.heads.tensor_work.layout_pass_bytes`).
 - Host: Inductor's generated wrapper calls each kernel directly (a Triton launcher, or an ATen op
   for a library call), without the model's Python and the per-op work of eager mode, which the host
   time fitted on a measured eager step holds. Each kernel costs the host one launch,
@@ -29,10 +32,11 @@ Dynamo decomposed ``scaled_dot_product_attention`` to its math form (BERT-large'
 ``bmm``, ``_safe_softmax``, ``bmm``, in fp32 because the math path upcasts bf16 unless
 ``torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp``), the compiled step ran that math too
 (fp32 ``sm80_xmma_gemm_f32f32`` GEMMs and ``triton_per_fused__safe_softmax`` kernels), slower than
-the eager step that ran the fused kernel. The compiled prediction follows the capture; but the
-kernel scale fitted on that eager step (:class:`~fxcost.propagate.eager.Pipeline`, 0.44 there: the
-recorded math kernels add up to far more than the step that ran the fused one) still scales every
-kernel, which a capture that does not describe its timed eager step makes wrong: not corrected here.
+the eager step that ran the fused kernel. The compiled prediction follows the capture. The kernel
+scale fitted on the eager step (:class:`~fxcost.propagate.eager.Pipeline`) scales the compiled
+kernels only where inputs found in L2 explain it (``l2_explained``): BERT's 0.44 (the recorded math
+kernels add up to far more than the step that ran the fused one) says the capture is not the step
+that was timed, and is not applied.
 - ``"cudagraphs"``: the eager kernels replayed from a CUDA graph, with no host time between them.
 """
 
@@ -45,11 +49,14 @@ import numpy as np
 
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
 from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_ms, kernel_times
+from fxcost.cost_models.heads.tensor_core import pass_ms
+from fxcost.cost_models.heads.tensor_work import layout_pass_bytes
 from fxcost.cost_models.roofline import Roofline
 from fxcost.execution import EXECUTIONS, Execution, check_execution
 from fxcost.gpus import Device
 from fxcost.lowering.fusion import FusedKernel, reduces
 from fxcost.lowering.fusion_layout import CONVOLUTION, layout_transpose_ms
+from fxcost.lowering.fusion_padding import PAD_SPEEDUP, PaddedGemm, compute_bound, padded_gemm
 from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS
 from fxcost.lowering.nodes import memory_pass
 from fxcost.precision import itemsize
@@ -87,11 +94,29 @@ def node_kernel_ms(
     convolutions channels-last, so a recorded convolution's layout transposes do not run."""
     hidden = hidden_overhead_ms(device)
     ms = np.array([_eager_kernel_ms(n, device, hidden, on_origin) for n in nodes], dtype=np.float64)
-    if channels_last and on_origin:
+    if channels_last:
         for i, n in enumerate(nodes):
-            if n.op in _CONVOLUTIONS and n.kernel_ms is not None:
-                ms[i] = max(n.kernel_ms - layout_transpose_ms(n), MIN_KERNEL_MS)
+            if n.op in _CONVOLUTIONS and np.isfinite(ms[i]):
+                ms[i] = max(_channels_last_ms(n, float(ms[i]), device, on_origin), MIN_KERNEL_MS)
     return ms
+
+
+def _channels_last_ms(node: NodeCost, eager_ms: float, device: Device, on_origin: bool) -> float:
+    """A convolution's kernel time without the NCHW/NHWC transposes its eager time holds: on the
+    origin its recorded kernels but the transposes; elsewhere, a time scaled from the recording
+    (``mlp_ratio``, ``wave_scaling``) keeps the recording's share of the rest, and the tensor-core
+    model's (``mlp``) loses the transposes it charged."""
+    recorded = node.kernel_ms
+    if on_origin and recorded is not None:
+        return recorded - layout_transpose_ms(node)
+    source = node.pred_source.get(device.name)
+    if source in _SCALED_FROM_ORIGIN and recorded:
+        return eager_ms * (1 - layout_transpose_ms(node) / recorded)
+    if source == "mlp":
+        return eager_ms - float(
+            pass_ms(np.array(layout_pass_bytes(node)), device.bandwidth_gbps or np.nan).sum()
+        )
+    return eager_ms
 
 
 def compiled_host_ms(pipeline: Pipeline) -> float:
@@ -117,9 +142,14 @@ def fused_kernel_ms(
     out = np.full(len(kernels), np.nan)
     generated: list[int] = []
     passes: list[NodeCost] = []
+    pads: list[tuple[int, PaddedGemm]] = []
     for k, kernel in enumerate(kernels):
         if kernel.kind == "extern":
+            node = nodes[kernel.members[0]]
             out[k] = eager_ms[kernel.members[0]]
+            padded = padded_gemm(node)
+            if padded is not None and compute_bound(node, device):
+                pads.append((k, padded))
             continue
         if kernel.kind == "attention":  # the fused attention kernel, priced as such
             node = kernel.stands_for(nodes)
@@ -130,6 +160,10 @@ def fused_kernel_ms(
             node.flops = max(kernel.flops(nodes), node.flops or 0)
         generated.append(k)
         passes.append(node)
+    padded_ms = _padded_ms([p for _, p in pads], device, model, origin)
+    for (k, _), padded_k in zip(pads, padded_ms, strict=True):
+        if out[k] > PAD_SPEEDUP * padded_k:  # pad_mm's choice: padding only where it pays
+            out[k] = padded_k
     if not passes:
         return out
     batch = NodeBatch.of(passes, origin)
@@ -164,17 +198,39 @@ def compiled_timeline(
         raise ValueError(f"host_ms must be >= 0, got {host_per_kernel}")
     host = gpu = 0.0
     spans = []
+    # The eager step's in-step speed-up, where L2 explains it (else it measured another graph).
+    scale = pipeline.kernel_scale if pipeline.l2_explained else 1.0
     for kernel, ms in zip(kernels, times_ms.tolist(), strict=True):
         if not np.isfinite(ms):
             continue
         host += host_per_kernel
         start = max(gpu, host)
-        gpu = start + ms * pipeline.kernel_scale
+        gpu = start + ms * scale
         spans.append(KernelSpan(kernel, nodes[kernel.members[0]].phase, host, start, gpu))
     return spans
 
 
 _CONVOLUTIONS = frozenset({CONVOLUTION, "aten.convolution_backward.default"})
+_SCALED_FROM_ORIGIN = frozenset({"mlp_ratio", "wave_scaling"})  # models scaling a recorded time
+
+
+def _padded_ms(
+    padded: Sequence[PaddedGemm], device: Device, model: ModelSpec, origin: Device | None
+) -> list[float]:
+    """Each padded GEMM's time with its operands' copies on ``device`` (NaN where unknown)."""
+    if not padded:
+        return []
+    nodes: list[NodeCost] = []
+    owner: list[int] = []
+    for i, p in enumerate(padded):
+        nodes.append(p.gemm)
+        nodes.extend(memory_pass(nbytes, p.dtype) for nbytes in p.copy_bytes)
+        owner.extend([i] * (1 + len(p.copy_bytes)))
+    ms, sources = predict_batch(NodeBatch.of(nodes, origin), model_chain(model, origin), device)
+    times = kernel_times(ms, sources, device)
+    total = np.zeros(len(padded))
+    np.add.at(total, owner, times)  # NaN anywhere makes its GEMM's total NaN
+    return total.tolist()
 
 
 def _eager_kernel_ms(node: NodeCost, device: Device, hidden: float, on_origin: bool) -> float:

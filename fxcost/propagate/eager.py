@@ -19,7 +19,10 @@ which the origin's own recorded kernels, replayed through the pipeline, take the
 predictions from that trace use it (the runtime-based premise: the same host drives the other GPU).
 Where the step is GPU bound instead, its kernels ran back to back 10-24% faster than each alone
 (the lent GPUs' ResNet-50 and LSTM steps), and all kernel times are scaled by that ratio. Without a
-measured step the host costs :data:`~fxcost.cost_models.eager.HOST_MS` per op.
+measured step the host costs :data:`~fxcost.cost_models.eager.HOST_MS` per op. A ratio beyond what
+inputs found in L2 can explain marks a capture whose kernels are not those the step ran
+(``Pipeline.l2_explained``): BERT-large's H100 capture, whose attention was decomposed into math
+kernels 2.3 times the step that ran the fused one.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "Span",
     "critical_path_ms",
     "issue_bound_ms",
+    "l2_scale_floor",
     "origin_pipeline",
     "replay_ends",
     "replay_ms",
@@ -65,11 +69,17 @@ class Pipeline:
             the kernels of a GPU-bound step ran back to back faster than each alone (their inputs
             still in L2), else 1.
         fitted: whether a measured step determined them (else the defaults).
+        l2_explained: whether inputs found in L2 can explain ``kernel_scale``: at most, each kernel
+            reading from L2 as much of its input as L2 holds, instead of from DRAM
+            (:func:`l2_scale_floor`). Where they cannot, the recorded kernels are not the kernels
+            the step ran (a capture that decomposed what ran fused), and the scale describes no
+            in-step speed-up that other kernels of the step would share.
     """
 
     host_ms: float = HOST_MS
     kernel_scale: float = 1.0
     fitted: bool = False
+    l2_explained: bool = True
 
 
 def origin_pipeline(nodes: Sequence[NodeCost], origin: Device | None, step_ms: float | None) -> Pipeline:
@@ -78,19 +88,49 @@ def origin_pipeline(nodes: Sequence[NodeCost], origin: Device | None, step_ms: f
 
     Host bound (the kernels alone take less than the step): the host time per op that stretches the
     replay to the step, by bisection (the replay grows with it). GPU bound: the step only bounds the
-    host, which issued every op within it (``min(HOST_MS, step / ops)``), and the kernels are scaled
-    to fill exactly the step. The defaults without a GPU origin, a measured step or kernel times.
+    host, which issued every op within it (``min(HOST_MS, step / ops)``, or where that alone fills
+    the step, the host time that keeps pace with the kernels), and the kernels are scaled to fill
+    exactly the step. The defaults without a GPU
+    origin, a measured step or kernel times.
     """
     if origin is None or not step_ms:
         return Pipeline()
-    times = [_origin_kernel_ms(n, origin) for n in nodes if n.has_kernel]
-    kernels = np.array([t for t in times if t is not None])
+    timed = [(n, t) for n in nodes if n.has_kernel and (t := _origin_kernel_ms(n, origin)) is not None]
+    kernels = np.array([t for _, t in timed])
     if not len(kernels):
         return Pipeline()
     if replay_ms(kernels, 0.0) >= step_ms:
         host = min(HOST_MS, step_ms / len(kernels))  # the host alone takes at most the step
-        return Pipeline(host, _solve(lambda scale: replay_ms(scale * kernels, host), step_ms, 1.0), True)
+        if host * len(kernels) < step_ms:
+            scale = _solve(lambda scale: replay_ms(scale * kernels, host), step_ms, 1.0)
+        else:
+            # The host alone would fill the step, leaving the kernels no time: it kept pace with
+            # them instead, issuing each op while the previous kernel ran. The largest host time
+            # per op that, with the kernels filling the rest of the step, delays none of them.
+            total = float(kernels.sum())
+
+            def paced(h: float) -> float:
+                return replay_ms((step_ms - h) / total * kernels, h)
+
+            host = _solve(paced, step_ms * (1 + 1e-9), step_ms / len(kernels))
+            scale = (step_ms - host) / total
+        floor = l2_scale_floor([n for n, _ in timed], kernels, origin)
+        return Pipeline(host, scale, True, l2_explained=scale >= floor)
     return Pipeline(_solve(lambda host: replay_ms(kernels, host), step_ms, step_ms / len(kernels)), 1.0, True)
+
+
+def l2_scale_floor(nodes: Sequence[NodeCost], kernels_ms: np.ndarray, device: Device) -> float:
+    """The smallest in-step kernel scale inputs found in L2 can explain for ``nodes`` (their recorded
+    kernel times ``kernels_ms``) on ``device``: each kernel saving at most the DRAM time of as much
+    of what it reads as L2 holds. 0 (anything explained) without the device's L2 size or bandwidth."""
+    total = float(np.sum(kernels_ms))
+    bandwidth = device.bandwidth_gbps
+    if not device.l2_cache_mb or not bandwidth or total <= 0:
+        return 0.0
+    l2_bytes = device.l2_cache_mb * 1e6
+    read = np.array([min(float(n.bytes_read or 0), l2_bytes) for n in nodes])
+    saved = np.minimum(read / (bandwidth * 1e6), kernels_ms)
+    return 1.0 - float(saved.sum()) / total
 
 
 def timeline(

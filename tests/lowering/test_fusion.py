@@ -119,3 +119,23 @@ def test_attention_written_out_becomes_one_kernel_in_inference_only() -> None:
 def test_fusion_is_a_function_of_the_records(block, tmp_path) -> None:
     block.save(tmp_path / "t.json")
     assert fxcost.Report.load(tmp_path / "t.json").fused_kernels() == block.fused_kernels()
+
+
+def _node(name: str, op: str, shape: tuple[int, ...], inputs: list[str], out: str = "float32") -> NodeCost:
+    return NodeCost(name, op, "fw", in_shapes=[shape], in_dtypes=["float32"], out_shapes=[shape],
+                    out_dtypes=[out], inputs=inputs, has_kernel=op != "aten.view.default", bytes_read=0,
+                    bytes_written=0)  # fmt: skip
+
+
+def test_a_view_between_two_pointwise_ops_does_not_split_their_kernel() -> None:
+    # gelu computed in fp32 under autocast, viewed to 2-d and cast to bf16 for the next GEMM: one
+    # kernel (Inductor's loops read through views), which writes only the bf16 cast.
+    nodes = [
+        _node("x", "aten.relu.default", (4, 8, 16), []),
+        _node("tanh", "aten.tanh.default", (4, 8, 16), ["x"]),
+        _node("flat", "aten.view.default", (32, 16), ["tanh"]),
+        _node("cast", "aten._to_copy.default", (32, 16), ["flat"], out="bfloat16"),
+    ]
+    (kernel,) = fuse(nodes)
+    assert kernel.members == (0, 1, 3)
+    assert kernel.bytes_written(nodes) == 32 * 16 * 2

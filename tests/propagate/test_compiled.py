@@ -50,7 +50,24 @@ def test_a_channels_last_convolution_drops_its_recorded_transposes_on_its_origin
     assert node_kernel_ms(nodes, DEVICE, on_origin=True, channels_last=True)[0] == pytest.approx(0.5)
     nodes[0].pred_ms[DEVICE.name] = 1.0
     off_origin = node_kernel_ms(nodes, DEVICE, on_origin=False)[0]
+    # A prediction of a model not known to hold the transposes is kept.
     assert node_kernel_ms(nodes, DEVICE, on_origin=False, channels_last=True)[0] == off_origin
+
+
+def test_a_channels_last_convolution_drops_its_transposes_on_another_gpu() -> None:
+    conv = _conv()
+    conv.pred_ms[DEVICE.name] = 1.0
+    conv.pred_source[DEVICE.name] = "mlp_ratio"  # the recording scaled: it keeps the non-transpose share
+    nchw = node_kernel_ms([conv], DEVICE)[0]
+    assert node_kernel_ms([conv], DEVICE, channels_last=True)[0] == pytest.approx(nchw * 0.5 / 0.8)
+    # Origin-free, the tensor-core model charges a 3x3 convolution's transposes; channels-last drops them.
+    free = _conv()
+    free.kernels, free.bytes_read, free.bytes_written = [], 2 * 64 * 64 * 56 * 56 * 2, 64 * 64 * 56 * 56 * 2
+    free.pred_ms[DEVICE.name] = 1.0
+    free.pred_source[DEVICE.name] = "mlp"
+    moved = 2 * (2 * 64 * 64 * 56 * 56 + 64 * 64 * 3 * 3) * 2  # read and write x, y and the weight (bf16)
+    expected = node_kernel_ms([free], DEVICE)[0] - moved / (DEVICE.bandwidth_gbps * 1e6)
+    assert node_kernel_ms([free], DEVICE, channels_last=True)[0] == pytest.approx(expected, rel=0.01)
 
 
 def test_a_batch_norm_is_not_held_to_its_nchw_kernel_when_channels_last() -> None:
@@ -65,3 +82,13 @@ def test_a_batch_norm_is_not_held_to_its_nchw_kernel_when_channels_last() -> Non
     nhwc = fused_kernel_ms([bn], [kernel], eager, DEVICE, channels_last=True)[0]
     assert nchw == 50.0
     assert 0 < nhwc < 50.0
+
+
+def test_the_eager_kernel_scale_applies_only_where_l2_explains_it() -> None:
+    nodes = [_relu(i) for i in range(2)]
+    kernels = [FusedKernel("pointwise", (i,), ((0,),), ((True,),)) for i in range(2)]
+    times = np.array([1.0, 1.0])
+    explained = Pipeline(host_ms=0.0, kernel_scale=0.9, fitted=True)
+    assert compiled_timeline(nodes, kernels, times, explained)[-1].end_ms == pytest.approx(1.8)
+    other_graph = Pipeline(host_ms=0.0, kernel_scale=0.44, fitted=True, l2_explained=False)
+    assert compiled_timeline(nodes, kernels, times, other_graph)[-1].end_ms == pytest.approx(2.0)

@@ -27,7 +27,7 @@ from fxcost.lowering.nodes import MATMULS, gemm_dims
 from fxcost.precision import HALF_DTYPES, itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["TensorWork", "load_share", "tensor_kind", "tensor_work"]
+__all__ = ["TensorWork", "layout_pass_bytes", "load_share", "tensor_kind", "tensor_work"]
 
 _CONV = "aten.convolution.default"
 _CONV_BACKWARD = "aten.convolution_backward.default"
@@ -152,3 +152,13 @@ def load_share(dim: int, size: int) -> float:
 
 def _up(x: int, multiple: int) -> int:
     return -(-int(x) // multiple) * multiple
+
+
+def layout_pass_bytes(node: NodeCost) -> tuple[float, ...]:
+    """The bytes of the NCHW/NHWC transposes :func:`tensor_work` charges a convolution (none for other
+    nodes or a 1x1 stride-1 convolution): the passes a step running channels-last does not run."""
+    work = tensor_work(node) if node.op in _CONVS else None
+    if work is None:
+        return ()
+    mask = list(node.args.get("output_mask") or [True, True, False]) if node.op == _CONV_BACKWARD else []
+    return work.passes[:-1] if len(mask) > 2 and mask[2] else work.passes  # the last: a bias gradient
