@@ -32,6 +32,7 @@ from fxcost.lowering.fusion import FusedKernel, fuse
 from fxcost.lowering.fusion_layout import channels_last
 from fxcost.precision import Precision, PrecisionArg, itemsize, parse_precision
 from fxcost.propagate import check_execution, fused_kernel_ms, phase_totals, replay_ends
+from fxcost.propagate.compiled import without_layout_transposes
 from fxcost.records import META_KEY, PHASES, NodeCost
 from fxcost.report import Report
 
@@ -179,7 +180,7 @@ class Captured:
         # The step (Report.step_ms_in), split where each phase's last kernel ends.
         per_node = kernel_times(ms, sources, target)
         if execution == "compiled":
-            kernels, issued_phase = self._compiled(batch, per_node, target)
+            kernels, issued_phase = self._compiled(batch, per_node, sources, target)
         else:
             kernels, issued_phase = per_node[self._issued], self._issued_phase
         known = np.isfinite(kernels)
@@ -199,7 +200,7 @@ class Captured:
         return result
 
     def _compiled(
-        self, batch: NodeBatch, per_node: np.ndarray, device: Device
+        self, batch: NodeBatch, per_node: np.ndarray, sources: np.ndarray, device: Device
     ) -> tuple[np.ndarray, np.ndarray]:
         """The compiled step's kernel times in run order, and each kernel's phase: Inductor's fusion
         of the traced step, its kernels priced at the sizes of ``batch``."""
@@ -212,6 +213,8 @@ class Captured:
         nodes = [
             n if i is None else batch.nodes[i] for n, i in zip(self.report.nodes, self.index, strict=True)
         ]
+        if layout:
+            per_node = without_layout_transposes(batch.nodes, per_node, device, sources=list(sources))
         eager = np.array([np.nan if i is None else per_node[i] for i in self.index], dtype=np.float64)
         return fused_kernel_ms(nodes, kernels, eager, device, self.chain, channels_last=layout), phases
 

@@ -72,6 +72,7 @@ __all__ = [
     "compiled_timeline",
     "fused_kernel_ms",
     "node_kernel_ms",
+    "without_layout_transposes",
 ]
 
 
@@ -94,14 +95,27 @@ def node_kernel_ms(
     convolutions channels-last, so a recorded convolution's layout transposes do not run."""
     hidden = hidden_overhead_ms(device)
     ms = np.array([_eager_kernel_ms(n, device, hidden, on_origin) for n in nodes], dtype=np.float64)
-    if channels_last:
-        for i, n in enumerate(nodes):
-            if n.op in _CONVOLUTIONS and np.isfinite(ms[i]):
-                ms[i] = max(_channels_last_ms(n, float(ms[i]), device, on_origin), MIN_KERNEL_MS)
-    return ms
+    return without_layout_transposes(nodes, ms, device, on_origin) if channels_last else ms
 
 
-def _channels_last_ms(node: NodeCost, eager_ms: float, device: Device, on_origin: bool) -> float:
+def without_layout_transposes(
+    nodes: Sequence[NodeCost], ms: np.ndarray, device: Device, on_origin: bool = False,
+    sources: Sequence[str | None] | None = None,
+) -> np.ndarray:  # fmt: skip
+    """``ms`` (each node's eager kernel time on ``device``) with the layout transposes a channels-last
+    step does not run taken off its convolutions; ``sources``: the models that priced each node (its
+    ``pred_source`` on ``device`` where not given)."""
+    out = np.array(ms, dtype=np.float64)
+    for i, n in enumerate(nodes):
+        if n.op in _CONVOLUTIONS and np.isfinite(out[i]):
+            source = n.pred_source.get(device.name) if sources is None else sources[i]
+            out[i] = max(_channels_last_ms(n, float(out[i]), device, on_origin, source), MIN_KERNEL_MS)
+    return out
+
+
+def _channels_last_ms(
+    node: NodeCost, eager_ms: float, device: Device, on_origin: bool, source: str | None
+) -> float:
     """A convolution's kernel time without the NCHW/NHWC transposes its eager time holds: on the
     origin its recorded kernels but the transposes; elsewhere, a time scaled from the recording
     (``mlp_ratio``, ``wave_scaling``) keeps the recording's share of the rest, and the tensor-core
@@ -109,7 +123,6 @@ def _channels_last_ms(node: NodeCost, eager_ms: float, device: Device, on_origin
     recorded = node.kernel_ms
     if on_origin and recorded is not None:
         return recorded - layout_transpose_ms(node)
-    source = node.pred_source.get(device.name)
     if source in _SCALED_FROM_ORIGIN and recorded:
         return eager_ms * (1 - layout_transpose_ms(node) / recorded)
     if source == "mlp":
