@@ -32,7 +32,7 @@ from fxcost.lowering.fusion import FusedKernel, fuse
 from fxcost.lowering.fusion_layout import channels_last
 from fxcost.precision import Precision, PrecisionArg, itemsize, parse_precision
 from fxcost.propagate import check_execution, fused_kernel_ms, phase_totals, replay_ends
-from fxcost.propagate.compiled import without_layout_transposes
+from fxcost.propagate.compiled import kernel_work, without_layout_transposes
 from fxcost.records import META_KEY, PHASES, NodeCost
 from fxcost.report import Report
 
@@ -216,7 +216,10 @@ class Captured:
         if layout:
             per_node = without_layout_transposes(batch.nodes, per_node, device, sources=list(sources))
         eager = np.array([np.nan if i is None else per_node[i] for i in self.index], dtype=np.float64)
-        return fused_kernel_ms(nodes, kernels, eager, device, self.chain, channels_last=layout), phases
+        work = batch.derived("compiled.work", lambda: kernel_work(nodes, kernels))  # the same on every GPU
+        return fused_kernel_ms(
+            nodes, kernels, eager, device, self.chain, channels_last=layout, work=work
+        ), phases
 
     def _relative(self, batch_size: int | None) -> int | None:
         """None for the traced batch: one cache entry, and no polynomials to evaluate there."""

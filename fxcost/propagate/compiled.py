@@ -42,6 +42,7 @@ that was timed, and is not applied.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,10 +68,12 @@ __all__ = [
     "EXECUTIONS",
     "Execution",
     "KernelSpan",
+    "KernelWork",
     "check_execution",
     "compiled_host_ms",
     "compiled_timeline",
     "fused_kernel_ms",
+    "kernel_work",
     "node_kernel_ms",
     "without_layout_transposes",
 ]
@@ -138,31 +141,28 @@ def compiled_host_ms(pipeline: Pipeline) -> float:
     return min(pipeline.host_ms, HOST_MS)
 
 
-def fused_kernel_ms(
-    nodes: Sequence[NodeCost],
-    kernels: Sequence[FusedKernel],
-    eager_ms: np.ndarray,
-    device: Device,
-    model: ModelSpec = "auto",
-    origin: Device | None = None,
-    channels_last: bool = False,
-) -> np.ndarray:
-    """The GPU time of each kernel of ``kernels`` (fused from ``nodes``) on ``device``, in ms; NaN
-    where an extern kernel's node has no prediction there. ``eager_ms``: each node's eager kernel time
-    (:func:`node_kernel_ms`). ``model`` prices the generated kernels' memory passes (the roofline
-    where it has no answer). ``channels_last``: the step's conv activations are channels-last, so a
-    batch norm's eager (NCHW) kernel does not bound the kernel that reduces it."""
-    out = np.full(len(kernels), np.nan)
+@dataclass(frozen=True)
+class KernelWork:
+    """What a step's kernels run, the same on every GPU: each generated kernel's stand-in (a memory
+    pass of the bytes it moves, or the fused attention kernel), priced once per distinct stand-in,
+    and the extern GEMMs Inductor may pad."""
+
+    generated: list[int]  # the kernels priced from a stand-in
+    distinct: list[NodeCost]  # the distinct stand-ins
+    slot: np.ndarray  # each generated kernel's stand-in in ``distinct``
+    padded: list[tuple[int, PaddedGemm]]  # (extern kernel, its padded GEMM)
+
+
+def kernel_work(nodes: Sequence[NodeCost], kernels: Sequence[FusedKernel]) -> KernelWork:
+    """The :class:`KernelWork` of ``kernels`` (fused from ``nodes``)."""
     generated: list[int] = []
     passes: list[NodeCost] = []
-    pads: list[tuple[int, PaddedGemm]] = []
+    padded: list[tuple[int, PaddedGemm]] = []
     for k, kernel in enumerate(kernels):
         if kernel.kind == "extern":
-            node = nodes[kernel.members[0]]
-            out[k] = eager_ms[kernel.members[0]]
-            padded = padded_gemm(node)
-            if padded is not None and compute_bound(node, device):
-                pads.append((k, padded))
+            gemm = padded_gemm(nodes[kernel.members[0]])
+            if gemm is not None:
+                padded.append((k, gemm))
             continue
         if kernel.kind == "attention":  # the fused attention kernel, priced as such
             node = kernel.stands_for(nodes)
@@ -173,23 +173,52 @@ def fused_kernel_ms(
             node.flops = max(kernel.flops(nodes), node.flops or 0)
         generated.append(k)
         passes.append(node)
+    # A step's layers repeat their kernels: each distinct stand-in is priced once.
+    index: dict[tuple[object, ...], int] = {}
+    slot = np.array([index.setdefault(_pass_key(node), len(index)) for node in passes], dtype=np.intp)
+    firsts = {j: i for i, j in reversed(list(enumerate(slot.tolist())))}
+    return KernelWork(generated, [passes[firsts[j]] for j in range(len(index))], slot, padded)
+
+
+def fused_kernel_ms(
+    nodes: Sequence[NodeCost],
+    kernels: Sequence[FusedKernel],
+    eager_ms: np.ndarray,
+    device: Device,
+    model: ModelSpec = "auto",
+    origin: Device | None = None,
+    channels_last: bool = False,
+    work: KernelWork | None = None,
+) -> np.ndarray:
+    """The GPU time of each kernel of ``kernels`` (fused from ``nodes``) on ``device``, in ms; NaN
+    where an extern kernel's node has no prediction there. ``eager_ms``: each node's eager kernel time
+    (:func:`node_kernel_ms`). ``model`` prices the generated kernels' memory passes (the roofline
+    where it has no answer). ``channels_last``: the step's conv activations are channels-last, so a
+    batch norm's eager (NCHW) kernel does not bound the kernel that reduces it. ``work``: the
+    kernels' :func:`kernel_work`, where a caller prices the same kernels on many GPUs."""
+    work = kernel_work(nodes, kernels) if work is None else work
+    out = np.full(len(kernels), np.nan)
+    for k, kernel in enumerate(kernels):
+        if kernel.kind == "extern":
+            out[k] = eager_ms[kernel.members[0]]
+    pads = [(k, p) for k, p in work.padded if compute_bound(nodes[kernels[k].members[0]], device)]
     padded_ms = _padded_ms([p for _, p in pads], device, model, origin)
     for (k, _), padded_k in zip(pads, padded_ms, strict=True):
         if out[k] > PAD_SPEEDUP * padded_k:  # pad_mm's choice: padding only where it pays
             out[k] = padded_k
-    if not passes:
+    if not work.distinct:
         return out
-    batch = NodeBatch.of(passes, origin)
+    batch = NodeBatch.of(work.distinct, origin)
     ms, sources = predict_batch(batch, model_chain(model, origin), device)
     roofline = Roofline()
-    bound = roofline.predict(batch, device)
-    ms = np.where(np.isfinite(ms), ms, bound)
-    sources = np.where(np.isfinite(ms), sources, "roofline")
+    unknown = ~np.isfinite(ms)
+    ms = np.where(unknown, roofline.predict(batch, device), ms)
+    sources = np.where(unknown, "roofline", sources)
     times = kernel_times(ms, sources, device)
     # Not faster than its work at the fp32 peak (a roofline bound without the launch floor).
     compute = batch.flops / (roofline.peak_tflops(batch, device) * 1e9)
-    times = np.fmax(times, compute)
-    for k, t in zip(generated, times.tolist(), strict=True):
+    times = np.fmax(times, compute)[work.slot]
+    for k, t in zip(work.generated, times.tolist(), strict=True):
         kernel = kernels[k]
         if kernel.kind == "reduction":  # no faster than its reductions' own kernels
             own = [eager_ms[i] for i in kernel.members if reduces(nodes[i])
@@ -255,12 +284,20 @@ def _eager_kernel_ms(node: NodeCost, device: Device, hidden: float, on_origin: b
     return kernel_ms(predicted, node.pred_source.get(device.name), device, hidden)
 
 
+def _pass_key(node: NodeCost) -> tuple[object, ...]:
+    """What a generated kernel's price depends on: its stand-in node's op, shapes, dtypes, work,
+    traffic and arguments (a step's layers repeat the same kernels)."""
+    shapes = (tuple(map(tuple, node.in_shapes)), tuple(map(tuple, node.out_shapes)))
+    dtypes = (tuple(node.in_dtypes), tuple(node.out_dtypes))
+    return (node.op, shapes, dtypes, node.flops, node.bytes_read, node.bytes_written, repr(node.args))
+
+
 def _widest_output(members: Sequence[NodeCost]) -> str:
     """The dtype of the members' largest output (float32 where none has one)."""
     best, dtype = -1, "float32"
     for n in members:
         for shape, d in zip(n.out_shapes, n.out_dtypes, strict=False):
-            size = int(np.prod(shape)) if shape else 1
+            size = math.prod(shape)
             if size > best:
                 best, dtype = size, d
     return dtype

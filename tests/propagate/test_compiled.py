@@ -92,3 +92,20 @@ def test_the_eager_kernel_scale_applies_only_where_l2_explains_it() -> None:
     assert compiled_timeline(nodes, kernels, times, explained)[-1].end_ms == pytest.approx(1.8)
     other_graph = Pipeline(host_ms=0.0, kernel_scale=0.44, fitted=True, l2_explained=False)
     assert compiled_timeline(nodes, kernels, times, other_graph)[-1].end_ms == pytest.approx(2.0)
+
+
+def test_repeated_kernels_are_priced_once_and_as_if_each_alone() -> None:
+    from fxcost.propagate.compiled import kernel_work
+
+    sizes = [4096, 1 << 24, 4096, 1 << 24, 4096]  # layers repeat their kernels
+    nodes = [NodeCost(f"r{i}", "aten.relu.default", "fw", in_shapes=[[n]], in_dtypes=["float32"],
+                      out_shapes=[[n]], out_dtypes=["float32"]) for i, n in enumerate(sizes)]  # fmt: skip
+    kernels = [FusedKernel("pointwise", (i,), ((0,),), ((True,),)) for i in range(len(nodes))]
+    eager = node_kernel_ms(nodes, DEVICE)
+    work = kernel_work(nodes, kernels)
+    assert len(work.distinct) == 2 and work.slot.tolist() == [0, 1, 0, 1, 0]
+    together = fused_kernel_ms(nodes, kernels, eager, DEVICE, work=work)
+    one = [FusedKernel("pointwise", (0,), ((0,),), ((True,),))]
+    alone = [fused_kernel_ms([n], one, eager[i : i + 1], DEVICE)[0] for i, n in enumerate(nodes)]
+    assert together.tolist() == pytest.approx(alone)
+    assert together[1] > together[0]
