@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from fxcost.cost_models.heads import measured_in_training, unlike_training
+from fxcost.execution import check_execution
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.lowering.flops import is_matmul_class
 from fxcost.precision import HALF_DTYPES, is_float
@@ -51,7 +52,7 @@ def header_lines(report: Report) -> list[str]:
     facts = [step, f"batch {report.batch}" if report.batch is not None else "batch unknown"]
     if report.seqlen is not None:
         facts.append(f"sequence length {report.seqlen}")
-    facts += [captured_precision(report.nodes), EXECUTION_TEXT[report.execution]]
+    facts += [captured_precision(report.nodes), EXECUTION_TEXT[check_execution(report.execution)]]
     lines = [f"{report.name or 'model'}: {', '.join(facts)}", _origin_line(report)]
     if report.devices:
         lines.append(_sources_line(report))

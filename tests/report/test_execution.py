@@ -196,3 +196,14 @@ def test_header_warns_when_attention_was_captured_on_its_math_path() -> None:
     assert MATH_ATTENTION_CAVEAT in header_lines(Report(nodes=[plain, softmax]))
     assert MATH_ATTENTION_CAVEAT not in header_lines(Report(nodes=[plain]))
     assert MATH_ATTENTION_CAVEAT not in header_lines(Report(nodes=[plain, softmax], execution="compiled"))
+
+
+def test_an_execution_set_after_construction_is_checked_when_printed() -> None:
+    from fxcost.records import NodeCost
+    from fxcost.report import Report
+    from fxcost.report.header import header_lines
+
+    report = Report(nodes=[NodeCost("r", "aten.relu.default", "fw", in_shapes=[(8,)], out_shapes=[(8,)])])
+    report.execution = "fast"
+    with pytest.raises(ValueError, match="eager"):
+        header_lines(report)
