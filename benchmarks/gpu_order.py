@@ -3,7 +3,8 @@
 For every pair of GPUs in the database where one is at least as strong as the other in each spec that
 sets speed (fp32, TF32, fp16 and bf16 peaks, DRAM bandwidth, SMs, L2, boost clock, power), a grid of GEMM,
 batched-GEMM (attention's score and value products), convolution, layer-norm, softmax and
-elementwise shapes (fp32; GEMMs, batched GEMMs and convolutions also in bf16, GEMMs in TF32) is
+elementwise shapes (fp32; GEMMs, batched GEMMs and convolutions also in bf16, GEMMs in TF32) and bf16
+fused attention (SDPA forward and backward, each GPU's own kernel) is
 predicted on both with the default origin-free policy: the time each node is priced at (the op
 timed alone). Printed per op class: the pairs and shapes
 compared, the share where the stronger GPU is predicted slower (more than 0.1%), and the worst ratio.
@@ -54,7 +55,28 @@ def shapes() -> dict[str, list[NodeCost]]:
                       for o in (64, 256) for s in (7, 28, 56)],
         "linear_tf32": [dataclasses.replace(gemm_node("linear", 1, m, n, k), tf32=True) for m in SIZES
                         for n in SIZES[2:] for k in SIZES[2:]],
+        "sdpa_bf16": [_sdpa(b, s, d, causal, backward) for b in (1, 8, 64) for s in (128, 1024, 8192)
+                      for d in (64, 128) for causal in (False, True) for backward in (False, True)],
     }  # fmt: skip
+
+
+def _sdpa(batch: int, s: int, d: int, causal: bool, backward: bool, heads: int = 16) -> NodeCost:
+    """A bf16 SDPA node as a CPU capture records it: each target prices the kernel it would run."""
+    qkv = (batch, heads, s, d)
+    op = "aten._scaled_dot_product_flash_attention_for_cpu" + ("_backward" if backward else "") + ".default"
+    shapes = [qkv] * 5 + [qkv[:3]] if backward else [qkv] * 3  # grad, q, k, v, out, logsumexp
+    dtypes = ["bfloat16"] * (len(shapes) - 1) + (["float32"] if backward else ["bfloat16"])
+    out = [qkv] * (3 if backward else 1)
+    return NodeCost(
+        name="sdpa",
+        op=op,
+        phase="bw" if backward else "fw",
+        in_shapes=shapes,
+        in_dtypes=dtypes,
+        out_shapes=out,
+        out_dtypes=["bfloat16"] * len(out),
+        args={"is_causal": causal},
+    )
 
 
 def _bf16(node: NodeCost) -> NodeCost:

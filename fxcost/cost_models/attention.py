@@ -29,10 +29,17 @@ may be fit: the time is built from spec-sheet rates and the kernel's launch stru
   paper (Shah et al. 2024, §3.1) schedules one consumer's softmax under the other's ``wgmma``
   (ping-pong) and a warpgroup's own softmax under its next ``wgmma`` (asynchronous issue).
 - **Waves**: thread blocks resident per SM from the occupancy calculator (the kernels use all 255
-  registers a thread may have); the time is that of the busiest SM, at least the longest block
-  (a causal forward's last query block walks every key tile).
+  registers a thread may have; cuDNN's, one per SM, below); the time is that of the busiest SM, at
+  least the longest block (a causal forward's last query block walks every key tile).
+- **Pipeline** (cuDNN): a block's tiles overlap its two stages, so a block of ``n`` tiles takes ``n``
+  times the longer stage plus the shorter once (its first GEMM before any softmax, its last softmax
+  before the last GEMM). The launch is persistent (the recorded launches: as many 384-thread blocks as
+  SMs, fewer only where there are fewer tiles of work, one per SM), each SM taking blocks in turn.
 - **Memory**: the main kernel moves Q, K, V, O (and in the backward dO and fp32 dQ) once; the
   backward's two memory passes (``D = rowsum(dO·O)``, ``dQ``'s conversion) are kernels of their own.
+  Each further block of a (batch, head) re-reads the tiles it walks (and each head a mask broadcast
+  over the heads): from DRAM where the (batch, head)s the resident blocks span cannot keep them in
+  L2, else from L2, whose bandwidth no spec sheet gives and which is not priced.
   A kernel takes at least the GPU's launch floor.
 
 The memory-efficient backward (xformers' CUTLASS kernel) runs its GEMMs at half FlashAttention-2's
@@ -158,18 +165,42 @@ def fused_attention_ms(
         split_ops = SPLIT_OPS_PER_OPERAND * fused.flops_per_tile / WARP_TILE  # a 32x32 tile: 32 FLOPs each
         mma_ms += split_ops / (alu_per_clock * sms * clock_hz) * 1e3
     softmax_ms = fused.scores_per_tile * score_cycles / (sms * clock_hz) * 1e3
-    tile_ms = max(mma_ms, softmax_ms) if fused.backend == "cudnn" else mma_ms + softmax_ms
+    if fused.backend == "cudnn":
+        # Two stages (the GEMMs, the softmax) overlapped across a block's tiles: n tiles take n times
+        # the longer stage, and each block's first and last tile add the shorter once (the pipeline's
+        # fill and drain).
+        tile_ms, block_ms = max(mma_ms, softmax_ms), min(mma_ms, softmax_ms)
+        per_sm = 1  # persistent: one 384-thread block per SM (its launches: the SM count, 1 per SM)
+    else:
+        tile_ms, block_ms = mma_ms + softmax_ms, 0.0
+        try:
+            per_sm = blocks_per_sm(device, 32 * fused.warps, REGISTERS_PER_THREAD, fused.shared_memory_bytes)
+        except ValueError:
+            per_sm = 1
     # Waves: the busiest SM's tiles against a perfect spread of them.
-    try:
-        per_sm = blocks_per_sm(device, 32 * fused.warps, REGISTERS_PER_THREAD, fused.shared_memory_bytes)
-    except ValueError:
-        per_sm = 1
     slots = per_sm * sms
     walked = fused.tiles_per_block
     if not walked or max(walked) <= 0:
         return None
-    busiest = max(math.ceil(fused.blocks / slots) * sum(walked) / len(walked), max(walked))
-    compute_ms = busiest * tile_ms * slots  # a tile on one of the slots takes slots x its device time
+    rounds = math.ceil(fused.blocks / slots)  # blocks the busiest slot runs
+    busiest = max(rounds * sum(walked) / len(walked), max(walked))
+    compute_ms = (busiest * tile_ms + rounds * block_ms) * slots  # a slot's tile: slots x its device time
     floor = device.launch_floor_ms or LAUNCH_FLOOR_MS
-    main = max(compute_ms, fused.bytes_main / (bandwidth * 1e6), floor)
+    dram = fused.bytes_main + (fused.reread_bytes if _rereads_miss_l2(call, fused, device, slots) else 0)
+    main = max(compute_ms, dram / (bandwidth * 1e6), floor)
     return main + sum(max(b / (bandwidth * 1e6), floor) for b in fused.bytes_passes)
+
+
+def _rereads_miss_l2(call: AttentionCall, fused: FusedAttention, device: Device, slots: int) -> bool:
+    """Whether the blocks' re-reads (:attr:`FusedAttention.reread_bytes`) come from DRAM: the kernels
+    launch a (batch, head)'s blocks next to each other (the grid's fastest index, or the persistent
+    scheduler's), so the resident blocks walk the operands of the (batch, head)s they span, one more
+    where they straddle two; while those stay in L2 the re-reads hit it. False without the L2 size.
+    """
+    if not device.l2_cache_mb or not fused.reread_bytes:
+        return False
+    per_head = len(fused.tiles_per_block)
+    heads = min(math.ceil(min(fused.blocks, slots) / per_head) + 1, call.batch * call.heads)
+    batches = min(math.ceil(heads / call.heads) + 1, call.batch)
+    resident = heads * fused.head_bytes + batches * fused.batch_bytes
+    return resident > device.l2_cache_mb * 2**20

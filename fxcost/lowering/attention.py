@@ -162,6 +162,7 @@ class AttentionCall:
         recorded: the kernel a GPU capture recorded; None for a CPU kernel (the target chooses).
         mask_bytes: bytes of the additive mask as passed (0 without one; a mask broadcast over the
             heads, ``[B, 1, Sq, Sk]`` as Hugging Face's models pass it, counts once).
+        mask_heads: heads the mask carries (its dim -3; 1 where it is broadcast over the heads).
     """
 
     batch: int
@@ -178,6 +179,7 @@ class AttentionCall:
     backward: bool
     recorded: Backend | None
     mask_bytes: int = 0
+    mask_heads: int = 1
 
 
 def attention_call(node: NodeCost) -> AttentionCall | None:
@@ -193,15 +195,18 @@ def attention_call(node: NodeCost) -> AttentionCall | None:
         return None
     where = _MASK_AT.get(packet)
     masked = where is not None and len(node.in_shapes) > where[1] and len(node.in_shapes[where[0]]) >= 2
-    mask_bytes = 0
+    mask_bytes, mask_heads = 0, 1
     if masked and where is not None:
         mask_dtype = node.in_dtypes[where[0]] if len(node.in_dtypes) > where[0] else node.in_dtypes[first]
-        mask_bytes = math.prod(node.in_shapes[where[0]]) * itemsize(mask_dtype)
+        mask_shape = node.in_shapes[where[0]]
+        mask_bytes = math.prod(mask_shape) * itemsize(mask_dtype)
+        mask_heads = mask_shape[-3] if len(mask_shape) >= 3 else 1
     return AttentionCall(
         batch=math.prod(q[:-3]), heads=q[-3], kv_heads=k[-3], sq=q[-2], sk=k[-2], d=q[-1], dv=v[-1],
         dtype=node.in_dtypes[first], causal=bool(node.args.get("is_causal")), masked=masked,
         dropout=float(node.args.get("dropout_p") or 0.0), backward=backward,
         recorded=_RECORDED.get(forward_name), mask_bytes=mask_bytes,
+        mask_heads=mask_heads,
     )  # fmt: skip
 
 

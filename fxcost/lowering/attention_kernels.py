@@ -39,8 +39,15 @@ class FusedAttention:
         shared_memory_bytes: per block (Q, K, V tiles; the backward also dO and the scores).
         flops_per_tile: tensor-core FLOPs of one block-rows x tile step.
         scores_per_tile: softmax elements of one step (exponentials and conversions).
-        bytes_main: DRAM bytes of the main kernel; bytes_passes: those of the backward's two memory
-            passes (``D = rowsum(dO·O)`` before, the fp32 ``dQ`` converted after).
+        bytes_main: DRAM bytes of the main kernel, each operand once; bytes_passes: those of the
+            backward's two memory passes (``D = rowsum(dO·O)`` before, the fp32 ``dQ`` converted after).
+        reread_bytes: what the blocks load beyond that single pass: every further block of a
+            (batch, head) re-reads the other side's tiles it walks (K and V forward; Q, dO, the LSE and
+            ``D`` backward, where each key block also adds its share into the fp32 ``dQ``), and each
+            head re-reads a mask broadcast over the heads.
+        head_bytes: the re-read operands of one (batch, head); batch_bytes: the mask slice one batch's
+            heads share (0 where each head has its own, counted in ``head_bytes``). Re-reads hit L2
+            while the (batch, head)s the resident blocks work on keep these in it.
     """
 
     backend: Backend
@@ -54,6 +61,9 @@ class FusedAttention:
     scores_per_tile: int
     bytes_main: int
     bytes_passes: tuple[int, ...]
+    reread_bytes: int = 0
+    head_bytes: int = 0
+    batch_bytes: int = 0
 
 
 def _tiles(backend: Backend, call: AttentionCall) -> tuple[int, int, int]:
@@ -94,6 +104,15 @@ def fused_attention(call: AttentionCall, backend: Backend) -> FusedAttention:
     kv = call.batch * call.kv_heads * call.sk * (call.d + call.dv) * size
     o = bh * call.sq * call.dv * size
     lse = bh * call.sq * 4
+    # Rows of the walked side each block loads: whole tiles, the last one cut at the sequence's end.
+    walked_len = call.sq if call.backward else call.sk
+    loaded_rows = sum(min(max(w, 0) * tile, walked_len) for w in per_block)
+    # A mask broadcast over the heads is loaded by every head: heads / mask_heads times in all.
+    mask_head_bytes = call.mask_bytes // max(call.batch * call.mask_heads, 1)  # one head's slice
+    mask_loaded = bh * mask_head_bytes * loaded_rows // max(owned * walked_len, 1)
+    mask_reread = max(mask_loaded - call.mask_bytes, 0)
+    shared_mask = call.mask_heads != call.heads
+    batch_bytes = mask_head_bytes if shared_mask else 0
     if call.backward:
         # dQ's fp32 accumulator takes every key block's atomics in L2 and reaches DRAM about once.
         dq_accum = bh * call.sq * call.d * 4
@@ -101,12 +120,19 @@ def fused_attention(call: AttentionCall, backend: Backend) -> FusedAttention:
         main = q + 2 * kv + 2 * o + 2 * lse + dq_accum + call.mask_bytes
         # D = rowsum(dO·O) before; dQ from fp32 to the dtype after.
         passes: tuple[int, ...] = (2 * o + lse, bh * call.sq * call.d * (4 + size))
+        per_row = (call.d + call.dv) * size + 2 * 4 + call.d * 4  # Q, dO, LSE, D; dQ's fp32 adds
+        once = q + o + 2 * lse + dq_accum
     else:
         main, passes = q + kv + o + lse + call.mask_bytes, tuple[int, ...]()
+        per_row = (call.d + call.dv) * size  # K, V
+        once = kv
+    reread = max(bh * loaded_rows * per_row - once, 0) + mask_reread
+    head = walked_len * per_row + (0 if shared_mask else mask_head_bytes)
     return FusedAttention(
         backend=backend, warps=warps, block_rows=rows, tile=tile, blocks=owned * bh,
         tiles_per_block=tuple(max(w, 0) for w in per_block), shared_memory_bytes=smem,
         flops_per_tile=flops, scores_per_tile=rows * tile, bytes_main=main, bytes_passes=passes,
+        reread_bytes=reread, head_bytes=head, batch_bytes=batch_bytes,
     )  # fmt: skip
 
 

@@ -380,3 +380,80 @@ def test_a_masked_call_reads_its_mask_and_runs_the_efficient_kernel() -> None:
     math_path = math_work(replace(call, causal=False))
     assert sum(n.flops or 0 for n, _ in math_path if n.op == "aten.bmm.default") == attention_flops(
         (2, 4, 64, 32), (2, 4, 64, 32), (2, 4, 64, 32), False, False)  # fmt: skip
+
+
+# -- cuDNN's persistent, pipelined kernel and the tiles' re-reads --------------------------------------
+
+
+def _compute_bound(name: str = "H100-SXM") -> fxcost.gpus.Device:
+    """The GPU with DRAM out of play, so that the tiles' schedule sets the time."""
+    return replace(get_device(name), mem_bandwidth_gbps=1e9)
+
+
+def test_a_cudnn_block_adds_its_pipelines_fill_once() -> None:
+    """One query block per head, eight on every SM: n key tiles take n overlapped tiles plus one fill,
+    so eight tiles cost less than eight times one, and no less than (8 + 1) / 2 times."""
+    device = _compute_bound()
+    assert device.num_sms is not None
+    batch = device.num_sms  # 8 heads, one block each: eight blocks per SM
+    one, eight = (replace(_call(s=128, batch=batch), sk=sk) for sk in (128, 1024))
+    t_one, t_eight = (fused_attention_ms(c, fused_attention(c, "cudnn"), device) for c in (one, eight))
+    assert t_one is not None and t_eight is not None
+    assert 4.5 <= t_eight / t_one < 7.9  # (8 max + min) / (max + min), min <= max
+    flash = [fused_attention_ms(c, fused_attention(c, "flash"), device) for c in (one, eight)]
+    assert flash[0] is not None and flash[1] == pytest.approx(8 * flash[0], rel=0.01)  # no overlap, no fill
+
+
+def test_the_cudnn_kernel_runs_one_block_per_sm() -> None:
+    """Its launches are as many 384-thread blocks as SMs: one block beyond them is a second round."""
+    device = _compute_bound()
+    assert device.num_sms is not None
+    calls = [replace(_call(s=128, batch=1), sk=8192, heads=h, kv_heads=h) for h in (device.num_sms,
+             device.num_sms + 1)]  # one query block per head, each walking 64 key tiles  # fmt: skip
+    full, over = (fused_attention_ms(c, fused_attention(c, "cudnn"), device) for c in calls)
+    assert full is not None and over == pytest.approx(2 * full, rel=0.01)
+
+
+def test_each_block_rereads_the_tiles_it_walks() -> None:
+    forward = _call(s=2048, d=128, kv_heads=8)
+    fused = fused_attention(forward, "cudnn")
+    bh, blocks_per_head = forward.batch * forward.heads, len(fused.tiles_per_block)
+    kv_head = forward.sk * (forward.d + forward.dv) * 2
+    assert fused.reread_bytes == bh * (blocks_per_head - 1) * kv_head and fused.head_bytes == kv_head
+    grouped = fused_attention(replace(forward, kv_heads=2), "cudnn")  # four query heads share a key head
+    assert grouped.reread_bytes == bh * blocks_per_head * kv_head - forward.batch * 2 * kv_head
+    causal = fused_attention(replace(forward, causal=True), "cudnn")
+    assert causal.reread_bytes < 0.6 * fused.reread_bytes  # the skipped tiles are not loaded
+    backward = fused_attention(replace(forward, backward=True), "cudnn")
+    per_query = (forward.d + forward.dv) * 2 + 8 + forward.d * 4  # Q, dO, LSE, D; dQ's fp32 adds
+    assert backward.reread_bytes == bh * (len(backward.tiles_per_block) - 1) * forward.sq * per_query
+
+
+def test_a_mask_broadcast_over_the_heads_is_read_by_each() -> None:
+    plain = _call(s=1024)
+    mask = plain.batch * plain.sq * plain.sk * 2
+    shared = replace(plain, masked=True, mask_bytes=mask)
+    own = replace(plain, masked=True, mask_bytes=plain.heads * mask, mask_heads=plain.heads)
+    base, a, b = (fused_attention(c, "cudnn") for c in (plain, shared, own))
+    assert a.reread_bytes - base.reread_bytes == (plain.heads - 1) * mask
+    assert b.reread_bytes == base.reread_bytes  # each head reads its own slice once
+    assert a.batch_bytes == mask // plain.batch and b.batch_bytes == 0
+    assert b.head_bytes == base.head_bytes + mask // plain.batch
+
+
+def test_rereads_come_from_dram_once_the_resident_heads_overflow_l2() -> None:
+    """Two heads of 64k keys at head dim 128 walk 32 MiB of K and V each: more than an H100's 50 MB L2
+    holds, so every further query block loads its keys from DRAM; with an L2 that holds them, not."""
+    h100 = get_device("H100-SXM")
+    call = replace(_call(s=65536, d=128, batch=1), heads=2, kv_heads=2)
+    fused = fused_attention(call, "cudnn")
+    ms = fused_attention_ms(call, fused, h100)
+    assert ms is not None and ms >= (fused.bytes_main + fused.reread_bytes) / (h100.mem_bandwidth_gbps * 1e6)
+    for l2_mb in (None, 1e6):
+        other = fused_attention_ms(call, fused, replace(h100, l2_cache_mb=l2_mb))
+        assert other is not None and other < 0.8 * ms
+    short = _call(s=2048, d=128)  # a few MB per head: re-read from L2, not priced
+    short_fused = fused_attention(short, "cudnn")
+    assert fused_attention_ms(short, short_fused, h100) == fused_attention_ms(
+        short, short_fused, replace(h100, l2_cache_mb=None)
+    )
