@@ -457,3 +457,28 @@ def test_rereads_come_from_dram_once_the_resident_heads_overflow_l2() -> None:
     assert fused_attention_ms(short, short_fused, h100) == fused_attention_ms(
         short, short_fused, replace(h100, l2_cache_mb=None)
     )
+
+
+def test_fused_attention_is_priced_in_gpu_order(load_script) -> None:
+    """A GPU that beats another on every spec never prices a fused attention node slower, alone or as
+    kernel time (small shapes, where the per-op overhead decides, included)."""
+    import numpy as np
+
+    from fxcost.cost_models.eager import hidden_overhead_ms
+    from fxcost.cost_models.heads.model import Heads
+    from fxcost.cost_models.interface import NodeBatch
+    from fxcost.gpus.order import comparable, weaker_than
+
+    sdpa = load_script("benchmarks/gpu_order.py")._sdpa
+    nodes = [sdpa(b, s, 64, causal, backward) for b in (1, 8) for s in (128, 2048)
+             for causal in (False, True) for backward in (False, True)]  # fmt: skip
+    heads, batch = Heads(), NodeBatch.of(nodes)
+    alone = {d.name: heads.predict(batch, d) for d in comparable()}
+    for strong in comparable():
+        for weak in weaker_than(strong):
+            a, b = alone[strong.name], alone[weak.name]
+            known = np.isfinite(a) & np.isfinite(b)
+            assert (a[known] <= b[known] * (1 + 1e-9)).all(), (strong.name, weak.name)
+            kernel_a = a[known] - hidden_overhead_ms(strong)
+            kernel_b = b[known] - hidden_overhead_ms(weak)
+            assert (kernel_a <= kernel_b * (1 + 1e-9) + 1e-12).all(), (strong.name, weak.name)

@@ -36,7 +36,7 @@ from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
-from fxcost.gpus.order import weaker_than
+from fxcost.gpus.order import stronger_than, weaker_than
 from fxcost.lowering import lower
 from fxcost.lowering.attention import ATTENTION_OPS, attention_call
 from fxcost.lowering.attention_kernels import attention_work
@@ -156,23 +156,36 @@ class Heads:
     def _attention_ms(self, node: NodeCost, device: Device) -> float:
         """A fused attention kernel's time from its structure, or the math backend's GEMMs and passes
         priced by the heads; NaN where neither applies. Like every head's, the time is that of the op
-        timed alone: the kernel's plus the per-op overhead an eager step hides again."""
+        timed alone: the kernel's plus the per-op overhead an eager step hides again.
+
+        In GPU order by construction: a fused kernel's time is the largest of the GPU's own and that of
+        every GPU that beats it (:func:`fxcost.gpus.order.stronger_than`) and runs a fused kernel too.
+        A GPU that beats another has fewer GPUs above it, so it is never priced slower; and since the
+        overhead taken back off grows with the GPUs a GPU beats, its kernel time is in order too."""
+        own = self._attention_own_ms(node, device)
+        if math.isnan(own[0]) or not own[1]:
+            return own[0]
+        above = (self._attention_own_ms(node, d) for d in stronger_than(device))
+        return max([own[0], *(ms for ms, fused in above if fused and not math.isnan(ms))])
+
+    def _attention_own_ms(self, node: NodeCost, device: Device) -> tuple[float, bool]:
+        """:meth:`_attention_ms` on ``device`` alone, and whether it ran a fused kernel."""
         try:
             found = attention_work(node, device)
         except (IndexError, KeyError, TypeError, ValueError):  # a node without the arguments we read
-            return math.nan
+            return math.nan, False
         if found is None:
-            return math.nan
+            return math.nan, False
         _, work = found
         if isinstance(work, list):
             ms = self.predict(NodeBatch.of([w for w, _ in work]), device)
-            return float(np.sum(ms * [c for _, c in work]))
+            return float(np.sum(ms * [c for _, c in work])), False
         call = attention_call(node)
         if call is None:
-            return math.nan
+            return math.nan, False
         sustained = self.tensor_cores.sustained_tflops(device, attention_kind(call))
         fused_ms = fused_attention_ms(call, work, device, sustained)
-        return math.nan if fused_ms is None else fused_ms + hidden_overhead_ms(device)
+        return (math.nan, False) if fused_ms is None else (fused_ms + hidden_overhead_ms(device), True)
 
 
 # The size of the square fp32 GEMM whose efficiency stands for the share of its peaks a GPU sustains.
