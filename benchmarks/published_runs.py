@@ -13,9 +13,10 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   row's ``params_b`` is closer to the count of a gated (SwiGLU, three ``hidden x ffn`` matrices, as in
   Llama) MLP, the MLP is a GELU one of width ``1.5 x ffn_hidden``: the same FLOPs and parameters.
 - **Plan.** ``tp``, ``pp``, ``dp`` (``gpus / (tp pp cp)`` if empty), ZeRO stage, full recomputation,
-  ``global_batch / (dp micro_batch)`` micro-batches under 1F1B, in the row's precision. Not supported
+  ``global_batch / (dp micro_batch)`` micro-batches under 1F1B, sequence parallelism where ``sp`` is
+  set (with ``tp > 1``; ignored at ``tp = 1``), in the row's precision. Not supported
   by the simulator, reported as ``unsupported: ...`` and simulated without: ``vpp`` (plain 1F1B),
-  ``sp`` (TP all-reduces), ``cp`` (folded into data parallelism), ``ep`` (a dense model),
+  ``cp`` (folded into data parallelism), ``ep`` (a dense model),
   selective recomputation (none). An unstated micro-batch is 1 and an unstated global batch one
   micro-batch per replica (``assumed: ...``).
 - **Cluster.** Nodes of 8 GPUs (DGX/HGX; ``gcd(gpus, 8)``) on the GPU's NVLink/NVSwitch link
@@ -101,12 +102,13 @@ class Run:
     measured: float
     unit: str
     flags: list[str] = field(default_factory=list)
+    sp: bool = False
 
     @property
     def strategy(self) -> Strategy:
         micro_batches = self.global_batch // (self.dp * self.micro_batch)
         return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=micro_batches, zero=self.zero,
-                        recompute=self.recompute == "full")  # fmt: skip
+                        recompute=self.recompute == "full", sp=self.sp)  # fmt: skip
 
 
 def _number(raw: dict[str, str], key: str) -> float | None:
@@ -178,8 +180,7 @@ def parse_run(raw: dict[str, str]) -> Run:
         flags.append(f"assumed: dp={dp} (gpus/(tp*pp*cp))")
     if vpp > 1:
         flags.append(f"unsupported: vpp={vpp} (simulated as 1F1B)")
-    if (_int(raw, "sp", 0) or 0) and tp > 1:
-        flags.append("unsupported: sp (simulated with TP all-reduces)")
+    sp = bool(_int(raw, "sp", 0)) and tp > 1
     if cp > 1:
         flags.append(f"unsupported: cp={cp} (simulated as data parallel)")
         dp *= cp
@@ -211,7 +212,7 @@ def parse_run(raw: dict[str, str]) -> Run:
         raise RowError(f"measured must be > 0, got {measured}")
     return Run(raw.get("model", "").strip() or "?", layers, hidden, heads, ffn, vocab, seq, gated,
                raw["gpu"].strip(), gpus, tp, pp, dp, _int(raw, "zero", 0) or 0, recompute, micro, batch,
-               precision, measured, unit, flags)  # fmt: skip
+               precision, measured, unit, flags, sp)  # fmt: skip
 
 
 def config_of(run: Run) -> dict[str, Any]:

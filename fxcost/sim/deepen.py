@@ -29,16 +29,17 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
     again for the new layers. ``params``: the traced model's parameter counts by module path.
 
     Raises:
-        ValueError: ``plan`` has more than one stage or no layers, it was compiled for other data or
-            tensor parallelism or micro-batches than ``strategy``, or ``strategy.pp`` exceeds ``layers``.
+        ValueError: ``plan`` has more than one stage or no layers, it was compiled for other data,
+            tensor or sequence parallelism or micro-batches than ``strategy``, or ``strategy.pp`` exceeds
+            ``layers``.
     """
     s = strategy
     positive_int("layers", layers)
     if len(plan.stages) != 1 or not plan.stages[0].layers:
         raise ValueError(f"deepen takes a one-stage plan with layers; got {len(plan.stages)} stage(s)")
     p = plan.strategy
-    if (p.dp, p.tp, p.micro_batches) != (s.dp, s.tp, s.micro_batches):
-        raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp and micro-batches of {s}")
+    if (p.dp, p.tp, p.sp, p.micro_batches) != (s.dp, s.tp, s.sp, s.micro_batches):
+        raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp, sp and mb of {s}")
     if s.pp > layers:
         raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
     stage = plan.stages[0]

@@ -7,7 +7,9 @@ half-precision parameters and gradients and ``12Ψ`` of fp32 master weights and 
 shards the optimizer state over the ``dp`` ranks, stage 2 the gradients too, stage 3 the parameters
 too. Activations: the bytes each micro-batch saves for its backward times the micro-batches in
 flight (all of them for GPipe, ``pp - stage`` for 1F1B); recomputed layers keep only their inputs,
-plus, once, the largest recomputed layer's activations while it is recomputed.
+plus, once, the largest recomputed layer's activations while it is recomputed. With sequence
+parallelism the plan keeps the activations between the tensor-parallel blocks, and a recomputed
+layer's input, split over the ``tp`` ranks (:mod:`fxcost.sim.plan`).
 """
 
 from __future__ import annotations

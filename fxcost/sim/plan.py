@@ -12,7 +12,8 @@ collectives the strategy implies, priced on the cluster's GPU:
 - **Tensor parallelism** (Megatron-LM): inside a layer, nodes of its attention and MLP children are
   split over ``tp`` ranks (:mod:`fxcost.sim.shard`) and priced at their sharded shapes. Each exit
   from a sharded region is an all-reduce of the activations (forward) or their gradients
-  (backward), two per layer each way.
+  (backward), two per layer each way. With sequence parallelism each becomes a reduce-scatter, and an
+  all-gather enters the region; the layer's nodes outside the regions run on ``1/tp`` of the tokens.
 - **Data parallelism and ZeRO.** Each layer's gradients are all-reduced over ``dp`` once its last
   micro-batch's backward is done (reduce-scattered from ZeRO 2); with ZeRO 3 (FSDP) each layer's
   parameters are all-gathered before its forward and its backward.
@@ -44,7 +45,7 @@ from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
 from fxcost.propagate import issue_bound_ms
 from fxcost.records import NodeCost
-from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_vocabulary
+from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_sequence, shard_vocabulary
 from fxcost.sim.strategy import Strategy
 
 __all__ = [
@@ -105,7 +106,7 @@ class StagePlan:
 class Plan:
     strategy: Strategy
     stages: list[StagePlan]
-    boundary_bytes: float  # activations sent between stages per micro-batch
+    boundary_bytes: float  # activations sent between stages per micro-batch (a rank's part with sp)
     hidden: int
     tokens: int  # tokens per micro-batch on one rank
     itemsize: int  # bytes per element of activations, parameters and gradients (4 in fp32, 2 in fp16/bf16)
@@ -185,6 +186,8 @@ def compile_plan(
         check_tp(s.tp, hidden, attention_heads(layered))
     layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
     outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
+    seq_shard, seq_ms = _shards(batch_nodes.nodes, lambda n: shard_sequence(n, s.tp, hidden, tokens),
+                                s.tp if s.sp else 1, chain, device)  # fmt: skip
 
     known = set(layers)
     layer_by_module = {module: layer_of(module, known) for module in {n.module for n in report.nodes}}
@@ -192,8 +195,13 @@ def compile_plan(
               for i in range(s.pp)]  # fmt: skip
     saved: Counter[tuple[int, str]] = Counter()  # forward bytes written by (stage, layer)
     itemsize = itemsize_of(precision)
-    boundary = tokens * hidden * itemsize
-    all_reduce = Comm("all_reduce", boundary, "tp", "feature")
+    boundary, rows = tokens * hidden * itemsize, [(tokens, hidden)]
+    kinds = ("all_reduce", "all_gather", "reduce_scatter")
+    all_reduce, gather, scatter = (Comm(kind, boundary, "tp", "feature") for kind in kinds)
+
+    def leave(region: str) -> Comm:  # sums a sharded region's partial results (over the sequence's parts)
+        return scatter if s.sp and region != "vocabulary" else all_reduce
+
     for phase in ("fw", "bw"):
         seen_layer = False
         current: Segment | None = None
@@ -214,7 +222,7 @@ def compile_plan(
             segments = plan.forward if phase == "fw" else plan.backward
             if not segments or segments[-1] is not current or current.layer != layer:
                 if current is not None and region is not None:
-                    current.inside.append(all_reduce)  # the layer ended inside a sharded region
+                    current.inside.append(leave(region))  # the layer ended inside a sharded region
                 current, region = Segment(layer, 0.0, 0), None
                 segments.append(current)
             shards: dict[int, NodeCost] = {}
@@ -231,25 +239,34 @@ def compile_plan(
                     shards, shard_ms = outer_shard, outer_ms
             sharded = d in shards
             if region is not None and (child != region or (not sharded and not layer)):
-                current.inside.append(all_reduce)  # leaving a sharded region: sum the partial results
+                current.inside.append(leave(region))  # leaving a sharded region: sum the partial results
                 region = None
             if sharded:
+                if region is None and s.sp and layer:
+                    current.inside.append(gather)  # entering: the whole sequence from its parts
                 region = child
+            elif layer and region is None and d in seq_shard:
+                shards, shard_ms, sharded = seq_shard, seq_ms, True  # between the regions: split tokens
             current.compute_ms += shard_ms[d] if sharded else kernel[d]
             current.ops += 1
             if phase == "fw":
                 written = (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written or 0
                 saved[(plan.index, layer)] += written
                 current.saved_bytes += written
+            out = batch_nodes.nodes[d].out_shapes if layer and sharded else None  # a row-parallel output is
+            if s.sp and phase == "fw" and region and out == rows == shards[d].out_shapes:  # whole: scattered
+                current.inside.append(scatter)  # at once, so that the bias and dropout after it run split
+                region = None
         if current is not None and region is not None:
-            current.inside.append(all_reduce)
+            current.inside.append(leave(region))
     add_layer_collectives(stages, params, known, s, itemsize)
+    per_rank = boundary / s.tp if s.sp else boundary  # sp: stages send, recomputed layers keep, a part
     for plan in stages:
         recomputed = {layer for layer in plan.layers if s.recompute_of(layer)}
         kept = sum(n for (i, layer), n in saved.items() if i == plan.index and layer not in recomputed)
-        plan.activation_bytes = kept + boundary * len(recomputed)
+        plan.activation_bytes = kept + per_rank * len(recomputed)
         plan.recompute_bytes = max((saved[(plan.index, layer)] for layer in recomputed), default=0)
-    return Plan(s, stages, boundary, hidden, tokens, itemsize, interval)
+    return Plan(s, stages, per_rank, hidden, tokens, itemsize, interval)
 
 
 def add_layer_collectives(
@@ -306,7 +323,6 @@ def _interval(
     return (float(low @ counts) / total, float(high @ counts) / total) if total > 0 else (1.0, 1.0)
 
 
-# Ops whose first input is (batch, heads, tokens, ...) in an attention layer.
 def _vocab(nodes: Sequence[NodeCost]) -> int | None:
     """The vocabulary: rows of the widest embedding table looked up."""
     tables = [

@@ -6,6 +6,10 @@ batch-times-heads dimension, other ops along their head or feature dimension; te
 the model (the row-parallel outputs, the residual stream) stay whole. Outside the layers, the head,
 the cross-entropy and the embedding are split along the vocabulary. A shard is a node on smaller
 tensors, priced at its own shapes rather than as a fraction of the whole.
+
+With sequence parallelism (Korthikanti et al. 2022, §4.2.2) the nodes between the tensor-parallel
+blocks (layer norms, dropouts, residual adds) are split along the tokens instead
+(:func:`shard_sequence`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from fxcost.lowering import recorded_bytes
 from fxcost.lowering.nodes import MATMULS, matmul_operands
 from fxcost.records import NodeCost, Shape
 
-__all__ = ["attention_heads", "check_tp", "shard_node", "shard_vocabulary"]
+__all__ = ["attention_heads", "check_tp", "shard_node", "shard_sequence", "shard_vocabulary"]
 
 
 def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:
@@ -31,6 +35,33 @@ def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | 
         return None  # as wide as the model: a replicated tensor
     return _on_shapes(node, [_split(s, tp, hidden) for s in node.in_shapes],
                     [_split(s, tp, hidden) for s in node.out_shapes])  # fmt: skip
+
+
+def shard_sequence(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:
+    """``node`` as one of ``tp`` sequence-parallel ranks runs it: every tensor of ``tokens`` rows of
+    the width (or of one column: a layer norm's statistics) split along the sequence, or None if it
+    has none, or is a matmul (those belong to the tensor-parallel blocks)."""
+    if node.op in MATMULS:
+        return None
+
+    def rows(shape: Shape) -> bool:
+        return len(shape) in (2, 3) and shape[-1] in (hidden, 1) and math.prod(shape[:-1]) == tokens
+
+    def split(shape: Shape) -> Shape:
+        if not rows(shape):
+            return shape
+        # The sequence (the dimension before the width; Megatron's layout puts it first), else the rows.
+        dims = [len(shape) - 2, *range(len(shape) - 2)]
+        dim = next((i for i in dims if shape[i] % tp == 0), -1)
+        return shape if dim < 0 else (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
+
+    if not any(rows(s) and s[-1] == hidden for s in (*node.in_shapes, *node.out_shapes)):
+        return None
+    in_shapes, out_shapes = [split(s) for s in node.in_shapes], [split(s) for s in node.out_shapes]
+    return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
+                        flops=None if node.flops is None else node.flops // tp,
+                        bytes_read=recorded_bytes(in_shapes, node.in_dtypes),
+                        bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
 
 
 def shard_vocabulary(node: NodeCost, tp: int, tokens: int, vocab: int) -> NodeCost | None:

@@ -2,7 +2,9 @@
 
 :class:`Strategy` holds the degrees of data (``dp``), tensor (``tp``, Megatron-style column and row
 parallel linears in attention and MLP blocks) and pipeline (``pp``) parallelism, the micro-batches
-and their schedule (GPipe or 1F1B), the ZeRO stage (1-3; 3 is FSDP) and activation recomputation.
+and their schedule (GPipe or 1F1B), the ZeRO stage (1-3; 3 is FSDP), activation recomputation and
+Megatron sequence parallelism (``sp``, with ``tp``: the norms, dropouts and residual adds between
+the tensor-parallel blocks split along the sequence).
 Like Proteus's strategy tree, a strategy can give modules their own settings that apply to their
 children unless overridden deeper (``modules``): recomputation, and ``tp: 1`` for a module that runs
 whole on every tensor-parallel rank instead of split (the data and pipeline degrees, which decide
@@ -19,6 +21,7 @@ It is written as ``"dp=2,tp=4,pp=2,mb=8,zero=1"`` on the command line, or as YAM
     schedule: 1f1b
     zero: 1
     recompute: false
+    sp: false
     modules:
       transformer.h.0: {recompute: true}
       transformer.h.1: {tp: 1}
@@ -55,6 +58,10 @@ class Strategy:
         zero: ZeRO stage: 0 none, 1 optimizer states sharded over ``dp``, 2 also gradients, 3 also
             parameters (FSDP).
         recompute: activation recomputation (checkpointing) of every layer.
+        sp: Megatron sequence parallelism (Korthikanti et al. 2022, §4.2.2), needs ``tp > 1``: each
+            tensor-parallel block's all-reduce becomes an all-gather before it and a reduce-scatter
+            after it, and the layer norms, dropouts and residual adds outside the blocks run on
+            ``1/tp`` of the sequence, their activations kept split.
         overlap_grad_reduce: reduce each layer's gradients while the backward goes on (PyTorch DDP,
             FSDP); False reduces them all after the backward, as Megatron-LM does by default.
         modules: per-module settings by dotted path (``{"transformer.h.0": {"recompute": True}}``),
@@ -68,6 +75,7 @@ class Strategy:
     schedule: Schedule = "1f1b"
     zero: int = 0
     recompute: bool = False
+    sp: bool = False
     overlap_grad_reduce: bool = True
     modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -78,6 +86,10 @@ class Strategy:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; accepted: {', '.join(SCHEDULES)}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.sp and self.tp == 1:
+            raise ValueError(f"sequence parallelism (sp) needs tensor parallelism: tp > 1, got tp={self.tp}")
+        if self.sp and any(settings.get("tp") == 1 for settings in self.modules.values()):
+            raise ValueError("sp with a module at tp=1 is not supported; accepted: one or the other")
         for path, settings in self.modules.items():
             unknown = set(settings) - set(_MODULE_SETTINGS)
             if unknown:
@@ -129,7 +141,7 @@ class Strategy:
 
     @classmethod
     def parse(cls, spec: str) -> Strategy:
-        """A strategy from ``"dp=2,tp=4,pp=2,mb=8,zero=1,schedule=gpipe,recompute=1"``."""
+        """A strategy from ``"dp=2,tp=4,pp=2,mb=8,zero=1,schedule=gpipe,recompute=1,sp=1"``."""
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             key, sep, value = item.partition("=")
@@ -172,13 +184,15 @@ class Strategy:
             parts.append(f"zero={self.zero}")
         if self.recompute:
             parts.append("recompute=1")
+        if self.sp:
+            parts.append("sp=1")
         if not self.overlap_grad_reduce and self.dp > 1:
             parts.append("overlap=0")
         return ",".join(parts)
 
 
 def _coerce(name: str, value: Any) -> Any:
-    if name in ("recompute", "overlap_grad_reduce"):
+    if name in ("recompute", "sp", "overlap_grad_reduce"):
         if isinstance(value, str):
             if value.lower() not in ("0", "1", "true", "false", "yes", "no"):
                 raise ValueError(f"{name} must be true or false, got {value!r}")

@@ -64,10 +64,13 @@ def test_unsupported_settings_and_assumptions_are_flagged(load_script: Any) -> N
         _row(vpp=2, sp=1, cp=2, gpus=8, global_batch=4, micro_batch="", recompute="selective")
     )
     flags = "; ".join(run.flags)
-    for part in ("unsupported: vpp=2", "unsupported: sp", "unsupported: cp=2", "unsupported: selective",
-                 "assumed: micro_batch=1"):  # fmt: skip
+    for part in ("unsupported: vpp=2", "unsupported: cp=2", "unsupported: selective", "assumed: micro_batch"):
         assert part in flags
     assert (run.dp, run.recompute, run.strategy.recompute) == (2, "selective", False)
+    # Sequence parallelism is simulated (not flagged) with tensor parallelism, and moot without it.
+    assert "unsupported: sp" not in flags and run.strategy.sp
+    alone = script.parse_run(_row(sp=1, tp=1, gpus=2))
+    assert not alone.strategy.sp and not any("unsupported: sp" in flag for flag in alone.flags)
     with pytest.raises(script.RowError, match="makes 4 GPUs, the row has 8"):
         script.parse_run(_row(gpus=8))
     with pytest.raises(script.RowError, match="unknown unit 'furlongs'"):

@@ -20,7 +20,11 @@ def _gpt(layers: int) -> tuple[Any, Any]:
 
 @pytest.mark.parametrize(
     ("strategy", "cluster"),
-    [("dp=2,tp=2,pp=2,mb=4", "8xA100-SXM4-80GB"), ("dp=2,pp=3,mb=2,zero=3,recompute=1", "6xA100-SXM4-80GB")],
+    [
+        ("dp=2,tp=2,pp=2,mb=4", "8xA100-SXM4-80GB"),
+        ("dp=2,pp=3,mb=2,zero=3,recompute=1", "6xA100-SXM4-80GB"),
+        ("tp=2,pp=2,mb=2,sp=1,recompute=1", "4xA100-SXM4-80GB"),
+    ],
 )
 def test_two_traced_layers_stand_for_a_deep_model_exactly(strategy: str, cluster: str) -> None:
     deep_model, inputs = _gpt(6)

@@ -1,0 +1,137 @@
+"""Megatron sequence parallelism (Korthikanti et al. 2022, §4.2.2): collectives, sharded nodes, memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import fxcost
+from fxcost import zoo
+from fxcost.estimator import Captured, default_estimator
+from fxcost.gpus import get_device
+from fxcost.sim import Strategy, simulate
+from fxcost.sim.plan import Plan, compile_plan
+from fxcost.sim.shard import shard_sequence
+
+LAYERS, DIM, SEQ, VOCAB, BATCH = 2, 64, 16, 256, 8
+TOKENS = BATCH * SEQ
+FP32 = 4
+
+
+@pytest.fixture(scope="module")
+def gpt() -> tuple[Any, Captured]:
+    model, inputs = zoo.build("gpt2", BATCH, seq=SEQ, dim=DIM, heads=4, layers=LAYERS, vocab=VOCAB)
+    return model, default_estimator().capture(model, inputs, batch_size=BATCH)
+
+
+def _plan(gpt: tuple[Any, Captured], spec: str) -> Plan:
+    model, captured = gpt
+    params = fxcost.sim.simulator._params_by_module(model)
+    return compile_plan(captured, params, Strategy.parse(spec), get_device("A100-SXM4-80GB"), BATCH)
+
+
+def test_the_strategy_takes_sp_with_tensor_parallelism_only() -> None:
+    s = Strategy.parse("tp=2,sp=1")
+    assert s.sp and str(s) == "dp=1,tp=2,pp=1,mb=1,sp=1" and Strategy.parse(str(s)) == s
+    assert Strategy.from_dict({"tp": 4, "sp": True}).sp and not Strategy.parse("tp=2,sp=0").sp
+    with pytest.raises(ValueError, match=r"sp\) needs tensor parallelism: tp > 1, got tp=1"):
+        Strategy(sp=True)
+    with pytest.raises(ValueError, match="sp must be true or false"):
+        Strategy.parse("tp=2,sp=maybe")
+    with pytest.raises(ValueError, match="sp with a module at tp=1 is not supported"):
+        Strategy(tp=2, sp=True, modules={"blocks.0": {"tp": 1}})
+
+
+def test_each_all_reduce_becomes_an_all_gather_before_the_block_and_a_reduce_scatter_after(
+    gpt: tuple[Any, Captured],
+) -> None:
+    # A layer's activations (and their gradients) are TOKENS x DIM fp32 values; NCCL's convention
+    # prices an all-gather on its gathered output and a reduce-scatter on its input: the same bytes.
+    whole = TOKENS * DIM * FP32
+    plain, sp = _plan(gpt, "tp=2"), _plan(gpt, "tp=2,sp=1")
+    for a, b in (
+        (plain.stages[0].forward, sp.stages[0].forward),
+        (plain.stages[0].backward, sp.stages[0].backward),
+    ):
+        for seg_a, seg_b in zip(a, b, strict=True):
+            kinds_a = [(c.kind, c.group, c.nbytes) for c in seg_a.inside]
+            kinds_b = [(c.kind, c.group, c.nbytes) for c in seg_b.inside]
+            if seg_a.layer:
+                assert kinds_a == [("all_reduce", "tp", whole)] * 2
+                assert kinds_b == [("all_gather", "tp", whole), ("reduce_scatter", "tp", whole)] * 2
+            else:  # the vocabulary-parallel head and embedding keep their all-reduce
+                assert kinds_b == kinds_a
+    # Stages send, and recomputed layers keep, a rank's part of the sequence.
+    assert (plain.boundary_bytes, sp.boundary_bytes) == (whole, whole / 2)
+
+
+def test_within_a_node_the_gather_and_scatter_cost_what_the_all_reduce_did(gpt: tuple[Any, Captured]) -> None:
+    model, captured = gpt
+    params = fxcost.sim.simulator._params_by_module(model)
+    runs = [simulate(captured, spec, "2xA100-SXM4-80GB", params=params, batch=BATCH)
+            for spec in ("tp=2", "tp=2,sp=1")]  # fmt: skip
+    plain, sp = runs
+    whole = TOKENS * DIM * FP32
+    per_layer = 2 * 2  # two blocks, forward and backward
+    assert sp.collectives[("all_gather", "tp", whole)] == LAYERS * per_layer
+    assert sp.collectives[("reduce_scatter", "tp", whole)] == LAYERS * per_layer
+    assert sp.collectives[("all_reduce", "tp", whole)] == plain.collectives[("all_reduce", "tp", whole)] - (
+        LAYERS * per_layer
+    )
+    # A ring all-reduce is a reduce-scatter then an all-gather: the same bytes and steps.
+    comm = [sum(t.duration_ms for t in r.tasks if t.stream == "feature") for r in runs]
+    assert comm[1] == pytest.approx(comm[0], rel=1e-12)
+
+
+def test_norms_dropouts_and_residual_adds_run_on_a_part_of_the_sequence(gpt: tuple[Any, Captured]) -> None:
+    _, captured = gpt
+    by_op = {(n.op, n.phase): n for n in captured.report.nodes if n.module.startswith("blocks.0")}
+    norm = shard_sequence(by_op[("aten.native_layer_norm.default", "fw")], 2, DIM, TOKENS)
+    assert norm is not None
+    assert norm.in_shapes == [(BATCH, SEQ // 2, DIM), (DIM,), (DIM,)]  # the weights stay whole
+    assert norm.out_shapes == [(BATCH, SEQ // 2, DIM), (BATCH, SEQ // 2, 1), (BATCH, SEQ // 2, 1)]
+    assert norm.bytes_written == (TOKENS // 2) * (DIM + 2) * FP32
+    drop = shard_sequence(by_op[("aten.native_dropout.default", "fw")], 4, DIM, TOKENS)
+    assert drop is not None and drop.out_shapes == [(BATCH, SEQ // 4, DIM)] * 2
+    add = shard_sequence(by_op[("aten.add.Tensor", "fw")], 2, DIM, TOKENS)
+    whole_add = by_op[("aten.add.Tensor", "fw")]
+    assert add is not None and whole_add.flops is not None and add.flops == whole_add.flops // 2
+    # Matmuls belong to the tensor-parallel blocks; attention scores span no sequence of the width.
+    assert shard_sequence(by_op[("aten.addmm.default", "fw")], 2, DIM, TOKENS) is None
+    assert shard_sequence(by_op[("aten._softmax.default", "fw")], 2, DIM, TOKENS) is None
+
+
+def test_the_activations_outside_the_blocks_are_kept_split(gpt: tuple[Any, Captured]) -> None:
+    plain, sp = _plan(gpt, "tp=2"), _plan(gpt, "tp=2,sp=1")
+    # Per layer, outside the blocks: two layer norms (output and two fp32 statistics per token), two
+    # dropouts (output and a bool mask) and two residual adds, all TOKENS x DIM; sp keeps half of each.
+    norm, dropout, add = TOKENS * (DIM + 2) * FP32, TOKENS * DIM * (FP32 + 1), TOKENS * DIM * FP32
+    outside = 2 * (norm + dropout + add)
+    for seg_a, seg_b in zip(plain.stages[0].forward, sp.stages[0].forward, strict=True):
+        assert seg_a.saved_bytes - seg_b.saved_bytes == (outside / 2 if seg_a.layer else 0)
+    assert plain.stages[0].activation_bytes - sp.stages[0].activation_bytes == LAYERS * outside / 2
+    # Recomputed layers keep only their input: a rank's part of it.
+    recomputed = _plan(gpt, "tp=2,sp=1,recompute=1")
+    outer = sum(seg.saved_bytes for seg in recomputed.stages[0].forward if not seg.layer)
+    assert recomputed.stages[0].activation_bytes == outer + LAYERS * TOKENS * DIM * FP32 / 2
+
+
+@pytest.mark.slow
+def test_a_tp_heavy_plan_computes_less_and_communicates_as_much_with_sp() -> None:
+    # Wide enough for the split norms and dropouts to be bandwidth-bound, not launch-bound.
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 1024,
+              "n_head": 16, "vocab_size": 1024, "n_positions": 1024}  # fmt: skip
+    runs = [
+        simulate(config, spec, "4xA100-SXM4-80GB", batch=8, seqlen=1024) for spec in ("tp=4", "tp=4,sp=1")
+    ]
+    plain, sp = ({t.name: t.duration_ms for t in r.tasks if t.stream == "compute"} for r in runs)
+    layers = [name for name in plain if "outer" not in name]
+    assert len(layers) == 4 and all(sp[name] < plain[name] for name in layers)
+    assert [plain[name] for name in plain if name not in layers] == [
+        sp[name] for name in sp if name not in layers
+    ]
+    comm = [sum(t.duration_ms for t in r.tasks if t.stream == "feature") for r in runs]
+    assert comm[1] == pytest.approx(comm[0], rel=1e-12)
+    assert runs[1].iteration_ms < runs[0].iteration_ms
+    assert runs[1].memory[0].activations < runs[0].memory[0].activations
