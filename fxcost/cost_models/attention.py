@@ -197,10 +197,10 @@ def _rereads_miss_l2(call: AttentionCall, fused: FusedAttention, device: Device,
     scheduler's), so the resident blocks walk the operands of the (batch, head)s they span, one more
     where they straddle two; while those stay in L2 the re-reads hit it. False without the L2 size.
     """
-    if not device.l2_cache_mb or not fused.reread_bytes:
+    if not device.l2_bytes or not fused.reread_bytes:
         return False
     per_head = len(fused.tiles_per_block)
     heads = min(math.ceil(min(fused.blocks, slots) / per_head) + 1, call.batch * call.heads)
     batches = min(math.ceil(heads / call.heads) + 1, call.batch)
     resident = heads * fused.head_bytes + batches * fused.batch_bytes
-    return resident > device.l2_cache_mb * 2**20
+    return resident > device.l2_bytes

@@ -294,9 +294,9 @@ def _traffic(kernel: _Kernel, device: Device, wave: int) -> float:
 
 def _l2_miss(device: Device, working_set_bytes: float) -> float:
     """Fraction of row re-reads that miss L2 when one wave's rows take ``working_set_bytes``."""
-    if not device.l2_cache_mb:
+    if not device.l2_bytes:
         return 1.0
-    fill = working_set_bytes / (device.l2_cache_mb * 2**20)
+    fill = working_set_bytes / device.l2_bytes
     low, high = L2_RAMP
     return min(max((fill - low) / (high - low), 0.0), 1.0)
 

@@ -126,6 +126,11 @@ class Device:
         return self.mem_bandwidth_gbps * DEFAULT_BANDWIDTH_FRACTION
 
     @property
+    def l2_bytes(self) -> float | None:
+        """The L2 cache in bytes (its megabytes are binary, as the GPU reports them), None if unknown."""
+        return self.l2_cache_mb * 2**20 if self.l2_cache_mb else None
+
+    @property
     def overhead_ms(self) -> float:
         """Fixed time per kernel on top of its work (launch and host dispatch, as CUDA events see it)."""
         return self.kernel_overhead_ms if self.kernel_overhead_ms is not None else DEFAULT_OVERHEAD_MS

@@ -124,10 +124,9 @@ def l2_scale_floor(nodes: Sequence[NodeCost], kernels_ms: np.ndarray, device: De
     kernel times ``kernels_ms``) on ``device``: each kernel saving at most the DRAM time of as much
     of what it reads as L2 holds. 0 (anything explained) without the device's L2 size or bandwidth."""
     total = float(np.sum(kernels_ms))
-    bandwidth = device.bandwidth_gbps
-    if not device.l2_cache_mb or not bandwidth or total <= 0:
+    bandwidth, l2_bytes = device.bandwidth_gbps, device.l2_bytes
+    if not l2_bytes or not bandwidth or total <= 0:
         return 0.0
-    l2_bytes = device.l2_cache_mb * 1e6
     read = np.array([min(float(n.bytes_read or 0), l2_bytes) for n in nodes])
     saved = np.minimum(read / (bandwidth * 1e6), kernels_ms)
     return 1.0 - float(saved.sum()) / total
