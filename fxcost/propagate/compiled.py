@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
-from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_ms, kernel_times
+from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_times
 from fxcost.cost_models.heads.tensor_core import pass_ms
 from fxcost.cost_models.heads.tensor_work import layout_pass_bytes
 from fxcost.cost_models.roofline import Roofline
@@ -61,7 +61,7 @@ from fxcost.lowering.fusion_padding import PAD_SPEEDUP, PaddedGemm, compute_boun
 from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS
 from fxcost.lowering.nodes import memory_pass
 from fxcost.precision import itemsize
-from fxcost.propagate.eager import Pipeline
+from fxcost.propagate.eager import Pipeline, checked_host_ms, eager_kernel_ms, replay_ends
 from fxcost.records import NodeCost, Phase
 
 __all__ = [
@@ -97,7 +97,9 @@ def node_kernel_ms(
     the nodes' recorded kernel times are ``device``'s own. ``channels_last``: the step runs its
     convolutions channels-last, so a recorded convolution's layout transposes do not run."""
     hidden = hidden_overhead_ms(device)
-    ms = np.array([_eager_kernel_ms(n, device, hidden, on_origin) for n in nodes], dtype=np.float64)
+    ms = np.array(
+        [eager_kernel_ms(n, device, hidden, on_origin) for n in nodes], dtype=np.float64
+    )  # None: NaN
     return without_layout_transposes(nodes, ms, device, on_origin) if channels_last else ms
 
 
@@ -235,21 +237,15 @@ def compiled_timeline(
     """The kernels with a time on the compiled step's timeline, in order: the host spends its time
     per kernel (``host_ms``, else :func:`compiled_host_ms`) once per kernel; the GPU runs them back
     to back."""
-    host_per_kernel = compiled_host_ms(pipeline) if host_ms is None else host_ms
-    if host_per_kernel < 0:
-        raise ValueError(f"host_ms must be >= 0, got {host_per_kernel}")
-    host = gpu = 0.0
-    spans = []
+    host_per_kernel = checked_host_ms(host_ms, compiled_host_ms(pipeline))
     # The eager step's in-step speed-up, where L2 explains it (else it measured another graph).
     scale = pipeline.kernel_scale if pipeline.l2_explained else 1.0
-    for kernel, ms in zip(kernels, times_ms.tolist(), strict=True):
-        if not np.isfinite(ms):
-            continue
-        host += host_per_kernel
-        start = max(gpu, host)
-        gpu = start + ms * scale
-        spans.append(KernelSpan(kernel, nodes[kernel.members[0]].phase, host, start, gpu))
-    return spans
+    known = np.isfinite(times_ms)
+    run = times_ms[known] * scale
+    ends = replay_ends(run, host_per_kernel)
+    ran = [k for k, ok in zip(kernels, known.tolist(), strict=True) if ok]
+    return [KernelSpan(k, nodes[k.members[0]].phase, (i + 1) * host_per_kernel, end - ms, end)
+            for i, (k, ms, end) in enumerate(zip(ran, run.tolist(), ends.tolist(), strict=True))]  # fmt: skip
 
 
 _CONVOLUTIONS = frozenset({CONVOLUTION, "aten.convolution_backward.default"})
@@ -273,15 +269,6 @@ def _padded_ms(
     total = np.zeros(len(padded))
     np.add.at(total, owner, times)  # NaN anywhere makes its GEMM's total NaN
     return total.tolist()
-
-
-def _eager_kernel_ms(node: NodeCost, device: Device, hidden: float, on_origin: bool) -> float:
-    if on_origin and node.kernel_ms is not None:
-        return node.kernel_ms
-    predicted = node.pred_ms.get(device.name)
-    if predicted is None:
-        return float("nan")
-    return kernel_ms(predicted, node.pred_source.get(device.name), device, hidden)
 
 
 def _pass_key(node: NodeCost) -> tuple[object, ...]:

@@ -39,7 +39,9 @@ from fxcost.records import NodeCost
 __all__ = [
     "Pipeline",
     "Span",
+    "checked_host_ms",
     "critical_path_ms",
+    "eager_kernel_ms",
     "issue_bound_ms",
     "l2_scale_floor",
     "origin_pipeline",
@@ -142,10 +144,11 @@ def timeline(
     ``on_origin``: ``device`` is the GPU the nodes were measured on, where they run for their
     recorded kernel times.
     """
+    host_per_op = checked_host_ms(host_ms, pipeline.host_ms)
     host = gpu = 0.0
     spans = []
     for node, kernel in _kernels(nodes, device, pipeline, on_origin):
-        host += _host_ms(pipeline, host_ms)
+        host += host_per_op
         start = max(gpu, host)
         gpu = start + kernel
         spans.append(Span(node, host, start, gpu))
@@ -162,7 +165,7 @@ def critical_path_ms(
     exceeds the eager step. Kernel-free nodes (views) pass their inputs' end on; nodes without
     recorded inputs wait only for their issue."""
     kernels = dict((id(node), kernel) for node, kernel in _kernels(nodes, device, pipeline, on_origin))
-    host_per_op = _host_ms(pipeline, host_ms)
+    host_per_op = checked_host_ms(host_ms, pipeline.host_ms)
     host = barrier = end = 0.0
     graph = None
     finish: dict[str, float] = {}  # node name -> when its result is ready, in the current graph
@@ -186,19 +189,29 @@ def _kernels(
     in an eager step (see :func:`timeline`)."""
     hidden = hidden_overhead_ms(device)
     for node in nodes:
-        predicted = node.pred_ms.get(device.name)
-        if not node.has_kernel or predicted is None:
-            continue
-        kernel = kernel_ms(predicted, node.pred_source.get(device.name), device, hidden)
-        if on_origin and node.kernel_ms is not None:
-            kernel = node.kernel_ms
-        yield node, kernel * pipeline.kernel_scale
+        kernel = eager_kernel_ms(node, device, hidden, on_origin) if node.has_kernel else None
+        if kernel is not None and node.pred_ms.get(device.name) is not None:
+            yield node, kernel * pipeline.kernel_scale
 
 
-def _host_ms(pipeline: Pipeline, host_ms: float | None) -> float:
-    """The host time per op: ``host_ms`` where given (never negative), else the pipeline's."""
+def eager_kernel_ms(
+    node: NodeCost, device: Device, hidden_ms: float, on_origin: bool = False
+) -> float | None:
+    """A node's kernel time in an eager step on ``device``: its recorded kernels where ``device`` is
+    the origin that timed them, else its prediction less the per-op overhead ``hidden_ms`` an eager
+    step hides (:func:`~fxcost.cost_models.eager.kernel_ms`); None without a prediction there."""
+    if on_origin and node.kernel_ms is not None:
+        return node.kernel_ms
+    predicted = node.pred_ms.get(device.name)
+    if predicted is None:
+        return None
+    return kernel_ms(predicted, node.pred_source.get(device.name), device, hidden_ms)
+
+
+def checked_host_ms(host_ms: float | None, default: float) -> float:
+    """The host time per op: ``host_ms`` where given (never negative), else ``default``."""
     if host_ms is None:
-        return pipeline.host_ms
+        return default
     if host_ms < 0:
         raise ValueError(f"host_ms must be >= 0, got {host_ms}")
     return host_ms
