@@ -131,6 +131,15 @@ def _int(raw: dict[str, str], key: str, default: int | None = None) -> int | Non
     return int(number)
 
 
+def _stated(raw: dict[str, str], key: str, default: int, flags: list[str], why: str = "") -> int:
+    """Column ``key`` of the row, or ``default`` where it is empty, with a flag saying so."""
+    value = _int(raw, key)
+    if value is not None:
+        return value
+    flags.append(f"assumed: {key}={default}" + (f" ({why})" if why else ""))
+    return default
+
+
 def gpt_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int, gated: bool) -> float:
     """Parameters of a GPT-style decoder (attention 4h^2, MLP of 2 or 3 h x ffn matrices, tied
     embeddings and positions; biases and norms left out)."""
@@ -153,18 +162,9 @@ def parse_run(raw: dict[str, str]) -> Run:
     assert layers is not None and hidden is not None and seq is not None and gpus is not None
     if min(layers, hidden, seq, gpus) < 1:
         raise RowError("layers, hidden, seq and gpus must be >= 1")
-    heads = _int(raw, "heads")
-    if heads is None:
-        heads = max(hidden // 128, 1)
-        flags.append(f"assumed: heads={heads} (hidden/128)")
-    ffn = _int(raw, "ffn_hidden")
-    if ffn is None:
-        ffn = 4 * hidden
-        flags.append("assumed: ffn=4h")
-    vocab = _int(raw, "vocab")
-    if vocab is None:
-        vocab = 51200
-        flags.append("assumed: vocab=51200")
+    heads = _stated(raw, "heads", max(hidden // 128, 1), flags, "hidden/128")
+    ffn = _stated(raw, "ffn_hidden", 4 * hidden, flags, "4h")
+    vocab = _stated(raw, "vocab", 51200, flags)
     params_b = _number(raw, "params_b")
     gated = False
     if params_b is not None:
@@ -174,10 +174,7 @@ def parse_run(raw: dict[str, str]) -> Run:
     if unit not in UNITS:
         raise RowError(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}")
     tp, pp, vpp, cp, ep = (_int(raw, k, 1) or 1 for k in ("tp", "pp", "vpp", "cp", "ep"))
-    dp = _int(raw, "dp")
-    if dp is None:
-        dp = gpus // (tp * pp * cp)
-        flags.append(f"assumed: dp={dp} (gpus/(tp*pp*cp))")
+    dp = _stated(raw, "dp", gpus // (tp * pp * cp), flags, "gpus/(tp*pp*cp)")
     if vpp > 1:
         flags.append(f"unsupported: vpp={vpp} (simulated as 1F1B)")
     sp = bool(_int(raw, "sp", 0)) and tp > 1
@@ -193,14 +190,8 @@ def parse_run(raw: dict[str, str]) -> Run:
         raise RowError(f"recompute must be none, selective or full, got {recompute!r}")
     if recompute == "selective":
         flags.append("unsupported: selective recompute (simulated as none)")
-    micro = _int(raw, "micro_batch")
-    if micro is None:
-        micro = 1
-        flags.append("assumed: micro_batch=1")
-    batch = _int(raw, "global_batch")
-    if batch is None:
-        batch = micro * dp
-        flags.append(f"assumed: global_batch={batch}")
+    micro = _stated(raw, "micro_batch", 1, flags)
+    batch = _stated(raw, "global_batch", micro * dp, flags)
     if micro < 1 or batch < 1 or batch % (dp * micro):
         raise RowError(f"global_batch {batch} does not split into dp={dp} x micro_batch={micro} pieces")
     precision = (raw.get("precision") or "").strip().lower() or "fp32"
