@@ -84,11 +84,6 @@ part rounded by adding half a TF32 ulp to its bits, the small part ``x - big``, 
 core for free)."""
 
 
-def _sm(device: Device) -> int:
-    major, minor = (int(x) for x in (device.compute_capability or "0.0").split("."))
-    return 10 * major + minor
-
-
 def attention_kind(call: AttentionCall) -> str:
     """The tensor-core kind a call's products run at: its 16-bit dtype, or ``"tf32"`` for fp32 (the
     3xTF32 products)."""
@@ -97,14 +92,14 @@ def attention_kind(call: AttentionCall) -> str:
 
 def _split_fp32(call: AttentionCall, device: Device) -> bool:
     """Whether fp32 products run as 3xTF32 on tensor cores (sm80 or newer with TF32 units)."""
-    sm = _sm(device) if device.vendor == "NVIDIA" else 0
+    sm = (device.sm_version or 0) if device.vendor == "NVIDIA" else 0
     return call.dtype == "float32" and device.tf32_tflops is not None and sm >= 80
 
 
 def _mma_tflops(call: AttentionCall, backend: str, device: Device, sustained: float | None) -> float | None:
     """The tensor (or CUDA-core) rate the kernel's products reach on ``device``, TFLOP/s, from the
     ``sustained`` rate of the call's :func:`attention_kind` (the spec peak where None)."""
-    sm = _sm(device) if device.vendor == "NVIDIA" else 0
+    sm = (device.sm_version or 0) if device.vendor == "NVIDIA" else 0
     mma_sync = MMA_SYNC_SHARE_SM90 if sm >= 90 and backend != "cudnn" else 1.0
     if call.dtype == "float32":
         if _split_fp32(call, device):

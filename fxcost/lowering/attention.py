@@ -72,7 +72,7 @@ def priority(device: Device, torch_version: str | None = None) -> tuple[Backend,
         ('cudnn', 'flash')
     """
     version = _version(torch_version or torch.__version__)
-    if device.vendor != "NVIDIA" or _sm(device) not in (90, 100):
+    if device.vendor != "NVIDIA" or device.sm_version not in (90, 100):
         return PRIORITY
     preferred = version >= CUDNN_PREFERRED_SINCE or version[:3] == (2, 5, 0)
     return CUDNN_FIRST if preferred else PRIORITY
@@ -210,15 +210,6 @@ def attention_call(node: NodeCost) -> AttentionCall | None:
     )  # fmt: skip
 
 
-def _sm(device: Device) -> int | None:
-    """The compute capability as ``major·10 + minor`` (90 for Hopper), None where unknown."""
-    try:
-        major, minor = (int(x) for x in (device.compute_capability or "").split("."))
-    except ValueError:
-        return None
-    return 10 * major + minor
-
-
 def _supports(backend: Backend, call: AttentionCall, device: Device) -> bool:
     """Whether PyTorch's constraints for ``backend`` (sdp_utils.cpp, dense inputs) admit ``call``."""
     if backend == "math":
@@ -226,7 +217,7 @@ def _supports(backend: Backend, call: AttentionCall, device: Device) -> bool:
     half = call.dtype in ("float16", "bfloat16")
     if device.vendor != "NVIDIA":  # ROCm's AOTriton kernels: flash and efficient on fp16/bf16
         return backend in ("flash", "efficient") and half and not (backend == "flash" and call.masked)
-    sm = _sm(device)
+    sm = device.sm_version
     if sm is None:
         return False
     if backend == "flash":
