@@ -51,6 +51,7 @@ from typing import Literal
 from fxcost.lowering.fusion_attention import attention_chains, attention_node
 from fxcost.lowering.fusion_rules import GATHERS, merged_ranges, node_ranges
 from fxcost.lowering.fusion_saved import rematerialize
+from fxcost.lowering.traffic import recorded_bytes
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 
@@ -102,7 +103,7 @@ class FusedKernel:
         total = 0
         for i, reads in zip(self.members, self.reads, strict=True):
             node = nodes[i]
-            written = _tensor_bytes(node.out_shapes, node.out_dtypes)
+            written = recorded_bytes(node.out_shapes, node.out_dtypes)
             for shape, dtype, how in zip(node.in_shapes, node.in_dtypes, reads, strict=True):
                 total += _bytes(shape, dtype) if how == _DRAM else written if how == _GATHERED else 0
         for i, k in self.recomputes:
@@ -251,15 +252,11 @@ class _Fuser:
         """The group node ``i`` joins (merging its producers' groups where it links them), or None."""
         roots = [r for r in (self.root(j) for j in self._inputs(i)) if r is not None]
         candidates: list[_Group] = []
-        for r in roots:  # producers first, then siblings reading the same tensor
-            group = self.group_of.get(r)
+        # Producers first, then siblings reading the same tensor.
+        for j in [*roots, *(user for r in roots for user in self.users[r])]:
+            group = self.group_of.get(j)
             if group is not None and group.ranges not in _ALONE and group not in candidates:
                 candidates.append(group)
-        for r in roots:
-            for user in self.users[r]:
-                group = self.group_of.get(user)
-                if group is not None and group.ranges not in _ALONE and group not in candidates:
-                    candidates.append(group)
         target: _Group | None = None
         for group in candidates:
             merged = merged_ranges(group.ranges, group.reduction, ranges, reduction)
@@ -373,7 +370,3 @@ def _slot(node: NodeCost, producer: NodeCost, taken: list[int], matched: list[bo
 
 def _bytes(shape: Sequence[int], dtype: str) -> int:
     return math.prod(shape) * itemsize(dtype)
-
-
-def _tensor_bytes(shapes: Sequence[Sequence[int]], dtypes: Sequence[str]) -> int:
-    return sum(_bytes(s, d) for s, d in zip(shapes, dtypes, strict=False))
