@@ -52,7 +52,7 @@ import math
 
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import Device
-from fxcost.gpus.occupancy import blocks_per_sm
+from fxcost.gpus.occupancy import blocks_per_sm, sm_version
 from fxcost.lowering.attention import AttentionCall
 from fxcost.lowering.attention_kernels import FusedAttention
 from fxcost.precision import itemsize
@@ -92,14 +92,14 @@ def attention_kind(call: AttentionCall) -> str:
 
 def _split_fp32(call: AttentionCall, device: Device) -> bool:
     """Whether fp32 products run as 3xTF32 on tensor cores (sm80 or newer with TF32 units)."""
-    sm = (device.sm_version or 0) if device.vendor == "NVIDIA" else 0
+    sm = (sm_version(device) or 0) if device.vendor == "NVIDIA" else 0
     return call.dtype == "float32" and device.tf32_tflops is not None and sm >= 80
 
 
 def _mma_tflops(call: AttentionCall, backend: str, device: Device, sustained: float | None) -> float | None:
     """The tensor (or CUDA-core) rate the kernel's products reach on ``device``, TFLOP/s, from the
     ``sustained`` rate of the call's :func:`attention_kind` (the spec peak where None)."""
-    sm = (device.sm_version or 0) if device.vendor == "NVIDIA" else 0
+    sm = (sm_version(device) or 0) if device.vendor == "NVIDIA" else 0
     mma_sync = MMA_SYNC_SHARE_SM90 if sm >= 90 and backend != "cudnn" else 1.0
     if call.dtype == "float32":
         if _split_fp32(call, device):

@@ -126,15 +126,6 @@ class Device:
         return self.mem_bandwidth_gbps * DEFAULT_BANDWIDTH_FRACTION
 
     @property
-    def sm_version(self) -> int | None:
-        """The compute capability as ``major·10 + minor`` (90 for Hopper), None where unknown."""
-        try:
-            major, minor = (int(x) for x in (self.compute_capability or "").split("."))
-        except ValueError:
-            return None
-        return 10 * major + minor
-
-    @property
     def l2_bytes(self) -> float | None:
         """The L2 cache in bytes (its megabytes are binary, as the GPU reports them), None if unknown."""
         return self.l2_cache_mb * 2**20 if self.l2_cache_mb else None

@@ -19,7 +19,16 @@ from dataclasses import dataclass
 
 from fxcost.gpus import Device
 
-__all__ = ["Launch", "blocks_per_sm", "wave_size"]
+__all__ = ["Launch", "blocks_per_sm", "sm_version", "wave_size"]
+
+
+def sm_version(device: Device) -> int | None:
+    """The compute capability as ``major·10 + minor`` (90 for Hopper), None where unknown."""
+    try:
+        major, minor = (int(x) for x in (device.compute_capability or "").split("."))
+    except ValueError:
+        return None
+    return 10 * major + minor
 
 
 @dataclass(frozen=True, slots=True)

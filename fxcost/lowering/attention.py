@@ -31,6 +31,7 @@ import torch
 from torch.fx.operator_schemas import normalize_function
 
 from fxcost.gpus import Device
+from fxcost.gpus.occupancy import sm_version
 from fxcost.lowering.flops import register_flops
 from fxcost.lowering.nodes import gemm_node
 from fxcost.precision import itemsize
@@ -72,7 +73,7 @@ def priority(device: Device, torch_version: str | None = None) -> tuple[Backend,
         ('cudnn', 'flash')
     """
     version = _version(torch_version or torch.__version__)
-    if device.vendor != "NVIDIA" or device.sm_version not in (90, 100):
+    if device.vendor != "NVIDIA" or sm_version(device) not in (90, 100):
         return PRIORITY
     preferred = version >= CUDNN_PREFERRED_SINCE or version[:3] == (2, 5, 0)
     return CUDNN_FIRST if preferred else PRIORITY
@@ -217,7 +218,7 @@ def _supports(backend: Backend, call: AttentionCall, device: Device) -> bool:
     half = call.dtype in ("float16", "bfloat16")
     if device.vendor != "NVIDIA":  # ROCm's AOTriton kernels: flash and efficient on fp16/bf16
         return backend in ("flash", "efficient") and half and not (backend == "flash" and call.masked)
-    sm = device.sm_version
+    sm = sm_version(device)
     if sm is None:
         return False
     if backend == "flash":
