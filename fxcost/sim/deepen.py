@@ -6,7 +6,6 @@ tracing two and repeating them gives the deep model's stages (:func:`deepen`).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -38,8 +37,8 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
     if len(plan.stages) != 1 or not plan.stages[0].layers:
         raise ValueError(f"deepen takes a one-stage plan with layers; got {len(plan.stages)} stage(s)")
     p = plan.strategy
-    if (p.dp, p.tp, p.sp, p.micro_batches) != (s.dp, s.tp, s.sp, s.micro_batches):
-        raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp, sp and mb of {s}")
+    if (p.dp, p.tp, p.sp, p.micro_batches, p.ep, p.cp) != (s.dp, s.tp, s.sp, s.micro_batches, s.ep, s.cp):
+        raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp, sp, mb, ep and cp of {s}")
     if s.pp > layers:
         raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
     stage = plan.stages[0]
@@ -71,11 +70,11 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
         if index == s.pp - 1:
             forward, backward = forward + copied(head_fw), copied(head_bw) + backward
         stages.append(StagePlan(index, mine, forward, backward, 0, 0.0, 0.0))
-    per_layer: Counter[str] = Counter()
-    for module, count in params.items():
-        per_layer[layer_of(module, set(traced))] += count
     deep = {module: count for module, count in params.items() if not layer_of(module, set(traced))}
-    deep.update({name: per_layer[source[name]] for name in names})
+    for name in names:  # each layer's modules by path, so that its experts' stay apart (sim.moe)
+        layer = source[name]
+        deep.update({name + module[len(layer) :]: count for module, count in params.items()
+                     if layer_of(module, set(traced)) == layer})  # fmt: skip
     add_layer_collectives(stages, deep, set(names), s, plan.itemsize)
     for st in stages:
         recomputed = {layer for layer in st.layers if s.recompute_of(layer)}

@@ -5,8 +5,10 @@ fp32 training with Adam holds ``4Ψ`` bytes of parameters, ``4Ψ`` of gradients 
 optimizer state (first and second moments). Mixed precision (fp16/bf16) holds ``2Ψ + 2Ψ`` of
 half-precision parameters and gradients and ``12Ψ`` of fp32 master weights and moments. ZeRO stage 1
 shards the optimizer state over the ``dp`` ranks, stage 2 the gradients too, stage 3 the parameters
-too. Activations: the bytes each micro-batch saves for its backward times the micro-batches in
-flight (all of them for GPipe, ``pp - stage`` for 1F1B); recomputed layers keep only their inputs,
+too; with context parallelism over the ``dp * cp`` ranks that reduce the gradients, expert parameters
+(:mod:`fxcost.sim.moe`) over the ``dp * cp / ep`` holding the same experts. Activations: the bytes each
+micro-batch saves for its backward times the micro-batches in flight (all of them for GPipe,
+``pp - stage`` for 1F1B); recomputed layers keep only their inputs,
 plus, once, the largest recomputed layer's activations while it is recomputed. With sequence
 parallelism the plan keeps the activations between the tensor-parallel blocks, and a recomputed
 layer's input, split over the ``tp`` ranks (:mod:`fxcost.sim.plan`).
@@ -74,7 +76,10 @@ def rank_memory(plan: Plan, stage: StagePlan, capacity_gb: float) -> Memory:
     in flight each hold the stage's saved activations, and a recomputed layer's activations are held
     once more while it runs again."""
     s = plan.strategy
-    p, g, o = model_state_bytes(stage.params, s.dp, s.zero, half=plan.itemsize == 2)
+    half = plan.itemsize == 2  # expert parameters' states are sharded over the ranks holding the same experts
+    dense = model_state_bytes(stage.params - stage.expert_params, s.data_ranks, s.zero, half)
+    experts = model_state_bytes(stage.expert_params, s.data_ranks // s.ep, s.zero, half)
+    p, g, o = (a + b for a, b in zip(dense, experts, strict=True))
     held = in_flight(s.schedule, stage.index, s.pp, s.micro_batches)
     activations = held * stage.activation_bytes + stage.recompute_bytes
     return Memory(p, g, o, activations, capacity_gb * GIB)

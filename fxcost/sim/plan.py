@@ -30,7 +30,6 @@ than the host needs to issue its ops (:func:`fxcost.propagate.issue_bound_ms`).
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,10 @@ from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
 from fxcost.propagate import issue_bound_ms
 from fxcost.records import NodeCost
+from fxcost.sim.comm import Comm
+from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
+from fxcost.sim.layers import in_tp_region, layer_of, layers_of, region_of
+from fxcost.sim.moe import expert_plan, is_expert
 from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_sequence, shard_vocabulary
 from fxcost.sim.strategy import Strategy
 
@@ -60,19 +63,6 @@ __all__ = [
     "layer_of",
     "layers_of",
 ]
-
-_LAYER = re.compile(r"^(.*?\.?\d+)(?:\.|$)")  # the first path prefix that ends in an index
-_NORM = re.compile(r"(^|\.)(ln(_\w+)?|\w*norm\w*)$", re.IGNORECASE)  # ln_1, layernorm, norm
-
-
-@dataclass(frozen=True)
-class Comm:
-    """A collective: ``kind``, the full buffer in bytes, the group (``"tp"``, ``"dp"``, ``"pp"``)."""
-
-    kind: str
-    nbytes: float
-    group: str
-    stream: str  # "feature" (blocks compute) or "gradient" (asynchronous)
 
 
 @dataclass
@@ -100,6 +90,7 @@ class StagePlan:
     params: int  # parameters held by one rank of this stage (after tensor parallelism)
     activation_bytes: float  # saved for backward per micro-batch on one rank (a recomputed layer: its input)
     recompute_bytes: float  # the largest recomputed layer's activations, held while it runs again
+    expert_params: int = 0  # of ``params``, the experts' (split over ``ep``; their states over dp*cp/ep)
 
 
 @dataclass
@@ -117,26 +108,6 @@ class Plan:
 def itemsize_of(precision: Precision | None) -> int:
     """Bytes per element of a step run in ``precision`` (None: fp32)."""
     return (precision or PRECISIONS["fp32"]).itemsize
-
-
-def layers_of(modules: Sequence[str]) -> list[str]:
-    """The model's repeated layers, in order: module paths ``<prefix>.<int>`` under the most common
-    prefix (``transformer.h.0``, ``blocks.11``, ``model.layers.3``)."""
-    prefixes: Counter[str] = Counter()
-    found: dict[str, set[int]] = {}
-    for module in modules:
-        m = _LAYER.match(module)
-        if m is None:
-            continue
-        layer = m.group(1)
-        prefix, _, index = layer.rpartition(".")
-        if index.isdigit():
-            found.setdefault(prefix, set()).add(int(index))
-            prefixes[prefix] += 1
-    if not found:
-        return []
-    prefix = max(found, key=lambda p: (len(found[p]), prefixes[p]))
-    return [f"{prefix}.{i}" if prefix else str(i) for i in sorted(found[prefix])]
 
 
 def compile_plan(
@@ -168,11 +139,22 @@ def compile_plan(
     stage_of_layer = {layer: i * s.pp // len(layers) for i, layer in enumerate(layers)}
 
     batch_nodes = captured.node_batch(micro, precision)
+    seqlen = seqlen_of(batch_nodes.nodes) if s.cp > 1 else None
+    if seqlen:  # context parallelism: every node on the rank's part of the sequence
+        whole_tokens = _width_and_tokens(batch_nodes.nodes)[1]
+        batch_nodes = NodeBatch.of(split_sequence(batch_nodes.nodes, s.cp, seqlen, whole_tokens))
     ms, source = predict_batch(batch_nodes, chain, device)
     kernel = _kernel_ms(ms, source, device)
     interval = _interval(batch_nodes.nodes, ms, source, captured.counts.sum(axis=1))
     hidden, tokens = _width_and_tokens(batch_nodes.nodes)
     vocab = _vocab(batch_nodes.nodes)
+    itemsize = itemsize_of(precision)
+    forward = [
+        (n, d) for n, d in zip(report.nodes, captured.index, strict=True) if n.phase == "fw" and d is not None
+    ]
+    experts = expert_plan(batch_nodes.nodes, forward, s, hidden, tokens, itemsize)
+    if experts is not None:
+        experts.price(lambda nodes: _kernel_ms(*predict_batch(NodeBatch.of(nodes), chain, device), device))
 
     # Per distinct node, its tensor-parallel shard inside a layer and outside (vocabulary-parallel).
     def in_layer(n: NodeCost) -> NodeCost | None:
@@ -194,7 +176,6 @@ def compile_plan(
     stages = [StagePlan(i, [x for x in layers if stage_of_layer[x] == i], [], [], 0, 0.0, 0.0)
               for i in range(s.pp)]  # fmt: skip
     saved: Counter[tuple[int, str]] = Counter()  # forward bytes written by (stage, layer)
-    itemsize = itemsize_of(precision)
     boundary, rows = tokens * hidden * itemsize, [(tokens, hidden)]
     kinds = ("all_reduce", "all_gather", "reduce_scatter")
     all_reduce, gather, scatter = (Comm(kind, boundary, "tp", "feature") for kind in kinds)
@@ -230,8 +211,8 @@ def compile_plan(
             if inherited:  # replicated work on the residual stream; it neither enters nor leaves a region
                 child = region
             elif layer:
-                child = _region(node.module, layer) if node.module.startswith(layer + ".") else None
-                if child and _in_tp_region(node.module, layer) and s.tp_of(node.module) > 1:
+                child = region_of(node.module, layer) if node.module.startswith(layer + ".") else None
+                if child and in_tp_region(node.module, layer) and s.tp_of(node.module) > 1:
                     shards, shard_ms = layer_shard, layer_ms
             else:  # outside the layers: the vocabulary-wide head, loss and embedding gradient
                 child = "vocabulary"
@@ -247,7 +228,11 @@ def compile_plan(
                 region = child
             elif layer and region is None and d in seq_shard:
                 shards, shard_ms, sharded = seq_shard, seq_ms, True  # between the regions: split tokens
-            current.compute_ms += shard_ms[d] if sharded else kernel[d]
+            if experts is not None:  # entering or leaving the experts: an all-to-all
+                current.inside += experts.crossing(node.module)
+            current.compute_ms += (
+                shard_ms[d] if sharded else experts.ms_of(d, node.module, kernel) if experts else kernel[d]
+            )
             current.ops += 1
             if phase == "fw":
                 written = (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written or 0
@@ -259,7 +244,17 @@ def compile_plan(
                 region = None
         if current is not None and region is not None:
             current.inside.append(leave(region))
+        if current is not None and experts is not None:
+            current.inside += experts.crossing("")
     add_layer_collectives(stages, params, known, s, itemsize)
+    if seqlen:
+        attention, attention_ms = attention_nodes(batch_nodes.nodes, seqlen), dict[tuple[str, str], float]()
+        for n, pos in zip(report.nodes, captured.index, strict=True):
+            if pos is not None and pos in attention:
+                key = (layer_by_module[n.module], n.phase)
+                attention_ms[key] = attention_ms.get(key, 0.0) + kernel[pos] / s.tp_of(n.module)
+        kv = kv_width(batch_nodes.nodes, attention, hidden, tokens) // s.tp
+        add_ring(stages, attention_ms, 2 * tokens * kv * itemsize, s.cp)
     per_rank = boundary / s.tp if s.sp else boundary  # sp: stages send, recomputed layers keep, a part
     for plan in stages:
         recomputed = {layer for layer in plan.layers if s.recompute_of(layer)}
@@ -275,25 +270,36 @@ def add_layer_collectives(
     """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer: its
     parameters gathered before its first forward and first backward segment (ZeRO 3), its gradients
     reduced after its last backward segment. The part outside the layers (embeddings, head) is held
-    whole by the first and the last stage, which both reduce it."""
+    whole by the first and the last stage, which both reduce it. Expert parameters (:mod:`fxcost.sim.moe`)
+    are split over ``ep`` ranks and reduced over the ``dp * cp / ep`` holding the same experts ("edp");
+    the rest over ``dp * cp`` ("dp")."""
     per_layer: Counter[str] = Counter()
+    per_expert: Counter[str] = Counter()
     for module, count in params.items():
-        per_layer[layer_of(module, layers)] += count
+        (per_expert if s.ep > 1 and is_expert(module) else per_layer)[layer_of(module, layers)] += count
 
     def held(layer: str) -> int:
         return per_layer[layer] // s.tp_of(layer) if layer else per_layer[layer]
 
     for plan in stages:
-        plan.params = sum(held(layer) for layer in {seg.layer for seg in plan.forward + plan.backward})
-        if s.dp == 1:
-            continue
-        for segments in (plan.forward, plan.backward):
-            if s.zero == 3:
-                for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer
-                    seg.before.append(Comm("all_gather", held(seg.layer) * itemsize, "dp", "feature"))
-        kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
-        for seg in {seg.layer: seg for seg in plan.backward}.values():  # the last of each layer
-            seg.after.append(Comm(kind, held(seg.layer) * itemsize, "dp", "gradient"))
+        held_layers = {seg.layer for seg in plan.forward + plan.backward}
+        plan.expert_params = sum(per_expert[layer] // s.ep for layer in held_layers)
+        plan.params = sum(held(layer) for layer in held_layers) + plan.expert_params
+        for group, size, part in (("dp", s.data_ranks, held), ("edp", s.data_ranks // s.ep,
+                                                               lambda x: per_expert[x] // s.ep)):  # fmt: skip
+            if size == 1:
+                continue
+            for segments in (plan.forward, plan.backward):
+                if s.zero == 3:
+                    for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer
+                        if group == "dp" or part(seg.layer):
+                            seg.before.append(
+                                Comm("all_gather", part(seg.layer) * itemsize, group, "feature")
+                            )
+            kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
+            for seg in {seg.layer: seg for seg in plan.backward}.values():  # the last of each layer
+                if group == "dp" or part(seg.layer):
+                    seg.after.append(Comm(kind, part(seg.layer) * itemsize, group, "gradient"))
 
 
 def _shards(
@@ -341,31 +347,6 @@ def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> list[float
     ]
 
 
-def layer_of(module: str, layers: Collection[str]) -> str:
-    """The layer ``module`` is or belongs to (the shortest of its path prefixes in ``layers``), or ""."""
-    end = module.find(".")
-    while end != -1:
-        if module[:end] in layers:
-            return module[:end]
-        end = module.find(".", end + 1)
-    return module if module in layers else ""
-
-
-def _region(module: str, layer: str) -> str:
-    """The child of ``layer`` a module belongs to (``attn``, ``mlp``)."""
-    rest = module[len(layer) + 1 :]
-    return rest.split(".", 1)[0]
-
-
-def _in_tp_region(module: str, layer: str) -> bool:
-    """Whether a node of ``layer`` runs in a tensor-parallel child (attention, MLP): not the layer's
-    own residual nodes, not its norms."""
-    if module == layer:
-        return False
-    child = _region(module, layer)
-    return not _NORM.search(child) and not _NORM.search(module)
-
-
 def _stage(layer: str, seen_layer: bool, phase: str, stage_of_layer: Mapping[str, int], pp: int) -> int:
     if layer:
         return stage_of_layer[layer]
@@ -385,6 +366,9 @@ def _width_and_tokens(nodes: Sequence[NodeCost]) -> tuple[int, int]:
             x = n.in_shapes[0]
             if x:
                 widths[(x[-1], math.prod(x) // max(x[-1], 1))] += 1
+    if not widths:  # no layer norm (RMSNorm models): the embeddings' output, tokens of the width
+        widths.update((x[-1], math.prod(x[:-1])) for n in nodes if n.op == "aten.embedding.default"
+                      for x in n.out_shapes[:1] if len(x) >= 2)  # fmt: skip
     if not widths:
         return 1, 1
     (hidden, tokens), _ = widths.most_common(1)[0]

@@ -241,6 +241,13 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
         if group == "pp":  # every rank of the stage sends to its counterpart on the peer stage at once
             pairs = [[a, b] for a, b in zip(_stage_ranks(s, stage), _stage_ranks(s, peer), strict=True)]
             return pairs[0], max(link_sharing(pairs, cluster))
+        if (
+            group == "cp"
+        ):  # a ring's step: every rank sends to the next; the slowest hop (off the node) bounds it
+            rings = [[[r[i], r[(i + 1) % len(r)]] for i in range(len(r))] for r in groups["cp"][stage]]
+            hops = [pair for ring in rings for pair in ring]
+            hop = max(rings[0], key=lambda pair: cluster.node_of(pair[0]) != cluster.node_of(pair[1]))
+            return hop, max(link_sharing(hops, cluster))
         mine, n = groups[group][stage], len(groups[group][stage])
         return mine[0], max(sharing[group][stage * n : (stage + 1) * n])
 
@@ -248,10 +255,11 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
         """Add collective ``c`` of ``stage`` (sent to ``peer``) as a task on its stream, priced on the
         stage's own group once per kind, group, size and peer."""
         key = (c, stage, peer)
-        if key not in priced:
+        if key not in priced:  # a ring's steps: each exposes what its compute does not hide
             ranks, shared = placed(c.group, stage, peer)
-            priced[key] = collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=shared)
-        collectives[(c.kind, c.group, c.nbytes)] += 1
+            step_ms = collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=shared)
+            priced[key] = c.steps * max(step_ms - c.hidden_ms, 0.0) if c.steps > 1 else step_ms
+        collectives[(c.kind, c.group, c.nbytes)] += c.steps
         args = {"kind": c.kind, "group": c.group, "bytes": c.nbytes}
         return add(Task(name or f"{c.kind} {c.group}", stage, c.stream, priced[key], deps, args))
 
@@ -321,21 +329,39 @@ def _schedule(schedule: str, stage: int, stages: int, micro_batches: int) -> lis
     return order
 
 
-def _rank(s: Strategy, p: int, d: int, t: int) -> int:
-    """The rank of stage ``p``, data-parallel replica ``d``, tensor-parallel rank ``t``: Megatron's
-    order (tensor-parallel ranks adjacent, then data-parallel, then pipeline stages)."""
-    return p * s.dp * s.tp + d * s.tp + t
+def _rank(s: Strategy, p: int, d: int, t: int, c: int = 0) -> int:
+    """The rank of stage ``p``, data-parallel replica ``d``, context-parallel rank ``c``, tensor-parallel
+    rank ``t``: Megatron's order (tensor-parallel ranks adjacent, then context-, then data-parallel, then
+    pipeline stages)."""
+    return ((p * s.dp + d) * s.cp + c) * s.tp + t
 
 
 def _stage_ranks(s: Strategy, p: int) -> list[int]:
     """The ranks of stage ``p``, replica by replica."""
-    return [_rank(s, p, d, t) for d in range(s.dp) for t in range(s.tp)]
+    return [_rank(s, p, d, t, c) for d in range(s.dp) for c in range(s.cp) for t in range(s.tp)]
 
 
 def _groups(s: Strategy) -> dict[str, list[list[list[int]]]]:
-    """Each stage's tensor- and data-parallel groups (``groups[kind][stage]``); a stage's first
-    group is its simulated rank's (rank ``_rank(s, stage, 0, 0)``)."""
+    """Each stage's groups by kind (``groups[kind][stage]``): tensor-parallel, data-parallel (the ``dp * cp``
+    ranks reducing a gradient), context-parallel rings, expert-parallel (``ep`` consecutive replicas) and
+    expert-data-parallel (the replicas holding the same experts); a stage's first group of each kind is
+    its simulated rank's (rank ``_rank(s, stage, 0, 0)``)."""
+    dp, cp, tp, ep = range(s.dp), range(s.cp), range(s.tp), s.ep
     return {
-        "tp": [[[_rank(s, p, d, t) for t in range(s.tp)] for d in range(s.dp)] for p in range(s.pp)],
-        "dp": [[[_rank(s, p, d, t) for d in range(s.dp)] for t in range(s.tp)] for p in range(s.pp)],
+        "tp": [[[_rank(s, p, d, t, c) for t in tp] for d in dp for c in cp] for p in range(s.pp)],
+        "dp": [[[_rank(s, p, d, t, c) for d in dp for c in cp] for t in tp] for p in range(s.pp)],
+        "cp": [[[_rank(s, p, d, t, c) for c in cp] for d in dp for t in tp] for p in range(s.pp)],
+        "ep": [
+            [
+                [_rank(s, p, g * ep + e, t, c) for e in range(ep)]
+                for g in range(s.dp // ep)
+                for c in cp
+                for t in tp
+            ]
+            for p in range(s.pp)
+        ],
+        "edp": [
+            [[_rank(s, p, d, t, c) for d in dp[e::ep] for c in cp] for e in range(ep) for t in tp]
+            for p in range(s.pp)
+        ],
     }

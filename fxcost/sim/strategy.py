@@ -4,7 +4,9 @@
 parallel linears in attention and MLP blocks) and pipeline (``pp``) parallelism, the micro-batches
 and their schedule (GPipe or 1F1B), the ZeRO stage (1-3; 3 is FSDP), activation recomputation and
 Megatron sequence parallelism (``sp``, with ``tp``: the norms, dropouts and residual adds between
-the tensor-parallel blocks split along the sequence).
+the tensor-parallel blocks split along the sequence), expert parallelism (``ep``: a mixture-of-experts
+layer's experts split over ``ep`` of the data-parallel ranks, :mod:`fxcost.sim.moe`) and context
+parallelism (``cp``: the sequence split over ``cp`` ranks, ring attention, :mod:`fxcost.sim.context`).
 Like Proteus's strategy tree, a strategy can give modules their own settings that apply to their
 children unless overridden deeper (``modules``): recomputation, and ``tp: 1`` for a module that runs
 whole on every tensor-parallel rank instead of split (the data and pipeline degrees, which decide
@@ -22,6 +24,8 @@ It is written as ``"dp=2,tp=4,pp=2,mb=8,zero=1"`` on the command line, or as YAM
     zero: 1
     recompute: false
     sp: false
+    ep: 1
+    cp: 1
     modules:
       transformer.h.0: {recompute: true}
       transformer.h.1: {tp: 1}
@@ -66,6 +70,14 @@ class Strategy:
             FSDP); False reduces them all after the backward, as Megatron-LM does by default.
         modules: per-module settings by dotted path (``{"transformer.h.0": {"recompute": True}}``),
             inherited by the module's children unless they have their own.
+        ep: expert-parallel ranks (Megatron-LM, DeepSpeed-MoE): each mixture-of-experts layer's experts
+            split over ``ep`` ranks of a data-parallel group (``dp % ep == 0``; the world stays
+            ``dp * tp * pp * cp``), tokens sent to their experts and back by all-to-alls.
+        expert_load: the share of the routed tokens each expert gets (fractions summing to 1, one per
+            expert of a layer; written ``expert_load=0.4/0.2/0.2/0.2``); None: balanced routing. The rank
+            whose experts get the most bounds the step.
+        cp: context-parallel ranks (Megatron-Core CP, ring attention): every layer runs on ``1/cp`` of
+            the sequence, the keys and values passed around the ring; gradients reduced over ``dp * cp``.
     """
 
     dp: int = 1
@@ -78,9 +90,12 @@ class Strategy:
     sp: bool = False
     overlap_grad_reduce: bool = True
     modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    ep: int = 1
+    expert_load: tuple[float, ...] | None = None
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batches"):
+        for name in ("dp", "tp", "pp", "micro_batches", "ep", "cp"):
             positive_int(f"strategy {name}", getattr(self, name))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; accepted: {', '.join(SCHEDULES)}")
@@ -90,6 +105,15 @@ class Strategy:
             raise ValueError(f"sequence parallelism (sp) needs tensor parallelism: tp > 1, got tp={self.tp}")
         if self.sp and any(settings.get("tp") == 1 for settings in self.modules.values()):
             raise ValueError("sp with a module at tp=1 is not supported; accepted: one or the other")
+        if self.dp % self.ep:
+            raise ValueError(f"ep={self.ep} does not divide dp={self.dp}: expert-parallel groups are made of "
+                             f"data-parallel ranks; accepted ep: a divisor of dp")  # fmt: skip
+        if self.ep > 1 and self.tp > 1:
+            raise ValueError(f"ep={self.ep} with tp={self.tp} is not supported; accepted: tp=1 with ep > 1")
+        if self.expert_load is not None:
+            load = self.expert_load
+            if not load or any(not x >= 0 for x in load) or abs(sum(load) - 1) > 1e-6:
+                raise ValueError(f"expert_load: fractions >= 0 summing to 1, one per expert; got {load}")
         for path, settings in self.modules.items():
             unknown = set(settings) - set(_MODULE_SETTINGS)
             if unknown:
@@ -103,8 +127,13 @@ class Strategy:
 
     @property
     def world_size(self) -> int:
-        """GPUs the strategy needs: ``dp * tp * pp``."""
-        return self.dp * self.tp * self.pp
+        """GPUs the strategy needs: ``dp * tp * pp * cp``."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def data_ranks(self) -> int:
+        """The ranks a dense parameter's gradients are reduced (and ZeRO shards it) over: ``dp * cp``."""
+        return self.dp * self.cp
 
     def micro_batch(self, batch: int) -> int:
         """The samples of one micro-batch on one rank for a global ``batch``.
@@ -141,7 +170,7 @@ class Strategy:
 
     @classmethod
     def parse(cls, spec: str) -> Strategy:
-        """A strategy from ``"dp=2,tp=4,pp=2,mb=8,zero=1,schedule=gpipe,recompute=1,sp=1"``."""
+        """A strategy from ``"dp=2,tp=4,pp=2,mb=8,zero=1,schedule=gpipe,recompute=1,sp=1,ep=2,cp=2"``."""
         values: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in spec.split(","))):
             key, sep, value = item.partition("=")
@@ -188,6 +217,12 @@ class Strategy:
             parts.append("sp=1")
         if not self.overlap_grad_reduce and self.dp > 1:
             parts.append("overlap=0")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
+        if self.expert_load is not None:
+            parts.append("expert_load=" + "/".join(f"{x:g}" for x in self.expert_load))
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
         return ",".join(parts)
 
 
@@ -198,7 +233,13 @@ def _coerce(name: str, value: Any) -> Any:
                 raise ValueError(f"{name} must be true or false, got {value!r}")
             return value.lower() in ("1", "true", "yes")
         return bool(value)
-    if name in ("dp", "tp", "pp", "micro_batches", "zero") and isinstance(value, str):
+    if name == "expert_load" and value is not None:
+        items = value.split("/") if isinstance(value, str) else list(value)
+        try:
+            return tuple(float(x) for x in items)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"expert_load takes fractions, e.g. 0.4/0.2/0.2/0.2; got {value!r}") from e
+    if name in ("dp", "tp", "pp", "micro_batches", "zero", "ep", "cp") and isinstance(value, str):
         try:
             return int(value)
         except ValueError as e:

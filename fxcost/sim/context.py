@@ -1,0 +1,147 @@
+"""Context parallelism: the sequence split over ``cp`` ranks, ring attention (Megatron-Core CP; Liu et al.
+2023, "Ring Attention with Blockwise Transformers").
+
+Every node of the step runs on ``1/cp`` of the sequence: a tensor's dimension as long as the sequence
+(or as the micro-batch's tokens) is split. Attention needs every key for its queries: the keys and
+values travel around the ring of the ``cp`` ranks in ``cp - 1`` send/recv steps per layer while each
+rank computes the attention of its queries on the block it holds, so a rank's attention is its queries
+against all keys (``1/cp`` of the whole), and a step's transfer hides behind a step's compute when the
+compute is longer (:class:`~fxcost.sim.plan.Comm` ``hidden_ms``). With a causal mask Megatron splits the
+sequence into ``2 cp`` chunks and gives rank ``i`` chunks ``i`` and ``2 cp - 1 - i`` so that every rank
+has the same share of the unmasked work: the rank's work is ``1/cp`` of the traced attention's, whatever
+the mask. The backward passes the keys and values again, with their gradients: twice the bytes.
+
+Each rank sends ``tokens / cp`` keys and as many values per step, ``2 * tokens / cp * kv_width`` elements
+(``kv_width``: the narrowest projection of the attention, the keys' and values' width with grouped-query
+attention, split over ``tp``). Gradients are reduced over ``dp * cp`` ranks (:mod:`fxcost.sim.simulator`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from fxcost.lowering import recorded_bytes
+from fxcost.lowering.nodes import MATMULS
+from fxcost.records import NodeCost, Shape
+from fxcost.sim.comm import Comm
+
+if TYPE_CHECKING:
+    from fxcost.sim.plan import StagePlan
+
+__all__ = ["add_ring", "attention_nodes", "kv_width", "seqlen_of", "split_sequence"]
+
+_FUSED = ("scaled_dot_product",)  # aten's fused attentions: q, k, v in, the queries' rows out
+
+
+def seqlen_of(nodes: Sequence[NodeCost]) -> int | None:
+    """The sequence length: the square trailing dimensions of the attention scores (softmax inputs), or
+    the queries' rows of a fused attention; None without attention."""
+    for n in nodes:
+        if (
+            "softmax" in n.op
+            and n.in_shapes
+            and len(n.in_shapes[0]) >= 3
+            and n.in_shapes[0][-1] == n.in_shapes[0][-2]
+        ):
+            return n.in_shapes[0][-1]
+    for n in nodes:
+        if any(f in n.op for f in _FUSED) and n.in_shapes and len(n.in_shapes[0]) == 4:
+            return n.in_shapes[0][-2]
+    return None
+
+
+def attention_nodes(nodes: Sequence[NodeCost], seqlen: int) -> set[int]:
+    """Positions of the nodes that compute attention: those with a ``seqlen x seqlen`` score tensor, and
+    fused attentions."""
+    return {i for i, n in enumerate(nodes) if any(f in n.op for f in _FUSED) or _has_scores(n, seqlen)}
+
+
+def split_sequence(nodes: Sequence[NodeCost], cp: int, seqlen: int, tokens: int) -> list[NodeCost]:
+    """``nodes`` as one of ``cp`` context-parallel ranks runs them.
+
+    Raises:
+        ValueError: the sequence does not split into ``2 cp`` equal chunks (Megatron's load balancing).
+    """
+    if seqlen % (2 * cp):
+        raise ValueError(f"cp={cp}: the sequence of {seqlen} tokens does not split into 2*cp={2 * cp} "
+                         f"equal chunks (causal load balancing); accepted: 2*cp divides it")  # fmt: skip
+    return [_split(n, cp, seqlen, tokens) for n in nodes]
+
+
+def kv_width(nodes: Sequence[NodeCost], attention: set[int], hidden: int, tokens: int) -> int:
+    """The width of the keys (and values) one rank sends: the narrowest output of the matmuls on the
+    tokens in the modules of the attention nodes (``k_proj``; ``hidden`` for a fused QKV projection)."""
+    modules = {nodes[i].module.rsplit(".", 1)[0] for i in attention} | {nodes[i].module for i in attention}
+    widths = [
+        n.out_shapes[0][-1]
+        for n in nodes
+        if n.op in MATMULS and n.out_shapes and math.prod(n.out_shapes[0][:-1]) == tokens
+        and any(n.module == m or n.module.startswith(m + ".") for m in modules)
+    ]  # fmt: skip
+    return min(widths, default=hidden)
+
+
+def _has_scores(node: NodeCost, seqlen: int) -> bool:
+    return any(len(x) >= 3 and x[-1] == x[-2] == seqlen for x in (*node.in_shapes, *node.out_shapes))
+
+
+def _split(node: NodeCost, cp: int, seqlen: int, tokens: int) -> NodeCost:
+    attention = any(f in node.op for f in _FUSED) or _has_scores(node, seqlen)
+
+    def split(shape: Shape, queries: bool = False) -> Shape:
+        if queries:  # the scores' or a matmul's rows: the rank's queries; the keys stay whole
+            dims = [len(shape) - 2] if len(shape) >= 2 and shape[-2] == seqlen else []
+        else:
+            dims = [i for i, x in enumerate(shape) if x in (seqlen, tokens)][:1]
+        return tuple(x // cp if i in dims else x for i, x in enumerate(shape))
+
+    if attention and node.op in MATMULS:  # queries x keys, or scores x values: the rank's rows of each
+        ins = list(node.in_shapes)
+        ins[-2] = split(ins[-2], queries=True)
+        in_shapes, out_shapes = ins, [split(x, queries=True) for x in node.out_shapes]
+    elif attention and any(f in node.op for f in _FUSED):  # the queries split, the keys and values whole
+        in_shapes = [x if 0 < i < 3 else split(x) for i, x in enumerate(node.in_shapes)]
+        out_shapes = [split(x) for x in node.out_shapes]
+    elif attention:  # scores (softmax, mask, dropout): the rank's queries' rows
+        in_shapes = [split(x, queries=True) for x in node.in_shapes]
+        out_shapes = [split(x, queries=True) for x in node.out_shapes]
+    else:
+        in_shapes, out_shapes = [split(x) for x in node.in_shapes], [split(x) for x in node.out_shapes]
+    if in_shapes == list(node.in_shapes) and out_shapes == list(node.out_shapes):
+        return node
+    flops = (
+        None
+        if node.flops is None
+        else node.flops // cp
+        if attention
+        else _scaled(node, in_shapes, out_shapes)
+    )
+    return node.replace(in_shapes=in_shapes, out_shapes=out_shapes, flops=flops,
+                        bytes_read=recorded_bytes(in_shapes, node.in_dtypes),
+                        bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
+
+
+def _scaled(node: NodeCost, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) -> int | None:
+    """FLOPs in proportion to the node's result (its input where it has none)."""
+    old, new = node.out_shapes or node.in_shapes, out_shapes or in_shapes
+    if node.flops is None or not old or not new:
+        return node.flops
+    return round(node.flops * math.prod(new[0]) / max(math.prod(old[0]), 1))
+
+
+def add_ring(
+    stages: Sequence[StagePlan],
+    attention_ms: Mapping[tuple[str, str], float],
+    kv_bytes: float,
+    cp: int,
+) -> None:
+    """Each layer's ring passes: before its first forward segment's end ``cp - 1`` send/recv steps of the
+    keys and values (``kv_bytes``), in its backward of those and their gradients, each step hidden
+    behind the step's attention (``attention_ms[(layer, phase)] / cp``)."""
+    for st in stages:
+        for phase, segments, factor in (("fw", st.forward, 1), ("bw", st.backward, 2)):
+            for seg in {seg.layer: seg for seg in reversed(segments) if seg.layer}.values():
+                hidden = attention_ms.get((seg.layer, phase), 0.0) / cp
+                seg.inside.append(Comm("send_recv", kv_bytes * factor, "cp", "feature", cp - 1, hidden))

@@ -1,0 +1,172 @@
+"""Expert parallelism for mixture-of-experts layers (Megatron-LM, DeepSpeed-MoE; Rajbhandari et al. 2022).
+
+With ``ep`` expert-parallel ranks, each MoE layer's experts are split over ``ep`` ranks of a
+data-parallel group (``E / ep`` experts each). A rank routes its own tokens, sends each routed copy to
+the rank holding its expert (the *dispatch* all-to-all), runs its experts on what it received, and
+sends the results back (the *combine* all-to-all); the backward runs the two all-to-alls again on the
+gradients. Each all-to-all moves the rank's routed rows, ``tokens * top_k`` of the model's width.
+
+Which tokens go to which expert is data that meta tensors do not carry, so the routing is assumed:
+
+- **balanced** (the default, what a load-balancing loss aims at): every rank receives as many routed
+  rows as it sends, ``tokens * top_k``; its compute is the traced experts' (the lowering already
+  spreads the rows evenly over the experts, :mod:`fxcost.lowering.experts`), its grouped GEMMs run
+  ``E / ep`` experts on ``ep`` times the rows each.
+- **a given load** (``Strategy.expert_load``, one fraction per expert): the rank whose experts get the
+  largest share ``f`` receives ``f * ep`` times the balanced rows; it bounds the step (every rank waits
+  for it in the combine), so its compute and all-to-all volume are priced.
+
+``top_k`` is read from the graph: the rows entering the experts' first GEMMs over the tokens. Drop-less
+routing (Megatron's default; Hugging Face's implementations) is assumed: no capacity padding.
+
+Parameters under a module path with an ``experts`` component (``mlp.experts``,
+``block_sparse_moe.experts.3``) are expert parameters: a rank holds ``1/ep`` of them, and their
+gradients are reduced over the ``dp * cp / ep`` ranks holding the same experts (group ``"edp"``) while
+the dense ones are reduced over all ``dp * cp`` (group ``"dp"``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from fxcost.lowering import recorded_bytes
+from fxcost.lowering.composite import GROUPED_MM_OPS
+from fxcost.lowering.nodes import MATMULS
+from fxcost.records import NodeCost, Shape
+from fxcost.sim.comm import Comm
+from fxcost.sim.strategy import Strategy
+
+__all__ = ["ExpertPlan", "expert_plan", "is_expert"]
+
+
+def is_expert(module: str) -> bool:
+    """Whether ``module`` is (inside) a mixture-of-experts layer's experts."""
+    return "experts" in module.split(".")
+
+
+class ExpertPlan:
+    """What one expert-parallel rank runs of a step's expert nodes, and its all-to-alls.
+
+    Attributes:
+        load: the busiest rank's routed rows over the balanced rows (1 when balanced).
+        ms: kernel ms of distinct expert nodes re-priced for the rank (only those that change).
+        nodes: those nodes as the rank runs them.
+        a2a_bytes: the bytes one all-to-all moves for the busiest rank (its routed rows of the width).
+    """
+
+    def __init__(self, load: float, nodes: dict[int, NodeCost], a2a_bytes: float) -> None:
+        self.load = load
+        self.nodes = nodes
+        self.ms: dict[int, float] = {}
+        self.a2a_bytes = a2a_bytes
+        self._inside = False  # whether the last node seen was an expert's
+
+    def price(self, kernel_ms: Callable[[list[NodeCost]], Sequence[float]]) -> None:
+        """Price the rank's expert nodes with ``kernel_ms`` (kernel ms of a list of nodes)."""
+        if self.nodes:
+            self.ms = dict(zip(self.nodes, kernel_ms(list(self.nodes.values())), strict=True))
+
+    def ms_of(self, d: int, module: str, kernel: Sequence[float]) -> float:
+        """The kernel ms of distinct node ``d`` run by ``module``: the rank's, if it is an expert's."""
+        return self.ms[d] if d in self.ms and is_expert(module) else kernel[d]
+
+    def crossing(self, module: str) -> list[Comm]:
+        """The all-to-all issued before a node of ``module`` runs (none, or one where the run enters or
+        leaves the experts: the dispatch and the combine, or their gradients); "" ends a run."""
+        inside = is_expert(module)
+        if inside == self._inside:
+            return []
+        self._inside = inside
+        return [Comm("all_to_all", self.a2a_bytes, "ep", "feature")]
+
+
+def expert_plan(
+    nodes: Sequence[NodeCost],
+    occurrences: Sequence[tuple[NodeCost, int]],
+    s: Strategy,
+    hidden: int,
+    tokens: int,
+    itemsize: int,
+) -> ExpertPlan | None:
+    """The rank's expert nodes and all-to-all volume for ``s`` (None without ``ep > 1``).
+
+    ``nodes``: the distinct nodes; ``occurrences``: the forward's (node, distinct position) in order.
+
+    Raises:
+        ValueError: ``ep > 1`` but the step has no expert nodes, ``ep`` does not divide the experts,
+            or ``expert_load`` does not give one fraction per expert.
+    """
+    if s.ep == 1 and s.expert_load is None:
+        return None
+    experts = _experts(nodes)
+    if experts is None:
+        raise ValueError(f"ep={s.ep} / expert_load given but the model has no mixture-of-experts layers "
+                         "(modules named '...experts...')")  # fmt: skip
+    if experts % s.ep:
+        raise ValueError(f"ep={s.ep} does not divide the {experts} experts; accepted: a divisor of {experts}")
+    load = 1.0
+    if s.expert_load is not None:
+        if len(s.expert_load) != experts:
+            raise ValueError(
+                f"expert_load has {len(s.expert_load)} fractions; the model has {experts} experts"
+            )
+        per_rank = experts // s.ep
+        shares = [sum(s.expert_load[r * per_rank : (r + 1) * per_rank]) for r in range(s.ep)]
+        load = max(shares) * s.ep
+    rows = _routed_rows([(node.module, nodes[d]) for node, d in occurrences], hidden)
+    changed = {}
+    for d, node in enumerate(nodes):
+        if is_expert(node.module) and (node.op in GROUPED_MM_OPS or load != 1.0):
+            changed[d] = _on_rank(node, s.ep, experts, load)
+    return ExpertPlan(load, changed, rows * hidden * itemsize * load if rows else tokens * hidden * itemsize)
+
+
+def _experts(nodes: Sequence[NodeCost]) -> int | None:
+    """The experts of a layer: the leading dimension of the grouped GEMMs' weights, else the number of
+    distinct ``experts.<name>`` children; None if no node is an expert's."""
+    grouped = [n.in_shapes[1][0] for n in nodes if n.op in GROUPED_MM_OPS and len(n.in_shapes) > 1
+               and len(n.in_shapes[1]) == 3]  # fmt: skip
+    if grouped:
+        return max(grouped)
+    children = set()
+    for n in nodes:
+        parts = n.module.split(".")
+        if "experts" in parts and parts.index("experts") + 1 < len(parts):
+            children.add(parts[parts.index("experts") + 1])
+    return len(children) or None
+
+
+def _routed_rows(occurrences: Sequence[tuple[str, NodeCost]], hidden: int) -> int:
+    """Rows entering the first MoE layer's experts: the rows of its forward GEMMs that contract the
+    model's width (tokens times top-k)."""
+    by_layer: dict[str, int] = defaultdict(int)
+    for module, node in occurrences:  # the module that ran it, the node at the micro-batch's sizes
+        if not is_expert(module) or node.op not in (*MATMULS, *GROUPED_MM_OPS) or "backward" in node.op:
+            continue
+        x = node.in_shapes[0] if node.op in GROUPED_MM_OPS else node.in_shapes[-2]
+        if len(x) == 2 and x[-1] == hidden:
+            layer = ".".join(module.split(".")[: module.split(".").index("experts")])
+            by_layer[layer] += x[0]
+    return next((rows for rows in by_layer.values() if rows), 0)
+
+
+def _on_rank(node: NodeCost, ep: int, experts: int, load: float) -> NodeCost:
+    """An expert node as the busiest rank runs it: grouped weights of ``experts / ep`` experts, and the
+    routed rows (the leading dimension of the node's result) ``load`` times as many."""
+    outs = node.out_shapes or node.in_shapes
+    rows = node.in_shapes[0][0] if node.op in GROUPED_MM_OPS else (outs[0][0] if outs and outs[0] else -1)
+
+    def shard(shape: Shape) -> Shape:
+        if node.op in GROUPED_MM_OPS and len(shape) == 3 and shape[0] == experts:
+            return (experts // ep, *shape[1:])
+        if shape and shape[0] == rows and load != 1.0:
+            return (math.ceil(shape[0] * load), *shape[1:])
+        return shape
+
+    in_shapes, out_shapes = [shard(x) for x in node.in_shapes], [shard(x) for x in node.out_shapes]
+    return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
+                        flops=None if node.flops is None else round(node.flops * load),
+                        bytes_read=recorded_bytes(in_shapes, node.in_dtypes),
+                        bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip

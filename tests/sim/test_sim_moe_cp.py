@@ -1,0 +1,126 @@
+"""Expert parallelism (MoE all-to-alls) and context parallelism (ring attention): collectives and memory
+against values computed by hand for small models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import fxcost
+from fxcost import zoo
+from fxcost.estimator import Captured, default_estimator
+from fxcost.gpus import get_device
+from fxcost.sim import Strategy
+from fxcost.sim.plan import Plan, compile_plan
+from fxcost.sim.simulator import _groups
+from fxcost.zoo.hf import hf_step
+
+FP32 = 4
+# A Mixtral of 2 layers: width 64, 4 experts of width 128 (gate/up fused: 64 x 256, down 128 x 64), top-2.
+WIDTH, FFN, EXPERTS, TOP_K, SEQ, BATCH = 64, 128, 4, 2, 32, 8
+MIXTRAL = dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_size=WIDTH,
+               intermediate_size=FFN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, vocab_size=100)  # fmt: skip
+EXPERT_PARAMS = EXPERTS * (WIDTH * 2 * FFN + FFN * WIDTH)  # per layer
+# q and o 64 x 64, k and v 64 x 32 (2 of 4 heads), the router 64 x 4, two RMSNorms of 64.
+DENSE_PARAMS = 2 * WIDTH * WIDTH + 2 * WIDTH * WIDTH // 2 + WIDTH * EXPERTS + 2 * WIDTH
+
+
+@pytest.fixture(scope="module")
+def mixtral() -> tuple[Any, Captured]:
+    step = hf_step(MIXTRAL, BATCH, SEQ)
+    return step.model, default_estimator().capture(step.model, step.inputs, True, loss_fn=step.loss_fn,
+                                                   batch_size=BATCH)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def gpt() -> tuple[Any, Captured]:
+    model, inputs = zoo.build("gpt2", BATCH, seq=SEQ, dim=WIDTH, heads=4, layers=2, vocab=256)
+    return model, default_estimator().capture(model, inputs, batch_size=BATCH)
+
+
+def _plan(traced: tuple[Any, Captured], spec: str) -> Plan:
+    model, captured = traced
+    params = fxcost.sim.simulator._params_by_module(model)
+    return compile_plan(captured, params, Strategy.parse(spec), get_device("A100-SXM4-80GB"), BATCH)
+
+
+def _comms(plan: Plan, where: str = "inside") -> list[tuple[str, str, float]]:
+    st = plan.stages[0]
+    return [(c.kind, c.group, c.nbytes) for seg in st.forward + st.backward for c in getattr(seg, where)]
+
+
+def test_the_strategy_takes_ep_expert_load_and_cp() -> None:
+    s = Strategy.parse("dp=4,ep=2,cp=2,expert_load=0.4/0.2/0.2/0.2")
+    assert (s.ep, s.cp, s.expert_load, s.world_size, s.data_ranks) == (2, 2, (0.4, 0.2, 0.2, 0.2), 8, 8)
+    assert Strategy.parse(str(s)) == s and str(Strategy()) == "dp=1,tp=1,pp=1,mb=1"
+    with pytest.raises(ValueError, match="ep=3 does not divide dp=4"):
+        Strategy(dp=4, ep=3)
+    with pytest.raises(ValueError, match="summing to 1"):
+        Strategy.parse("dp=2,ep=2,expert_load=0.5/0.6")
+    with pytest.raises(ValueError, match="expert_load takes fractions"):
+        Strategy.parse("dp=2,expert_load=a/b")
+    with pytest.raises(ValueError, match="tp=1 with ep > 1"):
+        Strategy(dp=2, tp=2, ep=2)
+
+
+def test_expert_parallelism_adds_four_all_to_alls_per_moe_layer_and_splits_the_expert_gradients(
+    mixtral: tuple[Any, Captured],
+) -> None:
+    micro_tokens = BATCH // 4 * SEQ
+    routed = micro_tokens * TOP_K * WIDTH * FP32  # each all-to-all: the rank's routed rows of the width
+    plain, ep = _plan(mixtral, "dp=4"), _plan(mixtral, "dp=4,ep=2")
+    assert [c for c in _comms(plain) if c[0] == "all_to_all"] == []
+    # Dispatch and combine in the forward, their gradients in the backward, in each of the 2 layers.
+    assert [c for c in _comms(ep) if c[0] == "all_to_all"] == [("all_to_all", "ep", routed)] * 8
+    grads = _comms(ep, "after")
+    dense, experts = (
+        ("all_reduce", "dp", DENSE_PARAMS * FP32),
+        ("all_reduce", "edp", EXPERT_PARAMS // 2 * FP32),
+    )
+    assert grads.count(dense) == 2 and grads.count(experts) == 2 and len(grads) == 5  # and the embeddings'
+    # ep=1: the experts' gradients reduced with the layer's, over all data-parallel ranks, as before.
+    assert _comms(plain, "after").count(("all_reduce", "dp", (DENSE_PARAMS + EXPERT_PARAMS) * FP32)) == 2
+    assert plain.stages[0].params - ep.stages[0].params == 2 * EXPERT_PARAMS // 2
+    assert ep.stages[0].expert_params == 2 * EXPERT_PARAMS // 2
+    # ZeRO 1: dense optimizer states over the 4 replicas, the experts' over the 2 holding the same ones.
+    mem = fxcost.sim.memory.rank_memory(_plan(mixtral, "dp=4,ep=2,zero=1"), ep.stages[0], 80)
+    outer = ep.stages[0].params - 2 * (DENSE_PARAMS + EXPERT_PARAMS // 2)
+    assert mem.optimizer == pytest.approx(8 * ((outer + 2 * DENSE_PARAMS) / 4 + 2 * EXPERT_PARAMS // 2 / 2))
+
+
+def test_a_given_expert_load_bounds_the_step_by_the_busiest_rank(mixtral: tuple[Any, Captured]) -> None:
+    balanced = _plan(mixtral, "dp=4,ep=4")
+    skewed = _plan(mixtral, "dp=4,ep=4,expert_load=0.4/0.2/0.2/0.2")
+    a2a = [c for c in _comms(skewed) if c[0] == "all_to_all"]
+    assert a2a == [("all_to_all", "ep", BATCH // 4 * SEQ * TOP_K * WIDTH * FP32 * 0.4 * 4)] * 8
+    assert [c for c in _comms(balanced) if c[0] == "all_to_all"] == [(a2a[0][0], "ep", a2a[0][2] / 1.6)] * 8
+    with pytest.raises(ValueError, match="expert_load has 2 fractions; the model has 4 experts"):
+        _plan(mixtral, "dp=4,ep=2,expert_load=0.5/0.5")
+
+
+def test_context_parallelism_passes_keys_and_values_around_the_ring(gpt: tuple[Any, Captured]) -> None:
+    whole, cp2, cp4 = _plan(gpt, "dp=1"), _plan(gpt, "cp=2"), _plan(gpt, "cp=4")
+    for plan, cp in ((cp2, 2), (cp4, 4)):
+        kv = 2 * BATCH * SEQ // cp * WIDTH * FP32  # keys and values of the rank's tokens (GPT-2: all heads)
+        st = plan.stages[0]
+        rings = [c for seg in st.forward + st.backward for c in seg.inside if c.group == "cp"]
+        assert [(c.kind, c.nbytes, c.steps) for c in rings] == [("send_recv", kv, cp - 1)] * 2 + [
+            ("send_recv", 2 * kv, cp - 1)] * 2  # fmt: skip
+        assert all(c.hidden_ms >= 0 for c in rings)  # the step's attention (0 where not priced on a GPU)
+        assert plan.tokens == BATCH * SEQ // cp and plan.boundary_bytes == whole.boundary_bytes / cp
+        ratio = st.activation_bytes / whole.stages[0].activation_bytes
+        assert 0.9 / cp < ratio < 1.1 / cp  # activations split with the sequence
+    assert not [c for seg in whole.stages[0].forward for c in seg.inside if c.group == "cp"]
+    with pytest.raises(ValueError, match="2\\*cp=64 equal chunks"):
+        _plan(gpt, "cp=32")
+
+
+def test_gradients_reduce_over_dp_times_cp_and_experts_over_their_replicas() -> None:
+    g = _groups(Strategy(dp=2, cp=2))
+    assert g["dp"] == [[[0, 1, 2, 3]]] and g["cp"] == [[[0, 1], [2, 3]]]
+    g = _groups(Strategy(dp=4, ep=2))
+    assert g["ep"] == [[[0, 1], [2, 3]]] and g["edp"] == [[[0, 2], [1, 3]]]
+    mem = fxcost.sim.memory.model_state_bytes(1000, Strategy(dp=2, cp=2).data_ranks, 1)
+    assert mem == (4000, 4000, 8000 / 4)
