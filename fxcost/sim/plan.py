@@ -274,14 +274,16 @@ def add_layer_collectives(
 ) -> None:
     """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer: its
     parameters gathered before its first forward and first backward segment (ZeRO 3), its gradients
-    reduced after its last backward segment. The part outside the layers (embeddings, head) is held
-    whole by the first and the last stage, which both reduce it."""
+    reduced after its last backward segment. The part outside the layers (embeddings, head) is held by
+    the first and the last stage, which both reduce it, split over ``tp`` (Megatron's vocabulary-parallel
+    embedding and head; the positions and the final norm, ``seq x h`` beside ``vocab x h``, counted
+    as split too)."""
     per_layer: Counter[str] = Counter()
     for module, count in params.items():
         per_layer[layer_of(module, layers)] += count
 
-    def held(layer: str) -> int:
-        return per_layer[layer] // s.tp_of(layer) if layer else per_layer[layer]
+    def held(layer: str) -> int:  # outside the layers: Megatron's vocabulary-parallel embedding and head
+        return per_layer[layer] // s.tp_of(layer)
 
     for plan in stages:
         plan.params = sum(held(layer) for layer in {seg.layer for seg in plan.forward + plan.backward})
