@@ -135,7 +135,7 @@ def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
     """Where the simulated rank of ``stage`` spends the iteration, in ms: ``compute`` (its kernels,
     recomputed forwards included), ``tp`` (tensor-parallel collectives, in the compute's chain),
     ``p2p`` (pipeline sends), ``dp_exposed`` (data-parallel and ZeRO collectives still running after
-    the rank's other work; ``dp`` is all of them), and ``idle`` (the rest: the pipeline bubble,
+    the rank's other work is done; ``dp`` is all of them), and ``idle`` (the rest: the pipeline bubble,
     waiting for other stages, and the slowdown of compute overlapped with collectives)."""
     mine = [t for t in result.tasks if t.stage == stage]
     group: dict[str, float] = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
@@ -143,13 +143,14 @@ def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
         if t.stream != "compute":
             group[t.args.get("group", "dp")] = group.get(t.args.get("group", "dp"), 0.0) + t.duration_ms
     others = max((t.end_ms for t in mine if t.args.get("group") != "dp"), default=0.0)
+    reduced = max((t.end_ms for t in mine if t.args.get("group") == "dp"), default=0.0)
     parts = {
         "iteration": result.iteration_ms,
         "compute": sum(t.duration_ms for t in mine if t.stream == "compute"),
         "tp": group["tp"],
         "p2p": group["pp"],
         "dp": group["dp"],
-        "dp_exposed": max(result.iteration_ms - others, 0.0),
+        "dp_exposed": max(reduced - others, 0.0),
     }
     parts["idle"] = result.iteration_ms - sum(parts[k] for k in ("compute", "tp", "p2p", "dp_exposed"))
     return parts
