@@ -19,11 +19,15 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   ``cp`` (folded into data parallelism), ``ep`` (a dense model),
   selective recomputation (none). An unstated micro-batch is 1 and an unstated global batch one
   micro-batch per replica (``assumed: ...``).
-- **Cluster.** Nodes of 8 GPUs (DGX/HGX; ``gcd(gpus, 8)``) on the GPU's NVLink/NVSwitch link
-  (``fxcost.sim.cluster`` defaults) and, between nodes, one InfiniBand NIC per GPU of the GPU
-  generation's rate: the DGX machines' compute fabric. Volta (DGX-1/DGX-2): EDR 100 Gb/s; Ampere
-  (DGX A100, and Selene in Narayanan et al. SC'21 §5.1: "eight NVIDIA Mellanox 200Gbps HDR
-  Infiniband HCAs"): HDR 200 Gb/s; Hopper and later (DGX H100/B200: ConnectX-7): NDR 400 Gb/s.
+- **GPU and cluster** (:mod:`fxcost.sim.runs`). The ``gpu`` column names a database entry, or one
+  followed by a system or power cap in parentheses (``"V100-SXM3-32GB (DGX-2H)"``, ``"(500W)"``).
+  Nodes of the named system (DGX-2/2H: 16 GPUs, 8 EDR NICs), else of 8 GPUs (``gcd(gpus, 8)``), on the
+  GPU's NVLink/NVSwitch. Between nodes, the network the source or notes state (``"1600 Gbps RoCE"``
+  per node), else the system's, else the GPU generation's DGX fabric, one NIC per GPU: Volta EDR
+  100 Gb/s, Ampere HDR 200 Gb/s (Selene, Narayanan et al. SC'21 §5.1), Hopper and later NDR 400 Gb/s.
+  How the GPU and network were read is printed after the flags; it does not count as a flag.
+- **Framework.** A row whose source or notes name Megatron(-LM) and no ZeRO stage reduces its
+  gradients after the backward (Megatron-LM's default until 2023), any other during it.
 - **Units.** ``s_per_iter``: the simulated iteration (forward and backward, no optimizer step).
   ``tokens_per_s_per_gpu``: ``global_batch x seq`` per iteration second per GPU. ``tflops_per_gpu``:
   Megatron's count (Narayanan et al. eq. 3, generalized to any MLP width) ``B s (k l (8h^2 + 4h f +
@@ -34,6 +38,9 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
 A row that cannot run (an unknown GPU, a plan that does not fit the GPUs or the model) prints its error
 and the rest go on. ``--cache DIR`` keeps each row's simulated iteration so that an interrupted run
 resumes (keyed by the row and the fxcost version; delete the directory after changing the simulator).
+``--breakdown`` prints, under each row, where the first and last stage's iteration goes (compute,
+tensor-parallel collectives, pipeline sends, exposed data-parallel collectives, idle: the bubble) with
+the compute's share of the GPU's peak, and the rank's memory by kind.
 
 Last line: ``mape_published=.. max_err_published=.. rows=N rows_flagged=N rows_failed=N``.
 
@@ -55,21 +62,13 @@ from pathlib import Path
 from typing import Any
 
 import fxcost
-from fxcost.gpus import Device, get_device
+from fxcost.gpus import Device
 from fxcost.precision import parse_precision
-from fxcost.sim import Cluster, Strategy, simulate
-from fxcost.sim.cluster import IB_HDR_GBPS
+from fxcost.sim import Cluster, SimResult, Strategy, simulate
+from fxcost.sim.runs import breakdown, cluster_for, gpt_params, model_from_dims, read_gpu
 
 TRACED_LAYERS = 2
-GPUS_PER_NODE = 8
 UNITS = ("s_per_iter", "tflops_per_gpu", "tokens_per_s_per_gpu", "mfu_pct")
-# Per GPU generation, the InfiniBand rate of one NIC (GB/s): EDR 100, HDR 200, NDR 400 Gb/s.
-NIC_GBPS = {
-    "Volta": IB_HDR_GBPS / 2,
-    "Ampere": IB_HDR_GBPS,
-    "Hopper": IB_HDR_GBPS * 2,
-    "Blackwell": IB_HDR_GBPS * 2,
-}
 REQUIRED = ("layers", "hidden", "seq", "gpu", "gpus", "measured", "unit")
 
 
@@ -103,12 +102,15 @@ class Run:
     unit: str
     flags: list[str] = field(default_factory=list)
     sp: bool = False
+    text: str = ""  # the row's source and notes, where a network may be stated
+    overlap: bool = True  # gradients reduced during the backward (False: after it, as Megatron-LM does)
 
     @property
     def strategy(self) -> Strategy:
         micro_batches = self.global_batch // (self.dp * self.micro_batch)
         return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=micro_batches, zero=self.zero,
-                        recompute=self.recompute == "full", sp=self.sp)  # fmt: skip
+                        recompute=self.recompute == "full", sp=self.sp,
+                        overlap_grad_reduce=self.overlap)  # fmt: skip
 
 
 def _number(raw: dict[str, str], key: str) -> float | None:
@@ -138,13 +140,6 @@ def _stated(raw: dict[str, str], key: str, default: int, flags: list[str], why: 
         return value
     flags.append(f"assumed: {key}={default}" + (f" ({why})" if why else ""))
     return default
-
-
-def gpt_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int, gated: bool) -> float:
-    """Parameters of a GPT-style decoder (attention 4h^2, MLP of 2 or 3 h x ffn matrices, tied
-    embeddings and positions; biases and norms left out)."""
-    mlp = (3 if gated else 2) * hidden * ffn
-    return layers * (4 * hidden * hidden + mlp) + (vocab + seq) * hidden
 
 
 def parse_run(raw: dict[str, str]) -> Run:
@@ -201,28 +196,20 @@ def parse_run(raw: dict[str, str]) -> Run:
     assert measured is not None
     if measured <= 0:
         raise RowError(f"measured must be > 0, got {measured}")
+    text = f"{raw.get('source') or ''} {raw.get('notes') or ''}"
+    zero = _int(raw, "zero", 0) or 0
+    # Megatron-LM all-reduces the gradients after the backward (its DDP's overlap_grad_reduce came in
+    # 2023, with the distributed optimizer); a ZeRO stage means DeepSpeed's reduction, which overlaps.
+    overlap = not ("megatron" in text.lower() and zero == 0)
     return Run(raw.get("model", "").strip() or "?", layers, hidden, heads, ffn, vocab, seq, gated,
-               raw["gpu"].strip(), gpus, tp, pp, dp, _int(raw, "zero", 0) or 0, recompute, micro, batch,
-               precision, measured, unit, flags, sp)  # fmt: skip
+               raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch,
+               precision, measured, unit, flags, sp, text, overlap)  # fmt: skip
 
 
 def config_of(run: Run) -> dict[str, Any]:
     """The Hugging Face GPT-2 config of the run's decoder, ``TRACED_LAYERS`` deep."""
-    width = run.ffn * 3 // 2 if run.gated else run.ffn
-    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-            "n_layer": min(TRACED_LAYERS, run.layers), "n_embd": run.hidden, "n_head": run.heads,
-            "n_inner": width, "vocab_size": run.vocab, "n_positions": run.seq,
-            "activation_function": "gelu_pytorch_tanh", "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
-
-
-def cluster_of(device: Device, gpus: int) -> Cluster:
-    """Nodes of 8 GPUs (fewer if the count does not split so), one NIC per GPU (see the docstring)."""
-    per_node = math.gcd(gpus, GPUS_PER_NODE)
-    family = device.architecture.split()[0] if device.architecture else ""
-    nic = NIC_GBPS.get(family, IB_HDR_GBPS)
-    return Cluster.parse(
-        f"{gpus // per_node}x{per_node}x{device.name}", inter_gbps=nic, nics_per_node=per_node
-    )
+    return model_from_dims(min(TRACED_LAYERS, run.layers), run.hidden, run.heads, run.ffn, run.vocab, run.seq,
+                           run.gated)  # fmt: skip
 
 
 def iteration_flops(run: Run, hardware: bool) -> float:
@@ -255,27 +242,64 @@ def in_unit(run: Run, iteration_s: float, device: Device) -> float:
     )
 
 
-def simulated_s(run: Run, device: Device, cache: Path | None) -> tuple[float, bool]:
-    """(the simulated iteration in seconds, whether a rank runs out of memory), cached by the row."""
+def cluster_of(run: Run) -> tuple[Device, Cluster, list[str]]:
+    """The run's GPU, its cluster, and how the GPU string and the network were read (flags)."""
+    device, system, flags = read_gpu(run.gpu)
+    cluster, network = cluster_for(device, run.gpus, system, run.text)
+    return device, cluster, flags + network
+
+
+def simulated(run: Run, cluster: Cluster, cache: Path | None) -> dict[str, Any]:
+    """The simulated iteration of ``run`` on ``cluster``: ``iteration_s``, ``oom``, the first and
+    the last stage's ``breakdown`` (ms) and their ``memory_gib``; cached by the row."""
+    c = cluster
     key = json.dumps([fxcost.__version__, config_of(run), str(run.strategy), run.global_batch, run.layers,
-                      run.precision, device.name, run.gpus], sort_keys=True)  # fmt: skip
+                      run.precision, str(c), c.intra.bandwidth_gbps, c.inter.bandwidth_gbps, c.nics_per_node],
+                     sort_keys=True)  # fmt: skip
     path = cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json" if cache else None
     if path is not None and path.exists():
-        saved = json.loads(path.read_text())
-        return saved["iteration_s"], saved["oom"]
-    cluster, precision = cluster_of(device, run.gpus), parse_precision(run.precision)
-    result = simulate(config_of(run), run.strategy, cluster, batch=run.global_batch, seqlen=run.seq,
-                      precision=precision, layers=run.layers)  # fmt: skip
-    iteration_s, oom = result.iteration_ms / 1000, result.oom
+        return dict(json.loads(path.read_text()))
+    result: SimResult = simulate(config_of(run), run.strategy, cluster, batch=run.global_batch,
+                                 seqlen=run.seq, precision=parse_precision(run.precision),
+                                 layers=run.layers)  # fmt: skip
+    ends = sorted({0, run.pp - 1})
+    saved = {"iteration_s": result.iteration_ms / 1000, "oom": result.oom,
+             "breakdown": [breakdown(result, i) for i in ends],
+             "memory_gib": [vars_gib(result.memory[i]) for i in ends]}  # fmt: skip
     if path is not None:
-        path.write_text(json.dumps({"iteration_s": iteration_s, "oom": oom}))
-    return iteration_s, oom
+        path.write_text(json.dumps(saved))
+    return saved
+
+
+def vars_gib(memory: Any) -> dict[str, float]:
+    """A rank's peak memory by kind, GiB."""
+    kinds = ("params", "grads", "optimizer", "activations", "capacity")
+    return {k: getattr(memory, k) / 2**30 for k in kinds}
+
+
+def print_breakdown(run: Run, saved: dict[str, Any], device: Device) -> None:
+    """Where the first (and last) stage's iteration goes, and its compute against the GPU's peak."""
+    flops = iteration_flops(run, run.recompute == "full") / run.gpus  # per rank, hardware count
+    peak = peak_tflops(device, run.precision) * 1e12
+    for part, memory in zip(saved["breakdown"], saved["memory_gib"], strict=True):
+        total = part["iteration"]
+        shares = "  ".join(f"{k} {part[k]:.0f} ms ({part[k] / total:.0%})"
+                           for k in ("compute", "tp", "p2p", "dp_exposed", "idle"))  # fmt: skip
+        at_peak = flops / peak * 1000
+        print(f"      iteration {total:.0f} ms: {shares}; dp total {part['dp']:.0f} ms; compute at "
+              f"{at_peak / part['compute']:.0%} of peak ({at_peak:.0f} ms at peak)")  # fmt: skip
+        print("      memory GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in memory.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="/work/shared/data/published_runs.csv", help="published runs CSV")
     parser.add_argument("--cache", help="directory keeping each row's simulated iteration (resume)")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="print where each row's iteration goes (compute, tp, p2p, dp, idle) and memory",
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     cache = Path(args.cache) if args.cache else None
@@ -295,20 +319,23 @@ def main(argv: list[str] | None = None) -> int:
         head = f"{number:3d} {(raw.get('model') or '?')[:18]:18s} {(raw.get('gpu') or '?')[:16]:16s}"
         try:
             run = parse_run(raw)
-            device = get_device(run.gpu)
-            iteration_s, oom = simulated_s(run, device, cache)
-            predicted = in_unit(run, iteration_s, device)
+            device, cluster, read = cluster_of(run)
+            saved = simulated(run, cluster, cache)
+            predicted = in_unit(run, saved["iteration_s"], device)
         except (ValueError, KeyError) as e:  # one bad row (an unknown GPU, a plan that does not fit)
             failed += 1
             print(f"{head} ERROR: {e}", flush=True)
             continue
-        flags = run.flags + (["predicted OOM"] if oom else [])
+        flags = run.flags + (["predicted OOM"] if saved["oom"] else [])
         flagged += bool(flags)
+        flags += read
         error = (predicted - run.measured) / run.measured * 100
         errors.append(error)
         plan = f"{run.strategy}" + (f",mbs={run.micro_batch}" if run.micro_batch > 1 else "")
         print(f"{head} {run.gpus:5d} {plan[:38]:38s} {run.unit:21s} {run.measured:9.4g} {predicted:9.4g} "
               f"{error:+6.1f}%  {'; '.join(flags)}", flush=True)  # fmt: skip
+        if args.breakdown:
+            print_breakdown(run, saved, device)
     mape = sum(abs(e) for e in errors) / len(errors) if errors else math.nan
     worst = max((abs(e) for e in errors), default=math.nan)
     print(f"({time.perf_counter() - start:.0f} s)")

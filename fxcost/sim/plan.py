@@ -269,17 +269,18 @@ def add_layer_collectives(
 ) -> None:
     """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer: its
     parameters gathered before its first forward and first backward segment (ZeRO 3), its gradients
-    reduced after its last backward segment. The part outside the layers (embeddings, head) is held
-    whole by the first and the last stage, which both reduce it. Expert parameters (:mod:`fxcost.sim.moe`)
-    are split over ``ep`` ranks and reduced over the ``dp * cp / ep`` holding the same experts ("edp");
-    the rest over ``dp * cp`` ("dp")."""
+    reduced after its last backward segment. The part outside the layers (embeddings, head) is held by
+    the first and the last stage, which both reduce it, split over ``tp`` (Megatron's vocabulary-parallel
+    embedding and head; the positions and the final norm, ``seq x h`` beside ``vocab x h``, counted
+    as split too). Expert parameters (:mod:`fxcost.sim.moe`) are split over ``ep`` ranks and reduced
+    over the ``dp * cp / ep`` holding the same experts ("edp"); the rest over ``dp * cp`` ("dp")."""
     per_layer: Counter[str] = Counter()
     per_expert: Counter[str] = Counter()
     for module, count in params.items():
         (per_expert if s.ep > 1 and is_expert(module) else per_layer)[layer_of(module, layers)] += count
 
-    def held(layer: str) -> int:
-        return per_layer[layer] // s.tp_of(layer) if layer else per_layer[layer]
+    def held(layer: str) -> int:  # outside the layers: Megatron's vocabulary-parallel embedding and head
+        return per_layer[layer] // s.tp_of(layer)
 
     for plan in stages:
         held_layers = {seg.layer for seg in plan.forward + plan.backward}

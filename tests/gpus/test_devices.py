@@ -86,7 +86,7 @@ def test_spec_values_parse_with_units() -> None:
 
 def test_device_names_are_unique_and_ordered() -> None:
     names = device_names()
-    assert len(names) == len(set(names)) == 26
+    assert len(names) == len(set(names)) == 28
     assert names[0] == "P4"
 
 
@@ -161,3 +161,14 @@ def test_gpus_an_origin_free_prediction_never_finds_slower_than_weaker_ones() ->
     assert {"V100-PCIE-32GB", "A100-PCIE-40GB", "T4"} <= weaker
     assert "H100-SXM" not in weaker and "L4" not in weaker  # an L4 clocks higher than an H100
     assert weaker_than(get_device("P4")) == []
+
+
+def test_published_runs_gpus_are_in_the_database() -> None:
+    """The GPUs of published runs: the DGX-2H's 450 W V100 (Megatron-LM 2019: 39 TF is 30% of its peak)
+    and Meta's 96 GB HBM2e H100 (torchtitan), whose unknown figures are marked unconfirmed."""
+    dgx2h = get_device("V100-SXM3-32GB (DGX-2H)")
+    assert dgx2h.name == "V100-SXM3-32GB-H" and dgx2h.memory_gb == 32 and dgx2h.tdp_w == 450
+    assert 39 / dgx2h.fp16_tflops == pytest.approx(0.30, abs=0.005)
+    meta = get_device("H100-SXM-96GB-HBM2e")
+    assert meta.num_sms == get_device("H100-SXM").num_sms and meta.memory_gb == 96
+    assert {"mem_bandwidth_gbps", "bf16_tflops", "tdp_w"} <= meta.uncertain

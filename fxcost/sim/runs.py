@@ -1,0 +1,156 @@
+"""A published run's model and cluster from what its report states: dimensions, GPU, system, network.
+
+Used by ``benchmarks/published_runs.py`` (and open to a plan search that builds models from dimensions):
+
+- :func:`model_from_dims`: the Hugging Face GPT-2 config of a GPT-style decoder of given dimensions,
+  a few layers deep, for tracing on meta tensors (a gated MLP as a GELU one of the same FLOPs).
+- :func:`read_gpu`: the database entry a report's GPU string names, reading a parenthesized system
+  (``"V100-SXM3-32GB (DGX-2H)"``) or power cap (``"(500W)"``) where the whole string is not an entry.
+- :func:`cluster_for`: the run's cluster. GPUs per node and NICs from the system where the text names
+  one (:data:`SYSTEMS`), else nodes of 8 (DGX/HGX). Between nodes, the network the text states
+  (``"1600 Gbps RoCE"``: that many Gb/s per node, spread over one NIC per GPU), else the fabric of
+  the GPU generation's DGX: Volta EDR 100 Gb/s, Ampere HDR 200 Gb/s (Selene, Narayanan et al. SC'21
+  §5.1: "eight NVIDIA Mellanox 200Gbps HDR Infiniband HCAs"), Hopper and later NDR 400 Gb/s
+  (ConnectX-7). Each assumption is returned as a flag.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fxcost.gpus import Device, UnknownDeviceError, get_device
+from fxcost.sim.cluster import IB_HDR_GBPS, Cluster
+from fxcost.sim.simulator import SimResult
+
+__all__ = ["SYSTEMS", "System", "breakdown", "cluster_for", "gpt_params", "model_from_dims", "read_gpu"]
+
+GPUS_PER_NODE = 8
+# Per GPU generation, the InfiniBand rate of one NIC of its DGX (GB/s): EDR 100, HDR 200, NDR 400 Gb/s.
+NIC_GBPS = {"Volta": IB_HDR_GBPS / 2, "Ampere": IB_HDR_GBPS, "Hopper": IB_HDR_GBPS * 2,
+            "Blackwell": IB_HDR_GBPS * 2}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class System:
+    """A machine named in a report: GPUs per node, its NICs for the cluster fabric and their rate."""
+
+    gpus_per_node: int
+    nics_per_node: int
+    nic_gbps: float
+    source: str
+
+
+# Shoeybi et al. 2019 (arXiv 1909.08053) §5: DGX-2H servers of 16 V100 32GB, "300 GB/sec bandwidth
+# between GPUs inside a server via NVSwitch and 100 GB/sec of interconnect bandwidth between servers
+# using 8 InfiniBand adapters per server" (12.5 GB/s each: EDR). The DGX-2 has the same fabric.
+_DGX2 = System(16, 8, 12.5, "Shoeybi et al. 2019 §5: 16 GPUs, NVSwitch, 8 x 100 Gb/s IB per node")
+SYSTEMS = {"DGX-2H": _DGX2, "DGX-2": _DGX2}
+
+_NETWORK = re.compile(r"(\d+(?:\.\d+)?)\s*(Gbps|Gb/s)\s*(RoCE|InfiniBand|IB|Ethernet)", re.IGNORECASE)
+_PARENS = re.compile(r"\s*\(([^)]*)\)")
+_WATTS = re.compile(r"^(\d+(?:\.\d+)?)\s*W$", re.IGNORECASE)
+
+
+def gpt_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int, gated: bool) -> float:
+    """Parameters of a GPT-style decoder (attention 4h^2, MLP of 2 or 3 h x ffn matrices, tied
+    embeddings and positions; biases and norms left out)."""
+    mlp = (3 if gated else 2) * hidden * ffn
+    return layers * (4 * hidden * hidden + mlp) + (vocab + seq) * hidden
+
+
+def model_from_dims(
+    layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int, gated: bool = False
+) -> dict[str, Any]:
+    """The Hugging Face GPT-2 config of a decoder ``layers`` deep (trace it with few layers and
+    simulate it deep: ``fxcost.simulate(..., layers=N)``). A gated (SwiGLU) MLP of ``ffn`` is a GELU
+    one of ``1.5 x ffn``: the same FLOPs and parameters."""
+    width = ffn * 3 // 2 if gated else ffn
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": layers,
+            "n_embd": hidden, "n_head": heads, "n_inner": width, "vocab_size": vocab, "n_positions": seq,
+            "activation_function": "gelu_pytorch_tanh", "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
+
+
+def read_gpu(text: str) -> tuple[Device, System | None, list[str]]:
+    """The device a report's GPU string names, the system it names in parentheses, and flags.
+
+    The whole string is looked up first (an alias may hold it); else the name before the parentheses,
+    each parenthesized part read as a system of :data:`SYSTEMS` or a power cap (``500W``).
+
+    Raises:
+        UnknownDeviceError: neither the string nor its name before the parentheses is in the database.
+    """
+    text = text.strip()
+    parts = _PARENS.findall(text)
+    system = next((SYSTEMS[p.strip()] for p in parts if p.strip() in SYSTEMS), None)
+    try:
+        return get_device(text), system, []
+    except UnknownDeviceError:
+        name = _PARENS.sub("", text).strip()
+        if not parts or not name:
+            raise
+    device, flags = get_device(name), []
+    for part in (p.strip() for p in parts):
+        watts = _WATTS.match(part)
+        if watts and device.tdp_w != float(watts.group(1)):
+            flags.append(f"power cap {part}: priced at {device.name}'s clocks (TDP {device.tdp_w} W)")
+        elif not watts and part not in SYSTEMS:
+            flags.append(f"gpu note ({part}) not modelled")
+    return device, system, flags
+
+
+def cluster_for(
+    device: Device, gpus: int, system: System | None = None, text: str = ""
+) -> tuple[Cluster, list[str]]:
+    """The run's cluster and how it was read (flags): nodes from ``system`` (else of 8 GPUs, fewer if
+    the count does not split so), the network from ``text`` (the row's source and notes) where it
+    states one, else the system's, else the GPU generation's DGX fabric; one NIC per GPU."""
+    per_node = math.gcd(gpus, system.gpus_per_node if system else GPUS_PER_NODE)
+    flags = []
+    stated = _NETWORK.search(text)
+    if stated:
+        node_gbps = float(stated.group(1)) / 8  # Gb/s to GB/s
+        nics = per_node
+        nic = node_gbps / nics
+        flags.append(f"network: {stated.group(0)} per node as stated ({nics} x {nic:.1f} GB/s)")
+    elif system is not None:
+        nics, nic = min(system.nics_per_node, per_node), system.nic_gbps
+        flags.append(f"network: {system.source}")
+    else:
+        family = device.architecture.split()[0] if device.architecture else ""
+        nics, nic = per_node, NIC_GBPS.get(family, IB_HDR_GBPS)
+        if gpus > per_node:
+            flags.append(
+                f"network: not stated; {family or 'default'} DGX fabric, {nics} x {nic:g} GB/s per node"
+            )
+    cluster = Cluster.parse(
+        f"{gpus // per_node}x{per_node}x{device.name}", inter_gbps=nic, nics_per_node=nics
+    )
+    return cluster, flags
+
+
+def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
+    """Where the simulated rank of ``stage`` spends the iteration, in ms: ``compute`` (its kernels,
+    recomputed forwards included), ``tp`` (tensor-parallel collectives, in the compute's chain),
+    ``p2p`` (pipeline sends), ``dp_exposed`` (data-parallel and ZeRO collectives still running after
+    the rank's other work is done; ``dp`` is all of them), and ``idle`` (the rest: the pipeline bubble,
+    waiting for other stages, and the slowdown of compute overlapped with collectives)."""
+    mine = [t for t in result.tasks if t.stage == stage]
+    group: dict[str, float] = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
+    for t in mine:
+        if t.stream != "compute":
+            group[t.args.get("group", "dp")] = group.get(t.args.get("group", "dp"), 0.0) + t.duration_ms
+    others = max((t.end_ms for t in mine if t.args.get("group") != "dp"), default=0.0)
+    reduced = max((t.end_ms for t in mine if t.args.get("group") == "dp"), default=0.0)
+    parts = {
+        "iteration": result.iteration_ms,
+        "compute": sum(t.duration_ms for t in mine if t.stream == "compute"),
+        "tp": group["tp"],
+        "p2p": group["pp"],
+        "dp": group["dp"],
+        "dp_exposed": max(reduced - others, 0.0),
+    }
+    parts["idle"] = result.iteration_ms - sum(parts[k] for k in ("compute", "tp", "p2p", "dp_exposed"))
+    return parts

@@ -1,0 +1,78 @@
+"""Published runs read into simulations (:mod:`fxcost.sim.runs`) and the memory they need by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import fxcost
+from fxcost import zoo
+from fxcost.estimator import Captured, default_estimator
+from fxcost.gpus import get_device
+from fxcost.sim import Strategy, simulate
+from fxcost.sim.plan import compile_plan
+from fxcost.sim.runs import SYSTEMS, breakdown, cluster_for, model_from_dims, read_gpu
+
+LAYERS, DIM, SEQ, VOCAB, BATCH, FFN = 2, 64, 16, 256, 8, 256
+
+
+@pytest.fixture(scope="module")
+def gpt() -> tuple[Any, Captured]:
+    model, inputs = zoo.build("gpt2", BATCH, seq=SEQ, dim=DIM, heads=4, layers=LAYERS, vocab=VOCAB)
+    return model, default_estimator().capture(model, inputs, batch_size=BATCH)
+
+
+def test_tensor_parallel_ranks_hold_a_part_of_the_embedding_and_head(gpt: tuple[Any, Captured]) -> None:
+    # Megatron's vocabulary-parallel embedding and head: every tensor-parallel rank holds 1/tp of them,
+    # as of the layers (their linears split over tp; counted with their biases and norms).
+    model, captured = gpt
+    params = fxcost.sim.simulator._params_by_module(model)
+    total = sum(p.numel() for p in model.parameters())
+    plan = compile_plan(captured, params, Strategy(tp=2), get_device("A100-SXM4-80GB"), BATCH)
+    assert plan.stages[0].params == pytest.approx(total / 2, abs=2)
+
+
+def test_a_gpu_string_names_its_system_and_power_cap() -> None:
+    device, system, flags = read_gpu("V100-SXM3-32GB (DGX-2H)")
+    assert device.name == "V100-SXM3-32GB-H" and system is SYSTEMS["DGX-2H"] and not flags
+    device, system, flags = read_gpu("H100-SXM-96GB-HBM2e (500W)")
+    assert device.name == "H100-SXM-96GB-HBM2e" and system is None and not flags  # its TDP is 500 W
+    device, _, flags = read_gpu("H100-SXM (500W)")
+    assert device.name == "H100-SXM" and flags and "power cap 500W" in flags[0]
+    with pytest.raises(ValueError, match="unknown device 'Z9'"):
+        read_gpu("Z9 (DGX-2H)")
+
+
+def test_the_cluster_is_the_system_s_or_the_stated_network_s() -> None:
+    v100, system, _ = read_gpu("V100-SXM3-32GB (DGX-2H)")
+    cluster, flags = cluster_for(v100, 512, system)
+    # Shoeybi et al. 2019: 16 GPUs per DGX-2H, 100 GB/s between servers over 8 InfiniBand adapters.
+    assert (cluster.nodes, cluster.gpus_per_node, cluster.nics_per_node) == (32, 16, 8)
+    assert cluster.inter.bandwidth_gbps * cluster.nics_per_node == pytest.approx(100) and flags
+    a100 = get_device("A100-SXM4-80GB")
+    cluster, flags = cluster_for(a100, 64, None, "MPT benchmarks (A100 80GB (1600 Gbps RoCE) table)")
+    assert cluster.gpus_per_node == 8 and cluster.inter.bandwidth_gbps * 8 == pytest.approx(1600 / 8)
+    assert "1600 Gbps RoCE" in flags[0]
+    alone, flags = cluster_for(a100, 4)
+    assert (alone.nodes, alone.gpus_per_node) == (1, 4) and not flags
+
+
+def test_model_from_dims_is_a_gpt2_of_those_dimensions() -> None:
+    config = model_from_dims(2, 4096, 32, 14336, 128000, 8192, gated=True)
+    assert (config["n_layer"], config["n_embd"], config["n_head"]) == (2, 4096, 32)
+    assert config["n_inner"] == 14336 * 3 // 2 and config["vocab_size"] == 128000
+
+
+def test_the_breakdown_adds_up_to_the_iteration(gpt: tuple[Any, Captured]) -> None:
+    model, _ = gpt
+    _, inputs = zoo.build("gpt2", BATCH, seq=SEQ, dim=DIM, heads=4, layers=LAYERS, vocab=VOCAB)
+    result = simulate(model, "dp=2,tp=2,pp=2,mb=4", "8xA100-SXM4-80GB", example_inputs=inputs)
+    for stage in (0, 1):
+        parts = breakdown(result, stage)
+        assert parts["iteration"] == result.iteration_ms
+        assert parts["compute"] > 0 and parts["tp"] > 0 and parts["p2p"] > 0 and parts["dp"] > 0
+        assert sum(parts[k] for k in ("compute", "tp", "p2p", "dp_exposed", "idle")) == pytest.approx(
+            result.iteration_ms
+        )
+    assert breakdown(result, 0)["idle"] > 0  # the 1F1B bubble: stage 0 waits for stage 1's backward
