@@ -26,6 +26,7 @@ _SOURCES = {
     "fxcost.report": "Report",
     "fxcost.report.batch": "at_batch",
     "fxcost.sim": "simulate",
+    "fxcost.sim.search": "plan",
     "fxcost.sweeps": "sweep",
 }
 _EXPORTS: dict[str, tuple[str, str]] = {
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # the same names for type checkers (``X as X``: re-exported)
     from fxcost.report import Report as Report
     from fxcost.report.batch import at_batch as at_batch
     from fxcost.sim import simulate as simulate
+    from fxcost.sim.search import plan as plan
     from fxcost.sweeps import sweep as sweep
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn, cast
 
 from fxcost._version import __version__
-from fxcost.cli import data_commands, step_commands
+from fxcost.cli import data_commands, plan_commands, step_commands
 from fxcost.cli.status import BAD_INPUT, EXIT_STATUSES
 from fxcost.execution import EXECUTIONS
 from fxcost.gpus import DEFAULT_DEVICES
@@ -78,7 +78,7 @@ def positive_int(text: str) -> int:
 
 
 def _step_commands(sub: Any) -> None:
-    """demo, profile, show, compare-gpus, simulate, devices."""
+    """demo, profile, show, compare-gpus, simulate, plan, devices."""
     demo = _command(sub, step_commands.demo_command)
     _add_devices(demo, DEMO_DEVICES)
     demo.add_argument(
@@ -127,6 +127,19 @@ def _step_commands(sub: Any) -> None:
     sim.add_argument("--precision", choices=list(PRECISIONS), default=None)
     sim.add_argument("--trace", metavar="JSON", help="write the simulated timeline for Perfetto here")
     _add_execution(sim, "eager")
+
+    search = _command(sub, plan_commands.plan_command)
+    search.add_argument("model", metavar="MODEL", help="llama-8b, llama-70b, gpt3-1.3b, gpt3-175b or a "
+                        "Hugging Face config.json of a decoder")  # fmt: skip
+    search.add_argument("--cluster", required=True, help="NODESxGPUSxDEVICE, e.g. 128x8xH100-SXM")
+    search.add_argument("--batch", type=positive_int, required=True, help="global batch (sequences)")
+    search.add_argument("--seqlen", type=positive_int, default=None, help="tokens per sequence (default: "
+                        "the model's context)")  # fmt: skip
+    search.add_argument("--precision", choices=list(PRECISIONS), default="bf16", help="default bf16")
+    search.add_argument("--top", type=positive_int, default=10, help="plans printed (default 10)")
+    search.add_argument("--exact", type=positive_int, default=3,
+                        help="fastest fitting plans simulated exactly (default 3)")  # fmt: skip
+    search.add_argument("--csv", metavar="PATH", help="write every candidate here")
 
     _command(sub, step_commands.devices_command)
 

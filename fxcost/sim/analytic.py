@@ -1,0 +1,208 @@
+"""A plan's iteration and memory without the event simulation: the fast first pass of the plan search.
+
+:class:`Pieces` summarizes a one-stage plan of a few traced layers (compiled once per tensor-parallel
+degree, sequence parallelism and micro-batch size, :func:`fxcost.sim.plan.compile_plan`): each traced
+layer's forward and backward compute and tensor-parallel collectives, the embeddings' and the head's,
+the bytes each saves for the backward, the parameters of each. :func:`estimate` lays a deep model of
+those layers out in pipeline stages as :func:`fxcost.sim.deepen.deepen` does and returns:
+
+- **memory**: each stage's peak, by the same formulas as :func:`fxcost.sim.memory.rank_memory`, so it
+  equals the simulated plan's;
+- **iteration** of the 1F1B schedule (Narayanan et al. 2021, §2.2): the first micro-batch's forward
+  and the last one's backward cross every stage, the other ``m - 1`` micro-batches are paced by the
+  slowest stage, ``sum(F_i + B_i) + (m - 1) max(F_i + B_i)``, plus the activations sent between
+  stages on that path, plus the data-parallel gradient reduction that the backward does not hide (with
+  ``overlap_grad_reduce``: what remains after the last micro-batch's backward, at least the reduction of
+  the stage's first layer; without: all of it), less the time the stage ends before the first one.
+  ZeRO 3's parameter gathers run before every layer's forward and backward and count in ``F`` and ``B``.
+  Collectives are priced as the simulator prices them (:func:`fxcost.sim.cluster.collective_ms` on the
+  first group of each kind, shared as the most crowded of them).
+
+The event simulation (:func:`fxcost.sim.engine.simulate_tasks`) adds what this leaves out: the
+overlap factor, pipeline sends that overlap compute, the order of collectives on their streams.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
+from fxcost.sim.memory import GIB, in_flight, model_state_bytes
+from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
+from fxcost.sim.strategy import Strategy
+
+__all__ = ["Estimate", "Pieces", "estimate"]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Consecutive segments of one direction: compute ms, the collectives inside, bytes saved."""
+
+    compute_ms: float
+    comms: tuple[Comm, ...]
+    saved_bytes: float
+
+    @classmethod
+    def of(cls, segments: Sequence[Segment]) -> _Part:
+        return cls(
+            sum(host_bound(seg) for seg in segments),
+            tuple(c for seg in segments for c in seg.inside),
+            sum(seg.saved_bytes for seg in segments),
+        )
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A one-stage plan of the traced layers, summarized by part (see the module docstring).
+
+    Attributes:
+        plan: the one-stage plan itself (deepened for the exact simulation).
+        traced: the traced layers, in order; the deep model's layer ``i`` repeats ``traced[min(i, n-1)]``.
+        forward, backward: by traced layer, and ``"embed"``/``"head"`` for the parts before and after.
+        params: parameters by traced layer and ``""`` (outside the layers), before tensor parallelism.
+    """
+
+    plan: Plan
+    traced: tuple[str, ...]
+    forward: Mapping[str, _Part]
+    backward: Mapping[str, _Part]
+    params: Mapping[str, int]
+
+    @classmethod
+    def of(cls, plan: Plan, params: Mapping[str, int]) -> Pieces:
+        """Raises ValueError for a plan of more than one stage, or one without layers."""
+        if len(plan.stages) != 1 or not plan.stages[0].layers:
+            raise ValueError(f"Pieces takes a one-stage plan with layers; got {len(plan.stages)} stage(s)")
+        stage = plan.stages[0]
+        traced = tuple(stage.layers)
+        per_layer: Counter[str] = Counter()
+        for module, count in params.items():
+            per_layer[layer_of(module, set(traced))] += count
+
+        def split(segments: list[Segment], first: str, last: str) -> dict[str, _Part]:
+            inside = [i for i, seg in enumerate(segments) if seg.layer]
+            parts = {layer: _Part.of([seg for seg in segments if seg.layer == layer]) for layer in traced}
+            parts[first] = _Part.of(segments[: inside[0]])
+            parts[last] = _Part.of(segments[inside[-1] + 1 :])
+            return parts
+
+        return cls(
+            plan,
+            traced,
+            split(stage.forward, "embed", "head"),
+            split(stage.backward, "head", "embed"),
+            dict(per_layer),
+        )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A plan's analytic iteration (ms) and the peak memory of its fullest rank (GiB)."""
+
+    iteration_ms: float
+    memory_gib: float
+    capacity_gib: float
+
+    @property
+    def oom(self) -> bool:
+        return self.memory_gib > self.capacity_gib
+
+
+def _rank(s: Strategy, p: int, d: int, t: int) -> int:  # Megatron's order, as the simulator's
+    return p * s.dp * s.tp + d * s.tp + t
+
+
+@lru_cache(maxsize=256)
+def _prices(cluster: Cluster, dp: int, tp: int, pp: int) -> dict[str, tuple[list[int], float]]:
+    """For each group kind, the first group's ranks and how many groups share its links."""
+    s = Strategy(dp=dp, tp=tp, pp=pp)
+    tp_groups = [[_rank(s, p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]
+    dp_groups = [[_rank(s, p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)]
+    pairs = (
+        [[_rank(s, 0, d, t), _rank(s, 1, d, t)] for d in range(dp) for t in range(tp)] if pp > 1 else [[0]]
+    )
+    return {
+        kind: (groups[0], max(link_sharing(groups, cluster)))
+        for kind, groups in (("tp", tp_groups), ("dp", dp_groups), ("pp", pairs))
+    }
+
+
+@lru_cache(maxsize=65536)
+def _comm_ms(c: Comm, cluster: Cluster, dp: int, tp: int, pp: int) -> float:
+    """``c`` priced on its group's first instance under a layout of ``dp x tp x pp`` ranks."""
+    ranks, sharing = _prices(cluster, dp, tp, pp)[c.group]
+    return collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=sharing)
+
+
+def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Estimate:
+    """The iteration and peak memory of ``pieces`` deepened to ``layers`` layers under ``s`` on ``cluster``.
+
+    Raises:
+        ValueError: ``s.pp`` exceeds ``layers``.
+    """
+    if s.pp > layers:
+        raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
+
+    def price(c: Comm) -> float:
+        return _comm_ms(c, cluster, s.dp, s.tp, s.pp)
+
+    plan, traced, itemsize = pieces.plan, pieces.traced, pieces.plan.itemsize
+    cost: dict[tuple[str, str], float] = {}
+    for direction, parts in (("F", pieces.forward), ("B", pieces.backward)):
+        for name, part in parts.items():
+            cost[(direction, name)] = part.compute_ms + sum(price(c) for c in part.comms)
+    held = {name: count // (s.tp if name else 1) for name, count in pieces.params.items()}
+    gather = (
+        {name: price(Comm("all_gather", n * itemsize, "dp", "feature")) for name, n in held.items()}
+        if s.zero == 3 and s.dp > 1
+        else {}
+    )
+    kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
+    reduce = (
+        {name: price(Comm(kind, n * itemsize, "dp", "gradient")) for name, n in held.items()}
+        if s.dp > 1
+        else {}
+    )
+    send = price(Comm("send_recv", plan.boundary_bytes, "pp", "feature")) if s.pp > 1 else 0
+    capacity = (cluster.device.memory_gb or float("inf")) * GIB
+
+    times: list[float] = []
+    backwards: list[float] = []
+    exposed: list[float] = []
+    peak = 0.0
+    by_stage: list[list[str]] = [[] for _ in range(s.pp)]
+    for i in range(layers):
+        by_stage[i * s.pp // layers].append(traced[min(i, len(traced) - 1)])
+    for index, mine in enumerate(by_stage):
+        outer = ["embed"] * (index == 0) + ["head"] * (index == s.pp - 1)
+        recompute = s.recompute
+        forward = sum(cost[("F", x)] for x in mine + outer)
+        backward = sum(cost[("B", x)] for x in mine + outer) + recompute * sum(cost[("F", x)] for x in mine)
+        gathered = [*mine, *([""] if outer else [])]  # the part outside the layers is gathered once
+        forward += sum(gather.get(x, 0.0) for x in gathered)
+        backward += sum(gather.get(x, 0.0) for x in gathered)
+        times.append(forward + backward)
+        backwards.append(backward)
+        reduced = [reduce.get(x, 0.0) for x in gathered]
+        total = sum(reduced)
+        if s.overlap_grad_reduce:
+            last = reduced[0] + (reduced[-1] if outer and index == 0 else 0.0)
+            exposed.append(max(last, total - backward) if total else 0.0)
+        else:
+            exposed.append(total)
+        params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)
+        states = sum(model_state_bytes(params, s.dp, s.zero, half=itemsize == 2))
+        saved = sum(pieces.forward[x].saved_bytes for x in outer)
+        saved += (
+            plan.boundary_bytes * len(mine) if recompute else sum(pieces.forward[x].saved_bytes for x in mine)
+        )
+        again = max((pieces.forward[x].saved_bytes for x in mine), default=0.0) if recompute else 0.0
+        held_batches = in_flight(s.schedule, index, s.pp, s.micro_batches)
+        peak = max(peak, states + held_batches * saved + again)
+    pipe = sum(times) + 2 * (s.pp - 1) * send + (s.micro_batches - 1) * max(times)
+    # Stage i ends its last backward before the stages ahead of it end theirs.
+    tail = max(exposed[i] - sum(backwards[:i]) for i in range(s.pp))
+    return Estimate(pipe + max(tail, 0.0), peak / GIB, capacity / GIB)

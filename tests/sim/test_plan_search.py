@@ -1,0 +1,157 @@
+"""``fxcost.plan``: the search space, its ranking under memory, the exact pass, the CSV and bad input."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import fxcost
+from fxcost.cli import main
+from fxcost.cli.status import BAD_INPUT, INTERRUPTED
+from fxcost.gpus import get_device
+from fxcost.sim import Cluster, simulate
+from fxcost.sim.ranked import PlanSearch
+from fxcost.sim.search import Space, candidates, plan
+from fxcost.zoo.decoders import Decoder, decoder
+
+TINY = Decoder("tiny", layers=4, hidden=64, heads=4, ffn=128, vocab=256, seq=32)
+BATCH, SEQ, MICRO = 8, 32, (1, 2)
+TRACED_AT = (2,)  # one capture (each micro-batch size is traced once, seconds each)
+CLUSTER = "2x2xA100-SXM4-40GB"
+
+
+@pytest.fixture(scope="module")
+def search() -> PlanSearch:
+    return plan(TINY, CLUSTER, BATCH, SEQ, precision="bf16", exact=3, micro_sizes=TRACED_AT)
+
+
+def test_every_candidate_is_valid_and_the_invalid_are_counted() -> None:
+    space = Space(TINY, gpus=8, gpus_per_node=4, batch=BATCH, micro_sizes=MICRO)
+    valid, skipped = candidates(space)
+    for c in valid:
+        assert c["dp"] * c["tp"] * c["pp"] == 8
+        assert TINY.heads % c["tp"] == 0 and c["pp"] <= TINY.layers
+        assert BATCH % (c["dp"] * c["micro_batch"]) == 0
+        assert not (c["sp"] and c["tp"] == 1) and not (c["zero"] and c["dp"] == 1)
+    # tp 1,2,4 x pp 1..8 x 2 micro sizes x 4 ZeRO stages x recompute x sp
+    assert len(valid) + sum(skipped.values()) == 3 * 4 * 2 * 4 * 2 * 2
+    assert skipped["pp exceeds the layers"] > 0 and skipped["the batch does not split"] > 0
+    assert len({tuple(sorted(c.items())) for c in valid}) == len(valid)
+
+
+def test_the_best_plan_is_what_simulate_says(search: PlanSearch) -> None:
+    best = search.best
+    assert best.exact and not best.oom
+    result = simulate(
+        TINY.hf_config(2, SEQ),
+        best.strategy,
+        CLUSTER,
+        batch=BATCH,
+        seqlen=SEQ,
+        precision="bf16",
+        layers=TINY.layers,
+    )
+    assert best.iteration_ms == result.iteration_ms
+    assert best.memory_gib * 2**30 == pytest.approx(max(m.total for m in result.memory), rel=1e-12)
+    assert best.tokens_per_s == pytest.approx(BATCH * SEQ / result.iteration_ms * 1000)
+    peak = get_device("A100-SXM4-40GB").bf16_tflops * 1e12 * 4
+    assert best.mfu_pct == pytest.approx(
+        TINY.model_flops(BATCH * SEQ, SEQ) / (result.iteration_ms / 1000) / peak * 100
+    )
+
+
+def test_analytic_memory_is_the_simulated_memory(search: PlanSearch) -> None:
+    simulated = [c for c in search.candidates if c.exact]
+    assert len(simulated) == 3
+    assert 0 < search.max_gap < 0.5  # the analytic pass is close to, not equal to, the event simulation
+    for c in search.candidates[:: max(len(search.candidates) // 6, 1)]:
+        result = simulate(
+            TINY.hf_config(2, SEQ),
+            c.strategy,
+            CLUSTER,
+            batch=BATCH,
+            seqlen=SEQ,
+            precision="bf16",
+            layers=TINY.layers,
+        )
+        assert c.memory_gib * 2**30 == pytest.approx(max(m.total for m in result.memory), rel=1e-9), (
+            c.strategy
+        )
+
+
+def test_an_oom_plan_is_never_ranked_above_a_fitting_one(search: PlanSearch) -> None:
+    memory = sorted(c.memory_gib for c in search.candidates)
+    small = dataclasses.replace(get_device("A100-SXM4-40GB"), memory_gb=memory[len(memory) // 2])
+    tight = Cluster.parse(CLUSTER)
+    tight = dataclasses.replace(tight, device=small)
+    result = plan(TINY, tight, BATCH, SEQ, precision="bf16", exact=3, micro_sizes=TRACED_AT)
+    verdicts = [c.oom for c in result.candidates]
+    assert any(verdicts) and not all(verdicts)
+    assert verdicts == sorted(verdicts)  # every fitting plan first
+    assert all(c.memory_gib <= small.memory_gb for c in result.candidates if not c.oom)
+    assert not any(c.exact for c in result.candidates if c.oom)
+
+
+def test_the_csv_has_every_candidate(search: PlanSearch, tmp_path: Path) -> None:
+    path = search.to_csv(tmp_path / "plans.csv")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(search.candidates)
+    assert [int(r["rank"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert {r["strategy"] for r in rows} == {str(c.strategy) for c in search.candidates}
+    assert "OUT OF MEMORY" not in search.table(3).splitlines()[2]
+
+
+def test_model_flops_by_hand() -> None:
+    # PaLM's 6N + 12 L h s per token; N: 4 layers of 4h^2 + 2hf, and the output layer's vocab x h
+    n = 4 * (4 * 64 * 64 + 2 * 64 * 128) + 256 * 64
+    assert TINY.model_flops(100, 32) == 100 * (6 * n + 12 * 4 * 64 * 32)
+
+
+def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "intermediate_size": 28672,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "hidden_act": "silu",
+    }
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps(config))
+    d = decoder(path)
+    assert d == dataclasses.replace(decoder("llama-70b"), name="config")
+    assert d.hf_config(2, 4096)["n_inner"] == 28672 * 3 // 2
+    with pytest.raises(ValueError, match="no heads"):
+        decoder({k: v for k, v in config.items() if k != "num_attention_heads"})
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: plan("nosuch", CLUSTER, BATCH), "unknown model 'nosuch'; accepted: .*llama-70b"),
+        (lambda: plan(TINY, CLUSTER, 0), "batch must be a whole number >= 1"),
+        (lambda: plan(TINY, CLUSTER, 3, micro_sizes=(2,)), "no valid plan .* accepted: a batch"),
+        (lambda: plan(TINY, CLUSTER, BATCH, precision="fp8"), "precision"),
+        (lambda: Decoder("odd", 2, 66, 4, 8, 8, 8), "hidden 66 is not a multiple of heads 4"),
+    ],
+)
+def test_bad_input_is_one_clear_error(call: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()  # type: ignore[operator]
+
+
+def test_the_command_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "nosuch", "--cluster", CLUSTER, "--batch", "8"]) == BAD_INPUT
+    assert "accepted" in capsys.readouterr().err
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fxcost.sim.search, "plan", interrupted)
+    assert main(["plan", "llama-8b", "--cluster", CLUSTER, "--batch", "8"]) == INTERRUPTED
