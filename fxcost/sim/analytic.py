@@ -154,7 +154,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
     for direction, parts in (("F", pieces.forward), ("B", pieces.backward)):
         for name, part in parts.items():
             cost[(direction, name)] = part.compute_ms + sum(price(c) for c in part.comms)
-    held = {name: count // (s.tp if name else 1) for name, count in pieces.params.items()}
+    held = {name: count // s.tp for name, count in pieces.params.items()}  # as add_layer_collectives
     gather = (
         {name: price(Comm("all_gather", n * itemsize, "dp", "feature")) for name, n in held.items()}
         if s.zero == 3 and s.dp > 1
