@@ -65,7 +65,9 @@ import fxcost
 from fxcost.gpus import Device
 from fxcost.precision import parse_precision
 from fxcost.sim import Cluster, SimResult, Strategy, simulate
-from fxcost.sim.runs import breakdown, cluster_for, gpt_params, model_from_dims, read_gpu
+from fxcost.sim.ranked import peak_tflops
+from fxcost.sim.runs import attention_of, breakdown, cluster_for, read_gpu
+from fxcost.zoo.decoders import Decoder
 
 TRACED_LAYERS = 2
 UNITS = ("s_per_iter", "tflops_per_gpu", "tokens_per_s_per_gpu", "mfu_pct")
@@ -104,6 +106,7 @@ class Run:
     sp: bool = False
     text: str = ""  # the row's source and notes, where a network may be stated
     overlap: bool = True  # gradients reduced during the backward (False: after it, as Megatron-LM does)
+    attention: str = "eager"  # "sdpa" where the report runs a fused attention kernel
 
     @property
     def strategy(self) -> Strategy:
@@ -163,7 +166,8 @@ def parse_run(raw: dict[str, str]) -> Run:
     params_b = _number(raw, "params_b")
     gated = False
     if params_b is not None:
-        dense, swiglu = (gpt_params(layers, hidden, ffn, vocab, seq, g) / 1e9 for g in (False, True))
+        dense, swiglu = (Decoder("?", layers, hidden, heads, ffn, vocab, seq, gated=g).params_b
+                         for g in (False, True))  # fmt: skip
         gated = abs(swiglu - params_b) < abs(dense - params_b)
     unit = raw["unit"].strip()
     if unit not in UNITS:
@@ -203,13 +207,13 @@ def parse_run(raw: dict[str, str]) -> Run:
     overlap = not ("megatron" in text.lower() and zero == 0)
     return Run(raw.get("model", "").strip() or "?", layers, hidden, heads, ffn, vocab, seq, gated,
                raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch,
-               precision, measured, unit, flags, sp, text, overlap)  # fmt: skip
+               precision, measured, unit, flags, sp, text, overlap, attention_of(text)[0])  # fmt: skip
 
 
 def config_of(run: Run) -> dict[str, Any]:
     """The Hugging Face GPT-2 config of the run's decoder, ``TRACED_LAYERS`` deep."""
-    return model_from_dims(min(TRACED_LAYERS, run.layers), run.hidden, run.heads, run.ffn, run.vocab, run.seq,
-                           run.gated)  # fmt: skip
+    return Decoder(run.model, run.layers, run.hidden, run.heads, run.ffn, run.vocab, run.seq,
+                   run.gated).hf_config(TRACED_LAYERS, run.seq, run.attention)  # fmt: skip
 
 
 def iteration_flops(run: Run, hardware: bool) -> float:
@@ -220,15 +224,6 @@ def iteration_flops(run: Run, hardware: bool) -> float:
     return run.global_batch * s * (passes * run.layers * layer + 6 * h * run.vocab)
 
 
-def peak_tflops(device: Device, precision: str) -> float:
-    """The GPU's dense peak in ``precision`` (tensor cores for 16-bit and tf32)."""
-    peak = {"fp16": device.fp16_tflops, "bf16": device.bf16_tflops, "tf32": device.tf32_tflops}.get(precision)
-    peak = peak or device.fp32_tflops
-    if not peak:
-        raise RowError(f"{device.name} has no {precision} peak in the device database (needed for mfu_pct)")
-    return peak
-
-
 def in_unit(run: Run, iteration_s: float, device: Device) -> float:
     """The simulated iteration as the row's figure."""
     if run.unit == "s_per_iter":
@@ -237,9 +232,8 @@ def in_unit(run: Run, iteration_s: float, device: Device) -> float:
         return run.global_batch * run.seq / iteration_s / run.gpus
     if run.unit == "tflops_per_gpu":
         return iteration_flops(run, run.recompute == "full") / iteration_s / run.gpus / 1e12
-    return (
-        iteration_flops(run, False) / iteration_s / run.gpus / 1e12 / peak_tflops(device, run.precision) * 100
-    )
+    peak = peak_tflops(device, parse_precision(run.precision))
+    return iteration_flops(run, False) / iteration_s / run.gpus / 1e12 / peak * 100
 
 
 def cluster_of(run: Run) -> tuple[Device, Cluster, list[str]]:
@@ -280,7 +274,7 @@ def vars_gib(memory: Any) -> dict[str, float]:
 def print_breakdown(run: Run, saved: dict[str, Any], device: Device) -> None:
     """Where the first (and last) stage's iteration goes, and its compute against the GPU's peak."""
     flops = iteration_flops(run, run.recompute == "full") / run.gpus  # per rank, hardware count
-    peak = peak_tflops(device, run.precision) * 1e12
+    peak = peak_tflops(device, parse_precision(run.precision)) * 1e12
     for part, memory in zip(saved["breakdown"], saved["memory_gib"], strict=True):
         total = part["iteration"]
         shares = "  ".join(f"{k} {part[k]:.0f} ms ({part[k] / total:.0%})"
@@ -328,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         flags = run.flags + (["predicted OOM"] if saved["oom"] else [])
         flagged += bool(flags)
-        flags += read
+        flags += [*read, attention_of(run.text)[1]]
         error = (predicted - run.measured) / run.measured * 100
         errors.append(error)
         plan = f"{run.strategy}" + (f",mbs={run.micro_batch}" if run.micro_batch > 1 else "")

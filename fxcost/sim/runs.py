@@ -1,9 +1,9 @@
 """A published run's model and cluster from what its report states: dimensions, GPU, system, network.
 
-Used by ``benchmarks/published_runs.py`` (and open to a plan search that builds models from dimensions):
+Used by ``benchmarks/published_runs.py``, which builds each model from its dimensions as a
+:class:`fxcost.zoo.decoders.Decoder`:
 
-- :func:`model_from_dims`: the Hugging Face GPT-2 config of a GPT-style decoder of given dimensions,
-  a few layers deep, for tracing on meta tensors (a gated MLP as a GELU one of the same FLOPs).
+- :func:`attention_of`: the attention kernel the report states (fused or not).
 - :func:`read_gpu`: the database entry a report's GPU string names, reading a parenthesized system
   (``"V100-SXM3-32GB (DGX-2H)"``) or power cap (``"(500W)"``) where the whole string is not an entry.
 - :func:`cluster_for`: the run's cluster. GPUs per node and NICs from the system where the text names
@@ -19,13 +19,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.sim.cluster import IB_HDR_GBPS, Cluster
 from fxcost.sim.simulator import SimResult
 
-__all__ = ["SYSTEMS", "System", "breakdown", "cluster_for", "gpt_params", "model_from_dims", "read_gpu"]
+__all__ = ["SYSTEMS", "System", "attention_of", "breakdown", "cluster_for", "read_gpu"]
 
 GPUS_PER_NODE = 8
 # Per GPU generation, the InfiniBand rate of one NIC of its DGX (GB/s): EDR 100, HDR 200, NDR 400 Gb/s.
@@ -54,23 +53,16 @@ _PARENS = re.compile(r"\s*\(([^)]*)\)")
 _WATTS = re.compile(r"^(\d+(?:\.\d+)?)\s*W$", re.IGNORECASE)
 
 
-def gpt_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int, gated: bool) -> float:
-    """Parameters of a GPT-style decoder (attention 4h^2, MLP of 2 or 3 h x ffn matrices, tied
-    embeddings and positions; biases and norms left out)."""
-    mlp = (3 if gated else 2) * hidden * ffn
-    return layers * (4 * hidden * hidden + mlp) + (vocab + seq) * hidden
-
-
-def model_from_dims(
-    layers: int, hidden: int, heads: int, ffn: int, vocab: int, seq: int, gated: bool = False
-) -> dict[str, Any]:
-    """The Hugging Face GPT-2 config of a decoder ``layers`` deep (trace it with few layers and
-    simulate it deep: ``fxcost.simulate(..., layers=N)``). A gated (SwiGLU) MLP of ``ffn`` is a GELU
-    one of ``1.5 x ffn``: the same FLOPs and parameters."""
-    width = ffn * 3 // 2 if gated else ffn
-    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": layers,
-            "n_embd": hidden, "n_head": heads, "n_inner": width, "vocab_size": vocab, "n_positions": seq,
-            "activation_function": "gelu_pytorch_tanh", "bos_token_id": 0, "eos_token_id": 0}  # fmt: skip
+def attention_of(text: str) -> tuple[str, str]:
+    """(the attention a run's report states it ran, how that was read): ``"sdpa"`` (one fused kernel)
+    where the text names FlashAttention or SDPA, or the run is torchtitan's (its models call
+    ``F.scaled_dot_product_attention``: torchtitan/models/llama3/model.py); else ``"eager"``, the
+    attention as matmuls and softmax apart, as Megatron-LM ran it before FlashAttention (2022)."""
+    low = text.lower()
+    for name in ("flashattention", "flash attention", "flash-attention", "sdpa", "torchtitan"):
+        if name in low:
+            return "sdpa", f"attention: fused (the report names {name})"
+    return "eager", "attention: unfused (no fused kernel named)"
 
 
 def read_gpu(text: str) -> tuple[Device, System | None, list[str]]:

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DECODERS", "Decoder", "decoder"]
+__all__ = ["ATTENTIONS", "DECODERS", "Decoder", "decoder"]
+
+ATTENTIONS = ("sdpa", "eager")
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,13 @@ class Decoder:
     def params_b(self) -> float:
         return self.params / 1e9
 
-    def hf_config(self, layers: int, seq: int) -> dict[str, Any]:
-        """The Hugging Face GPT-2 config of this decoder ``layers`` deep at context ``seq``."""
+    def hf_config(self, layers: int, seq: int, attention: str = "sdpa") -> dict[str, Any]:
+        """The Hugging Face GPT-2 config of this decoder ``layers`` deep at context ``seq``: a gated (SwiGLU)
+        MLP of ``ffn`` as a GELU one of ``1.5 x ffn`` (the same FLOPs and parameters), the attention as
+        ``attention`` runs it: ``"sdpa"`` (one fused kernel, as today's training runs it) or ``"eager"``
+        (matmuls, softmax and dropout apart, the score matrix kept for the backward)."""
+        if attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {attention!r}; accepted: {', '.join(ATTENTIONS)}")
         width = self.ffn * 3 // 2 if self.gated else self.ffn
         return {
             "model_type": "gpt2",
@@ -90,6 +97,7 @@ class Decoder:
             "activation_function": "gelu_pytorch_tanh",
             "bos_token_id": 0,
             "eos_token_id": 0,
+            "attn_implementation": attention,
         }
 
     def model_flops(self, tokens: int, seq: int) -> float:

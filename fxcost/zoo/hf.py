@@ -1,7 +1,8 @@
 """Hugging Face models from config files, built on the meta device so that any size fits in memory.
 
 ``hf_step(config, batch, seqlen)`` builds the model a ``config.json`` describes (its ``architectures``
-entry names the class) with random weights, eager attention and no KV cache, and returns the step to
+entry names the class) with random weights, eager attention (or the config's ``attn_implementation``,
+``"sdpa"`` for one fused kernel) and no KV cache, and returns the step to
 capture: ``input_ids`` of ones, and for training the cross-entropy of the logits against those ids.
 Parameters and activations are meta tensors: shapes and dtypes without storage, so capturing a
 13-billion-parameter model costs the time of tracing it, not its memory. Nothing runs, so nodes can
@@ -73,6 +74,9 @@ def hf_step(config: str | Path | dict[str, Any], batch: int, seqlen: int, train:
     return HFStep(model, inputs, train)
 
 
+_ATTENTION = "attn_implementation"  # a config key naming the attention kernel: "eager" or "sdpa"
+
+
 @functools.lru_cache(maxsize=8)
 def _meta_model(config_json: str, train: bool) -> tuple[torch.nn.Module, bool]:
     """(the model of a config given as canonical JSON, whether it is an encoder-decoder)."""
@@ -86,10 +90,14 @@ def _meta_model(config_json: str, train: bool) -> tuple[torch.nn.Module, bool]:
     cls = getattr(transformers, architecture, None)
     if cls is None:
         raise ValueError(f"transformers {transformers.__version__} has no model class {architecture!r}")
-    settings = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
+    settings = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version", _ATTENTION)}
     hf_config = transformers.AutoConfig.for_model(model_type, **settings)
     hf_config.use_cache = False  # a training or single-pass step: no KV cache to build
-    hf_config._attn_implementation = "eager"  # as measured: the attention as separate matmuls and softmax
+    # "eager" by default, as the shared data measured it: the attention as separate matmuls and softmax
+    attention = raw.get(_ATTENTION, "eager")
+    if attention not in ("eager", "sdpa"):
+        raise ValueError(f"unknown {_ATTENTION} {attention!r}; accepted: eager, sdpa")
+    hf_config._attn_implementation = attention
     with torch.device("meta"):
         model = cls(hf_config)
     model.train(train)

@@ -12,7 +12,7 @@ from fxcost.estimator import Captured, default_estimator
 from fxcost.gpus import get_device
 from fxcost.sim import Strategy, simulate
 from fxcost.sim.plan import compile_plan
-from fxcost.sim.runs import SYSTEMS, breakdown, cluster_for, model_from_dims, read_gpu
+from fxcost.sim.runs import SYSTEMS, attention_of, breakdown, cluster_for, read_gpu
 
 LAYERS, DIM, SEQ, VOCAB, BATCH, FFN = 2, 64, 16, 256, 8, 256
 
@@ -58,10 +58,11 @@ def test_the_cluster_is_the_system_s_or_the_stated_network_s() -> None:
     assert (alone.nodes, alone.gpus_per_node) == (1, 4) and not flags
 
 
-def test_model_from_dims_is_a_gpt2_of_those_dimensions() -> None:
-    config = model_from_dims(2, 4096, 32, 14336, 128000, 8192, gated=True)
-    assert (config["n_layer"], config["n_embd"], config["n_head"]) == (2, 4096, 32)
-    assert config["n_inner"] == 14336 * 3 // 2 and config["vocab_size"] == 128000
+def test_the_attention_kernel_is_read_from_the_report() -> None:
+    assert attention_of("MosaicML llm-foundry ... FlashAttention triton")[0] == "sdpa"
+    assert attention_of("torchtitan benchmarks llama3_h100")[0] == "sdpa"
+    kind, why = attention_of("Narayanan et al. SC21 Table 1")
+    assert kind == "eager" and "unfused" in why
 
 
 def test_the_breakdown_adds_up_to_the_iteration(gpt: tuple[Any, Captured]) -> None:
