@@ -29,8 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
+from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.memory import GIB, in_flight, model_state_bytes
+from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.strategy import Strategy
 

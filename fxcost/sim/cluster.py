@@ -1,18 +1,17 @@
-"""Cluster topology and the cost of collective communication on it (Proteus §VI-B, §VI-C).
+"""Cluster topology: nodes, their links, and how concurrent groups share them (Proteus §VI-B, §VI-C).
 
 A :class:`Cluster` is ``nodes`` machines of ``gpus_per_node`` identical GPUs. GPUs inside a node talk over
 the ``intra`` link (NVLink/NVSwitch, or PCIe); nodes talk through ``nics_per_node`` NICs of the ``inter``
 link each. Ranks are numbered node by node: rank ``r`` lives on node ``r // gpus_per_node``.
-
-:func:`collective_ms` prices one NCCL collective with the alpha-beta model: ``steps * alpha + volume / B``,
-where ``B`` is the bandwidth of the group's bottleneck link and the volume and step count are those of the
-algorithm NCCL would run. :func:`link_sharing` says how many concurrent groups share each group's
-bottleneck link, so that a simulator can pass ``sharing=`` and give each a fair share.
+:func:`link_sharing` says how many concurrent groups share each group's bottleneck link, so that a
+simulator can pass ``sharing=`` to :func:`fxcost.sim.nccl.collective_ms`, which prices a collective as
+NCCL's tuning model does (algorithm and protocol; see that module).
 
 Assumptions:
 
-* Bandwidths are per GPU per direction, in GB/s with GB = 1e9 bytes (NCCL-tests' unit). For a ring
-  all_reduce NCCL-tests' *bus bandwidth* equals the ``B`` of this model.
+* Bandwidths are per GPU per direction, in GB/s with GB = 1e9 bytes (NCCL-tests' unit). A link's
+  bandwidth is what a ring all_reduce with NCCL's Simple protocol reaches over it (its bus bandwidth).
+  ``latency_us`` is its per-hop latency under NCCL's ring/LL (the lowest of NCCL's latency table).
 * A node with NVLink is switched (NVSwitch): every GPU has its own full-bandwidth port, so groups on
   disjoint GPUs do not share. PCIe cards joined by NVLink *bridges* (the database's ``nvlink_domain``:
   pairs of A100-PCIE, H100-PCIE, RTX 3090; fours of MI100/MI210) use the bridge only in nodes no
@@ -20,53 +19,38 @@ Assumptions:
   the node's link. DGX-1's hybrid cube mesh is treated as switched; pass ``intra_gbps`` to correct it.
   A PCIe node is modeled as one link shared by the whole node (``Link.shared``): peer traffic goes
   through the host bridge, so every concurrent group on the node shares it.
-* Groups spanning nodes are hierarchical: the ranks on a node are chained over the intra link and the
-  node is entered and left through its NICs. A ring (or tree) crosses a node boundary on one edge per
-  channel, and NCCL spreads channels over the NICs, so a node's crossing capacity is
-  ``min(ranks of the group on the node, nics_per_node) * inter.bandwidth_gbps`` (one GPU drives at most one
-  NIC). The group's ``B`` is the smaller of that and the intra link. For all_to_all every rank on the node
-  sends off-node itself, so the node's crossing capacity is divided among them.
-* ``sharing`` divides the bandwidth of the group's bottleneck link: its NICs when it spans nodes,
-  otherwise the intra link.
-* Latency: ``steps`` are counted per link crossed, as NCCL's tuning model does (``src/graph/tuning.cc``):
-  a ring pass of ``n - 1`` steps crosses ``min(nodes, n - 1)`` node boundaries at ``inter.latency_us``
-  and the rest at ``intra.latency_us``. No fixed launch cost is added.
-* all_reduce takes the faster of ring and tree, like NCCL. NCCL's tree is a chain inside a node and a
-  double binary tree across nodes, so it only helps when the group spans nodes: latency
-  ``2 * ((ranks per node - 1) * intra + ceil(log2(nodes)) * inter)``, bandwidth term ``2 * S / B`` (each
-  node sends and receives about ``S`` per binary tree on half the data; NCCL's tuning model likewise
-  converts tree bus bandwidth to algorithm bandwidth with a factor 1/2). So the tree wins on latency for
-  small and medium messages at scale, the ring on bandwidth for large ones.
+* Groups spanning nodes cross them through NICs: a ring crosses a node boundary on one edge per channel,
+  and NCCL spreads channels over the NICs, so a node's crossing capacity is ``min(ranks of the group on
+  the node, nics_per_node) * inter.bandwidth_gbps`` (one GPU drives at most one NIC).
 
 Defaults and where they come from:
 
 * ``NVLINK_EFFICIENCY = 0.77``: NCCL-tests all_reduce_perf on a DGX A100 (8x A100-SXM4, NVSwitch,
-  NVLink 600 GB/s total = 300 GB/s per direction) reaches a bus bandwidth of about 230 GB/s for large
-  messages; 230 / 300 = 0.77. Intra bandwidth = ``nvlink_bandwidth_gbps / 2 * 0.77``.
-* ``NVLINK_LATENCY_US = 1.0``: NCCL's tuning model puts per-hop NVLink latency at about 0.5 us (LL
-  protocol) to 2 us (LL128); small all_reduce on 8 NVLink GPUs takes 10-15 us in NCCL-tests, about
-  ``2 * 7`` hops of 1 us.
+  NVLink 3 600 GB/s total = 300 GB/s per direction) reaches a bus bandwidth of about 230 GB/s for large
+  messages; 230 / 300 = 0.77. Intra bandwidth = ``nvlink_bandwidth_gbps / 2 * 0.77`` (NVLink 4 on
+  H100: 900 GB/s total, 346.5 GB/s).
 * ``PCIE_GEN3_GBPS = 12.0``, doubling per generation (gen4 24, gen5 48): achievable per-direction
-  throughput of an x16 link (gen3 peak 15.75 GB/s, about 12-13 GB/s in practice with TLP overheads).
-* ``PCIE_LATENCY_US = 2.0``: NCCL's tuning model puts per-hop PCIe latency at about 1-2.5 us.
-* ``IB_HDR_GBPS = 25.0``, ``IB_LATENCY_US = 5.0``, one NIC per node: a 200 Gb/s InfiniBand HDR NIC
-  (25 GB/s line rate; NCCL-tests reach 22-24 GB/s per NIC) and NCCL's network per-hop latency of a
-  few microseconds.
+  throughput of an x16 link (gen3 peak 15.75 GB/s, about 12-13 GB/s in practice with TLP overheads;
+  NCCL's topology model also takes 12 GB/s for a gen3 x16 link, ``src/graph/topo.h`` ``PCI_BW``).
+* Hop latencies (ring/LL, NCCL 2.18 ``src/graph/tuning.cc`` ``hwLat``): NVLink 0.6 us, PCIe 1.0 us,
+  network 2.7 us.
+* Networks (:data:`NETWORKS`, line rates in GB/s): InfiniBand EDR 100 Gb/s, HDR 200 Gb/s, NDR 400 Gb/s
+  (InfiniBand Trade Association roadmap), RoCE at 100/200/400 GbE (the Ethernet rates). The default NIC
+  follows the GPU generation's DGX system: DGX-1/DGX-2 (Volta) EDR, DGX A100 (Ampere, DGX A100 User Guide:
+  eight ConnectX-6 200 Gb/s HDR compute NICs) HDR, DGX H100/B200 (Hopper, Blackwell: eight ConnectX-7
+  400 Gb/s NDR compute ports, DGX H100 User Guide) NDR, anything else HDR. A node of switched-NVLink SXM GPUs
+  has one NIC per GPU (the DGX/HGX design above); any other node one NIC.
 
 No default is fitted to any measurement in ``shared/data``.
 
 Example:
-    >>> from fxcost.sim.cluster import Cluster, collective_ms
     >>> c = Cluster.parse("2x8xA100-SXM4-40GB")
-    >>> c.world_size, c.intra.bandwidth_gbps
-    (16, 231.0)
-    >>> round(collective_ms("all_reduce", 2**30, range(8), c), 2)
-    8.15
+    >>> c.world_size, c.intra.bandwidth_gbps, c.inter.name, c.nics_per_node
+    (16, 231.0, 'InfiniBand HDR', 8)
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -77,20 +61,31 @@ from fxcost.gpus import Device, UnknownDeviceError, get_device
 
 __all__ = [
     "COLLECTIVES",
+    "NETWORKS",
     "Cluster",
     "Link",
-    "collective_ms",
     "default_inter_link",
     "default_intra_link",
+    "default_nics_per_node",
     "link_sharing",
 ]
 
 NVLINK_EFFICIENCY = 0.77
-NVLINK_LATENCY_US = 1.0
+NVLINK_LATENCY_US = 0.6
 PCIE_GEN3_GBPS = 12.0
-PCIE_LATENCY_US = 2.0
-IB_HDR_GBPS = 25.0
-IB_LATENCY_US = 5.0
+PCIE_LATENCY_US = 1.0
+IB_EDR_GBPS, IB_HDR_GBPS, IB_NDR_GBPS = 12.5, 25.0, 50.0
+NET_LATENCY_US = 2.7
+NETWORKS = {
+    "InfiniBand EDR": IB_EDR_GBPS,
+    "InfiniBand HDR": IB_HDR_GBPS,
+    "InfiniBand NDR": IB_NDR_GBPS,
+    "RoCE 100GbE": 12.5,
+    "RoCE 200GbE": 25.0,
+    "RoCE 400GbE": 50.0,
+}
+_NETWORK_OF_FAMILY = {"Volta": "InfiniBand EDR", "Ampere": "InfiniBand HDR", "Hopper": "InfiniBand NDR",
+                      "Blackwell": "InfiniBand NDR"}  # fmt: skip
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
 
@@ -105,6 +100,7 @@ _OVERRIDES = (
     "inter_gbps",
     "inter_latency_us",
     "nics_per_node",
+    "network",
 )
 _CLUSTER_KEYS = ("nodes", "gpus_per_node", "device", "intra", "inter", "nics_per_node")
 
@@ -144,9 +140,20 @@ def default_intra_link(device: Device, gpus_per_node: int | None = None) -> Link
     raise ValueError(f"{device.name}: neither NVLink bandwidth nor PCIe generation is known; pass intra_gbps")
 
 
-def default_inter_link() -> Link:
-    """One 200 Gb/s InfiniBand HDR NIC."""
-    return Link(IB_HDR_GBPS, IB_LATENCY_US, "InfiniBand HDR")
+def default_inter_link(device: Device | None = None, network: str | None = None) -> Link:
+    """One NIC of ``network`` (a key of :data:`NETWORKS`), by default the one of the GPU generation's DGX
+    system (see the module docstring); HDR without a device."""
+    if network is None:
+        family = (device.architecture or "").split()[0] if device is not None and device.architecture else ""
+        network = _NETWORK_OF_FAMILY.get(family, "InfiniBand HDR")
+    if network not in NETWORKS:
+        raise ValueError(f"unknown network {network!r}; accepted: {list(NETWORKS)}")
+    return Link(NETWORKS[network], NET_LATENCY_US, network)
+
+
+def default_nics_per_node(device: Device, gpus_per_node: int) -> int:
+    """One NIC per GPU in a node of switched-NVLink GPUs (DGX/HGX), else one."""
+    return gpus_per_node if device.nvlink_bandwidth_gbps and device.nvlink_domain is None else 1
 
 
 @dataclass(frozen=True)
@@ -190,7 +197,8 @@ class Cluster:
         """Build a cluster from ``"2x8xA100-SXM4-80GB"``, ``"8xH100-SXM"`` or ``"H100-SXM"``.
 
         Links default from the device (see the module docstring); ``overrides`` may set ``intra_gbps``,
-        ``intra_latency_us``, ``intra_shared``, ``inter_gbps``, ``inter_latency_us`` and ``nics_per_node``.
+        ``intra_latency_us``, ``intra_shared``, ``inter_gbps``, ``inter_latency_us``, ``nics_per_node`` and
+        ``network`` (a key of :data:`NETWORKS`: the NIC's kind, before ``inter_gbps``).
         """
         unknown = sorted(set(overrides) - set(_OVERRIDES))
         if unknown:
@@ -219,8 +227,9 @@ class Cluster:
                 ) from None
             intra = Link(overrides["intra_gbps"], PCIE_LATENCY_US, "intra", shared=True)
         intra = _override_link(intra, overrides, "intra")
-        inter = _override_link(default_inter_link(), overrides, "inter")
-        return cls(nodes, gpus, device, intra, inter, overrides.get("nics_per_node", 1))
+        inter = _override_link(default_inter_link(device, overrides.get("network")), overrides, "inter")
+        nics = overrides.get("nics_per_node", default_nics_per_node(device, gpus))
+        return cls(nodes, gpus, device, intra, inter, nics)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Cluster:
@@ -233,8 +242,9 @@ class Cluster:
         device = get_device(d["device"])
         gpus = d.get("gpus_per_node", 1)
         intra = _link_from(d.get("intra"), "intra", lambda: default_intra_link(device, gpus))
-        inter = _link_from(d.get("inter"), "inter", default_inter_link)
-        return cls(d.get("nodes", 1), gpus, device, intra, inter, d.get("nics_per_node", 1))
+        inter = _link_from(d.get("inter"), "inter", lambda: default_inter_link(device))
+        nics = d.get("nics_per_node", default_nics_per_node(device, gpus))
+        return cls(d.get("nodes", 1), gpus, device, intra, inter, nics)
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML form: ``{nodes, gpus_per_node, device, intra: {...}, inter: {...}, nics_per_node}``."""
@@ -272,78 +282,6 @@ def _link_from(d: Mapping[str, Any] | None, what: str, default: Callable[[], Lin
 
 def _ranks_per_node(ranks: Iterable[int], cluster: Cluster) -> Counter[int]:
     return Counter(cluster.node_of(r) for r in set(ranks))
-
-
-def collective_ms(
-    kind: str, nbytes: float, ranks: Sequence[int], cluster: Cluster, *, sharing: float = 1.0
-) -> float:
-    """Time of one collective over ``ranks``, in ms (alpha-beta model; see the module docstring).
-
-    Args:
-        kind: one of :data:`COLLECTIVES`.
-        nbytes: the full buffer for all_reduce and broadcast, the gathered output of all_gather and the
-            input of reduce_scatter (NCCL-tests' convention), the bytes sent for send_recv, and the bytes
-            each rank holds for all_to_all.
-        ranks: the group; duplicates are ignored, and a group of one rank costs 0.
-        cluster: where the ranks live.
-        sharing: how many groups share the group's bottleneck link at the same time (fair share).
-
-    Example:
-        >>> c = Cluster.parse("4xA100-SXM4-40GB", intra_gbps=100, intra_latency_us=1)
-        >>> collective_ms("all_gather", 4e8, [0, 1, 2, 3], c)  # 3/4 * 4e8 B / 100 GB/s + 3 * 1 us
-        3.003
-    """
-    if kind not in COLLECTIVES:
-        raise ValueError(f"unknown collective {kind!r}; expected one of {list(COLLECTIVES)}")
-    if not nbytes >= 0:
-        raise ValueError(f"{kind}: nbytes must be >= 0, got {nbytes}")
-    if not sharing >= 1:
-        raise ValueError(f"{kind}: sharing must be >= 1 (groups on the link), got {sharing}")
-    per_node = _ranks_per_node(ranks, cluster)
-    n, k = sum(per_node.values()), len(per_node)
-    if kind == "send_recv" and n > 2:
-        raise ValueError(f"send_recv takes two ranks (source, destination), got {sorted(set(ranks))}")
-    if n < 2:
-        return 0.0
-    intra, inter, nics = cluster.intra, cluster.inter, cluster.nics_per_node
-    per_ms = 1e6  # GB/s -> bytes per ms
-
-    def pass_us(steps: int) -> float:  # latency of `steps` ring steps, node boundaries at inter latency
-        crossing = min(k, steps) if k > 1 else 0
-        return crossing * inter.latency_us + (steps - crossing) * intra.latency_us
-
-    if kind == "all_to_all":  # each rank sends 1/n of its bytes to every peer, off-node ones via the NICs
-        intra_gbps = intra.bandwidth_gbps / (sharing if k == 1 else 1.0)
-        return max(
-            max(
-                (m - 1) / n * nbytes / (intra_gbps * per_ms),
-                m * (n - m) / n * nbytes / (min(m, nics) * inter.bandwidth_gbps / sharing * per_ms),
-            )
-            + ((m - 1) * intra.latency_us + (n - m) * inter.latency_us) / 1e3
-            for m in per_node.values()
-        )
-
-    if k == 1:
-        bandwidth_gbps = intra.bandwidth_gbps / sharing
-    else:  # one ring edge per channel crosses each node boundary; channels spread over the NICs
-        bandwidth_gbps = min(min(m, nics) for m in per_node.values()) * inter.bandwidth_gbps / sharing
-        if max(per_node.values()) > 1:
-            bandwidth_gbps = min(bandwidth_gbps, intra.bandwidth_gbps)
-    bytes_per_ms = bandwidth_gbps * per_ms
-
-    if kind == "send_recv":
-        return nbytes / bytes_per_ms + (inter if k > 1 else intra).latency_us / 1e3
-    if kind == "broadcast":  # pipelined chain
-        return nbytes / bytes_per_ms + pass_us(n - 1) / 1e3
-    if kind in ("reduce_scatter", "all_gather"):
-        return (n - 1) / n * nbytes / bytes_per_ms + pass_us(n - 1) / 1e3
-    ring = 2 * (n - 1) / n * nbytes / bytes_per_ms + 2 * pass_us(n - 1) / 1e3
-    if k == 1:  # NCCL's tree is a chain inside a node: no latency advantage
-        return ring
-    tree_us = 2 * (
-        (max(per_node.values()) - 1) * intra.latency_us + math.ceil(math.log2(k)) * inter.latency_us
-    )
-    return min(ring, 2 * nbytes / bytes_per_ms + tree_us / 1e3)
 
 
 def link_sharing(groups: Sequence[Sequence[int]], cluster: Cluster) -> list[float]:

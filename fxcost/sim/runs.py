@@ -21,15 +21,12 @@ import re
 from dataclasses import dataclass
 
 from fxcost.gpus import Device, UnknownDeviceError, get_device
-from fxcost.sim.cluster import IB_HDR_GBPS, Cluster
+from fxcost.sim.cluster import Cluster, default_inter_link
 from fxcost.sim.simulator import SimResult
 
 __all__ = ["SYSTEMS", "System", "attention_of", "breakdown", "cluster_for", "read_gpu"]
 
 GPUS_PER_NODE = 8
-# Per GPU generation, the InfiniBand rate of one NIC of its DGX (GB/s): EDR 100, HDR 200, NDR 400 Gb/s.
-NIC_GBPS = {"Volta": IB_HDR_GBPS / 2, "Ampere": IB_HDR_GBPS, "Hopper": IB_HDR_GBPS * 2,
-            "Blackwell": IB_HDR_GBPS * 2}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -111,12 +108,10 @@ def cluster_for(
         nics, nic = min(system.nics_per_node, per_node), system.nic_gbps
         flags.append(f"network: {system.source}")
     else:
-        family = device.architecture.split()[0] if device.architecture else ""
-        nics, nic = per_node, NIC_GBPS.get(family, IB_HDR_GBPS)
+        link = default_inter_link(device)  # the GPU generation's DGX fabric, one NIC per GPU
+        nics, nic = per_node, link.bandwidth_gbps
         if gpus > per_node:
-            flags.append(
-                f"network: not stated; {family or 'default'} DGX fabric, {nics} x {nic:g} GB/s per node"
-            )
+            flags.append(f"network: not stated; the DGX fabric of its generation, {nics} x {link.name}")
     cluster = Cluster.parse(
         f"{gpus // per_node}x{per_node}x{device.name}", inter_gbps=nic, nics_per_node=nics
     )

@@ -32,10 +32,11 @@ from fxcost.cost_models.heads import spec_sheet_caveat
 from fxcost.estimator import Captured, Estimator, default_estimator
 from fxcost.precision import PrecisionArg, parse_precision
 from fxcost.propagate import check_execution
-from fxcost.sim.cluster import Cluster, collective_ms, link_sharing
+from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.deepen import deepen
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
+from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.strategy import Strategy
 

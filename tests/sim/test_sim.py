@@ -15,9 +15,9 @@ from fxcost.cli import main
 from fxcost.estimator import default_estimator
 from fxcost.gpus import get_device
 from fxcost.sim import Cluster, Strategy, simulate
-from fxcost.sim.cluster import collective_ms
 from fxcost.sim.engine import Task, simulate_tasks
 from fxcost.sim.memory import Memory, model_state_bytes, rank_memory
+from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, StagePlan, compile_plan, layers_of
 from fxcost.sim.simulator import _tasks
 
@@ -162,7 +162,7 @@ def test_pipeline_bubble_is_p_minus_1_over_m_plus_p_minus_1(
 
 def test_each_pipeline_boundary_is_priced_on_the_ranks_that_cross_it() -> None:
     """tp=2, pp=4 on two nodes of 4: stages 0-1 on node 0, 2-3 on node 1; only 1 -> 2 crosses."""
-    cluster, nbytes = Cluster.parse("2x4xA100-SXM4-40GB"), 25e6
+    cluster, nbytes = Cluster.parse("2x4xA100-SXM4-40GB", nics_per_node=1), 25e6
     tasks, _ = _tasks(_uniform_plan(4, 4, "1f1b", nbytes, tp=2), cluster)
     sends = {(t.stage, t.name): t.duration_ms for t in tasks if t.name.startswith("send")}
     inside = collective_ms("send_recv", nbytes, [0, 2], cluster)
