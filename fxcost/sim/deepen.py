@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from fxcost._checks import positive_int
 from fxcost.sim.plan import Plan, Segment, StagePlan, add_layer_collectives, layer_of
+from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["deepen"]
@@ -30,8 +31,8 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
 
     Raises:
         ValueError: ``plan`` has more than one stage or no layers, it was compiled for other data,
-            tensor or sequence parallelism or micro-batches than ``strategy``, or ``strategy.pp`` exceeds
-            ``layers``.
+            tensor or sequence parallelism or micro-batches than ``strategy``, or ``strategy``'s
+            ``pp x vpp`` virtual stages exceed ``layers``.
     """
     s = strategy
     positive_int("layers", layers)
@@ -40,8 +41,7 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
     p = plan.strategy
     if (p.dp, p.tp, p.sp, p.micro_batches) != (s.dp, s.tp, s.sp, s.micro_batches):
         raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp, sp and mb of {s}")
-    if s.pp > layers:
-        raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
+    placed = virtual_stages(layers, s.pp, s.vpp)  # (stage, chunk) of each layer; raises if too few
     stage = plan.stages[0]
     traced = stage.layers
     prefix = traced[-1].rpartition(".")[0]
@@ -60,7 +60,7 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
 
     embed_fw, layer_fw, head_fw = parts(stage.forward)
     head_bw, layer_bw, embed_bw = parts(stage.backward)
-    stage_of_layer = {layer: i * s.pp // layers for i, layer in enumerate(names)}
+    stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(names)}
     stages = []
     for index in range(s.pp):
         mine = [layer for layer in names if stage_of_layer[layer] == index]
@@ -76,6 +76,7 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
         per_layer[layer_of(module, set(traced))] += count
     deep = {module: count for module, count in params.items() if not layer_of(module, set(traced))}
     deep.update({name: per_layer[source[name]] for name in names})
+    assign_chunks(stages, {layer: placed[i][1] for i, layer in enumerate(names)}, s.vpp)
     add_layer_collectives(stages, deep, set(names), s, plan.itemsize)
     for st in stages:
         recomputed = {layer for layer in st.layers if s.recompute_of(layer)}

@@ -6,17 +6,17 @@ each pipeline stage, the compute segments of one micro-batch's forward and backw
 collectives the strategy implies, priced on the cluster's GPU:
 
 - **Layers and stages.** The repeated layers of the model (modules named ``<prefix>.<int>``) are split
-  into ``pp`` contiguous stages; what comes before the first layer in the forward (embeddings) runs on
-  the first stage, what comes after (final norm, head, loss) on the last. Backward nodes follow the
-  module they differentiate.
+  into ``pp`` contiguous stages (``pp x vpp`` virtual stages, :mod:`fxcost.sim.schedule`); what comes
+  before the first layer in the forward (embeddings) runs on the first stage, what comes after (final
+  norm, head, loss) on the last. Backward nodes follow the module they differentiate.
 - **Tensor parallelism** (Megatron-LM): inside a layer, nodes of its attention and MLP children are
   split over ``tp`` ranks (:mod:`fxcost.sim.shard`) and priced at their sharded shapes. Each exit
   from a sharded region is an all-reduce of the activations (forward) or their gradients
   (backward), two per layer each way. With sequence parallelism each becomes a reduce-scatter, and an
   all-gather enters the region; the layer's nodes outside the regions run on ``1/tp`` of the tokens.
 - **Data parallelism and ZeRO.** Each layer's gradients are all-reduced over ``dp`` once its last
-  micro-batch's backward is done (reduce-scattered from ZeRO 2); with ZeRO 3 (FSDP) each layer's
-  parameters are all-gathered before its forward and its backward.
+  micro-batch's backward is done (reduce-scattered after every micro-batch from ZeRO 2); with ZeRO 3
+  (FSDP) each layer's parameters are all-gathered, one layer ahead, before its forward and backward.
 - **Pipeline**: activations are sent to the next stage after each micro-batch's forward, their
   gradients back after its backward.
 - **Recomputation**: a recomputed layer runs its forward again before its backward; until then it
@@ -45,6 +45,7 @@ from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
 from fxcost.propagate import issue_bound_ms
 from fxcost.records import NodeCost
+from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_sequence, shard_vocabulary
 from fxcost.sim.strategy import Strategy
 
@@ -72,7 +73,7 @@ class Comm:
     kind: str
     nbytes: float
     group: str
-    stream: str  # "feature" (blocks compute) or "gradient" (asynchronous)
+    stream: str  # "feature" (blocks compute), "gradient" (asynchronous) or "param" (prefetched gathers)
 
 
 @dataclass
@@ -87,6 +88,7 @@ class Segment:
     inside: list[Comm] = field(default_factory=list)
     after: list[Comm] = field(default_factory=list)
     saved_bytes: float = 0.0  # a forward segment: the bytes its nodes write (kept for the backward)
+    chunk: int = 0  # the model chunk of its stage it runs in (interleaved 1F1B, :mod:`fxcost.sim.schedule`)
 
 
 @dataclass
@@ -163,9 +165,8 @@ def compile_plan(
     report = captured.report
     nodes = [n for n in report.nodes if n.phase in ("fw", "bw")]
     layers = layers_of([n.module for n in nodes])
-    if s.pp > max(len(layers), 1):
-        raise ValueError(f"pp={s.pp} stages but the model has {len(layers)} layers to split")
-    stage_of_layer = {layer: i * s.pp // len(layers) for i, layer in enumerate(layers)}
+    placed = virtual_stages(len(layers), s.pp, s.vpp)  # (stage, chunk) of each layer
+    stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(layers)}
 
     batch_nodes = captured.node_batch(micro, precision)
     ms, source = predict_batch(batch_nodes, chain, device)
@@ -259,6 +260,7 @@ def compile_plan(
                 region = None
         if current is not None and region is not None:
             current.inside.append(leave(region))
+    assign_chunks(stages, {layer: placed[i][1] for i, layer in enumerate(layers)}, s.vpp)
     add_layer_collectives(stages, params, known, s, itemsize)
     per_rank = boundary / s.tp if s.sp else boundary  # sp: stages send, recomputed layers keep, a part
     for plan in stages:
@@ -290,7 +292,7 @@ def add_layer_collectives(
         for segments in (plan.forward, plan.backward):
             if s.zero == 3:
                 for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer
-                    seg.before.append(Comm("all_gather", held(seg.layer) * itemsize, "dp", "feature"))
+                    seg.before.append(Comm("all_gather", held(seg.layer) * itemsize, "dp", "param"))
         kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
         for seg in {seg.layer: seg for seg in plan.backward}.values():  # the last of each layer
             seg.after.append(Comm(kind, held(seg.layer) * itemsize, "dp", "gradient"))

@@ -4,7 +4,7 @@
 parallel linears in attention and MLP blocks) and pipeline (``pp``) parallelism, the micro-batches
 and their schedule (GPipe or 1F1B), the ZeRO stage (1-3; 3 is FSDP), activation recomputation and
 Megatron sequence parallelism (``sp``, with ``tp``: the norms, dropouts and residual adds between
-the tensor-parallel blocks split along the sequence).
+the tensor-parallel blocks split along the sequence) and interleaved pipeline stages (``vpp``).
 Like Proteus's strategy tree, a strategy can give modules their own settings that apply to their
 children unless overridden deeper (``modules``): recomputation, and ``tp: 1`` for a module that runs
 whole on every tensor-parallel rank instead of split (the data and pipeline degrees, which decide
@@ -22,6 +22,7 @@ It is written as ``"dp=2,tp=4,pp=2,mb=8,zero=1"`` on the command line, or as YAM
     zero: 1
     recompute: false
     sp: false
+    vpp: 1
     modules:
       transformer.h.0: {recompute: true}
       transformer.h.1: {tp: 1}
@@ -66,6 +67,9 @@ class Strategy:
             FSDP); False reduces them all after the backward, as Megatron-LM does by default.
         modules: per-module settings by dotted path (``{"transformer.h.0": {"recompute": True}}``),
             inherited by the module's children unless they have their own.
+        vpp: model chunks per pipeline stage, Megatron's interleaved 1F1B (Narayanan et al. SC21
+            §2.2.2): chunk ``c`` of stage ``p`` holds the layers of virtual stage ``c * pp + p``. Needs
+            ``pp > 1`` and ``micro_batches`` a multiple of ``pp``, as Megatron-LM does; 1 is plain 1F1B.
     """
 
     dp: int = 1
@@ -78,9 +82,10 @@ class Strategy:
     sp: bool = False
     overlap_grad_reduce: bool = True
     modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    vpp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batches"):
+        for name in ("dp", "tp", "pp", "micro_batches", "vpp"):
             positive_int(f"strategy {name}", getattr(self, name))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; accepted: {', '.join(SCHEDULES)}")
@@ -90,6 +95,11 @@ class Strategy:
             raise ValueError(f"sequence parallelism (sp) needs tensor parallelism: tp > 1, got tp={self.tp}")
         if self.sp and any(settings.get("tp") == 1 for settings in self.modules.values()):
             raise ValueError("sp with a module at tp=1 is not supported; accepted: one or the other")
+        if self.vpp > 1 and (self.pp == 1 or self.micro_batches % self.pp or self.schedule != "1f1b"):
+            raise ValueError(
+                f"interleaved 1F1B (vpp={self.vpp}) needs the 1f1b schedule, pp > 1 and micro-batches a "
+                f"multiple of pp; got schedule={self.schedule}, pp={self.pp}, mb={self.micro_batches}"
+            )
         for path, settings in self.modules.items():
             unknown = set(settings) - set(_MODULE_SETTINGS)
             if unknown:
@@ -188,6 +198,8 @@ class Strategy:
             parts.append("sp=1")
         if not self.overlap_grad_reduce and self.dp > 1:
             parts.append("overlap=0")
+        if self.vpp > 1:
+            parts.append(f"vpp={self.vpp}")
         return ",".join(parts)
 
 
@@ -198,7 +210,7 @@ def _coerce(name: str, value: Any) -> Any:
                 raise ValueError(f"{name} must be true or false, got {value!r}")
             return value.lower() in ("1", "true", "yes")
         return bool(value)
-    if name in ("dp", "tp", "pp", "micro_batches", "zero") and isinstance(value, str):
+    if name in ("dp", "tp", "pp", "micro_batches", "zero", "vpp") and isinstance(value, str):
         try:
             return int(value)
         except ValueError as e:
