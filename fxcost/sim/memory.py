@@ -5,15 +5,18 @@ fp32 training with Adam holds ``4Ψ`` bytes of parameters, ``4Ψ`` of gradients 
 optimizer state (first and second moments). Mixed precision (fp16/bf16) holds ``2Ψ + 2Ψ`` of
 half-precision parameters and gradients and ``12Ψ`` of fp32 master weights and moments. ZeRO stage 1
 shards the optimizer state over the ``dp`` ranks, stage 2 the gradients too, stage 3 the parameters
-too; a ZeRO-3 rank also holds the whole parameters of the layer it computes and of the one it
-prefetches, and the whole gradients of one layer until they are reduce-scattered (FSDP's unsharded
-parameters and gradients). Activations: the bytes each micro-batch saves for its backward times the
-micro-batches in flight (all of them for GPipe, ``pp - stage`` for 1F1B, ``2 (pp - stage - 1) +
-(vpp - 1) pp + 1`` model chunks of ``1/vpp`` of the stage's for interleaved 1F1B, on the first stage
-Korthikanti et al. 2022's ``pp (1 + (pp - 1) / (pp vpp))`` stage-micro-batches); recomputed
-layers keep only their inputs, plus, once, the largest recomputed layer's activations while it is
-recomputed. With sequence parallelism the plan keeps the activations between the tensor-parallel
-blocks, and a recomputed layer's input, split over the ``tp`` ranks (:mod:`fxcost.sim.plan`).
+too (HSDP: over the ``shard`` ranks of its group); a ZeRO-3 rank also holds the whole parameters
+of the layer it computes and of the one it prefetches, and the whole gradients of one layer until
+they are reduce-scattered (FSDP's unsharded parameters and gradients). FSDP2 keeps fp32 sharded
+parameters and gradients (``4 + 4 + 8`` bytes over the shard ranks) where the ZeRO paper's mixed
+precision counts ``2 + 2 + 12``: the same total. Activations: the bytes each micro-batch saves for
+its backward times the micro-batches in flight (all of them for GPipe, ``pp - stage`` for 1F1B,
+``2 (pp - stage - 1) + (vpp - 1) pp + 1`` model chunks of ``1/vpp`` of the stage's for interleaved
+1F1B, on the first stage Korthikanti et al. 2022's ``pp (1 + (pp - 1) / (pp vpp))``
+stage-micro-batches); recomputed layers keep only their inputs, plus, once, the largest recomputed
+layer's activations while it is recomputed. With sequence parallelism the plan keeps the
+activations between the tensor-parallel blocks, and a recomputed layer's input, split over the
+``tp`` ranks (:mod:`fxcost.sim.plan`).
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ def rank_memory(plan: Plan, stage: StagePlan, capacity_gb: float) -> Memory:
     two layers' parameters are held whole (the one computing and the one prefetched) and one layer's
     gradients before they are reduce-scattered."""
     s = plan.strategy
-    p, g, o = model_state_bytes(stage.params, s.dp, s.zero, half=plan.itemsize == 2)
+    p, g, o = model_state_bytes(stage.params, s.shard or s.dp, s.zero, half=plan.itemsize == 2)
     activations = in_flight_chunks(s, stage.index) * stage.activation_bytes / s.vpp + stage.recompute_bytes
     segments = stage.forward + stage.backward
     gathered = max((c.nbytes for seg in segments for c in seg.before if c.kind == "all_gather"), default=0)

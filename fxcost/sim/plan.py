@@ -48,6 +48,7 @@ from fxcost.records import NodeCost
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_sequence, shard_vocabulary
 from fxcost.sim.strategy import Strategy
+from fxcost.sim.zero import zero_collectives
 
 __all__ = [
     "Comm",
@@ -274,10 +275,10 @@ def compile_plan(
 def add_layer_collectives(
     stages: list[StagePlan], params: Mapping[str, int], layers: Collection[str], s: Strategy, itemsize: int
 ) -> None:
-    """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer: its
-    parameters gathered before its first forward and first backward segment (ZeRO 3), its gradients
-    reduced after its last backward segment. The part outside the layers (embeddings, head) is held
-    whole by the first and the last stage, which both reduce it."""
+    """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer
+    (:mod:`fxcost.sim.zero`): its parameters gathered before its first forward and first backward
+    segment (ZeRO 3), its gradients reduced after its last backward segment. The part outside the
+    layers (embeddings, head) is held whole by the first and the last stage, which both reduce it."""
     per_layer: Counter[str] = Counter()
     for module, count in params.items():
         per_layer[layer_of(module, layers)] += count
@@ -285,17 +286,14 @@ def add_layer_collectives(
     def held(layer: str) -> int:
         return per_layer[layer] // s.tp_of(layer) if layer else per_layer[layer]
 
+    gathers, reductions = zero_collectives(s)  # (kind, group, share of the layer's bytes)
     for plan in stages:
         plan.params = sum(held(layer) for layer in {seg.layer for seg in plan.forward + plan.backward})
-        if s.dp == 1:
-            continue
         for segments in (plan.forward, plan.backward):
-            if s.zero == 3:
-                for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer
-                    seg.before.append(Comm("all_gather", held(seg.layer) * itemsize, "dp", "param"))
-        kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
+            for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer
+                seg.before += [Comm(k, held(seg.layer) * itemsize * f, g, "param") for k, g, f in gathers]
         for seg in {seg.layer: seg for seg in plan.backward}.values():  # the last of each layer
-            seg.after.append(Comm(kind, held(seg.layer) * itemsize, "dp", "gradient"))
+            seg.after += [Comm(k, held(seg.layer) * itemsize * f, g, "gradient") for k, g, f in reductions]
 
 
 def _shards(

@@ -23,6 +23,7 @@ It is written as ``"dp=2,tp=4,pp=2,mb=8,zero=1"`` on the command line, or as YAM
     recompute: false
     sp: false
     vpp: 1
+    shard: 0
     modules:
       transformer.h.0: {recompute: true}
       transformer.h.1: {tp: 1}
@@ -70,6 +71,9 @@ class Strategy:
         vpp: model chunks per pipeline stage, Megatron's interleaved 1F1B (Narayanan et al. SC21
             §2.2.2): chunk ``c`` of stage ``p`` holds the layers of virtual stage ``c * pp + p``. Needs
             ``pp > 1`` and ``micro_batches`` a multiple of ``pp``, as Megatron-LM does; 1 is plain 1F1B.
+        shard: with ZeRO 3, the data-parallel ranks a parameter is sharded over: HSDP (FSDP2 on a 2-D
+            mesh, FSDP1's ``HYBRID_SHARD``) shards within groups of ``shard`` consecutive replicas and
+            replicates across the ``dp / shard`` groups; 0 shards over all ``dp`` (FSDP, ZeRO-3).
     """
 
     dp: int = 1
@@ -83,6 +87,7 @@ class Strategy:
     overlap_grad_reduce: bool = True
     modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     vpp: int = 1
+    shard: int = 0
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batches", "vpp"):
@@ -99,6 +104,10 @@ class Strategy:
             raise ValueError(
                 f"interleaved 1F1B (vpp={self.vpp}) needs the 1f1b schedule, pp > 1 and micro-batches a "
                 f"multiple of pp; got schedule={self.schedule}, pp={self.pp}, mb={self.micro_batches}"
+            )
+        if self.shard and (self.zero != 3 or self.shard < 1 or self.dp % self.shard):
+            raise ValueError(
+                f"shard={self.shard} (HSDP) needs zero=3 and a divisor of dp={self.dp}; got zero={self.zero}"
             )
         for path, settings in self.modules.items():
             unknown = set(settings) - set(_MODULE_SETTINGS)
@@ -200,6 +209,8 @@ class Strategy:
             parts.append("overlap=0")
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
+        if self.shard:
+            parts.append(f"shard={self.shard}")
         return ",".join(parts)
 
 
@@ -210,7 +221,7 @@ def _coerce(name: str, value: Any) -> Any:
                 raise ValueError(f"{name} must be true or false, got {value!r}")
             return value.lower() in ("1", "true", "yes")
         return bool(value)
-    if name in ("dp", "tp", "pp", "micro_batches", "zero", "vpp") and isinstance(value, str):
+    if name in ("dp", "tp", "pp", "micro_batches", "zero", "vpp", "shard") and isinstance(value, str):
         try:
             return int(value)
         except ValueError as e:
