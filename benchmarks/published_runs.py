@@ -13,9 +13,10 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   row's ``params_b`` is closer to the count of a gated (SwiGLU, three ``hidden x ffn`` matrices, as in
   Llama) MLP, the MLP is a GELU one of width ``1.5 x ffn_hidden``: the same FLOPs and parameters.
 - **Plan.** ``tp``, ``pp``, ``dp`` (``gpus / (tp pp cp)`` if empty), ZeRO stage, full recomputation,
-  ``global_batch / (dp micro_batch)`` micro-batches under 1F1B, sequence parallelism where ``sp`` is
-  set (with ``tp > 1``; ignored at ``tp = 1``), in the row's precision. Not supported
-  by the simulator, reported as ``unsupported: ...`` and simulated without: ``vpp`` (plain 1F1B),
+  ``global_batch / (dp micro_batch)`` micro-batches under 1F1B (interleaved with ``vpp`` chunks where
+  the micro-batches are a multiple of ``pp``, Megatron's rule; plain 1F1B, flagged, where not),
+  sequence parallelism where ``sp`` is set (with ``tp > 1``; ignored at ``tp = 1``), in the row's
+  precision. Not supported by the simulator, reported as ``unsupported: ...`` and simulated without:
   ``cp`` (folded into data parallelism), ``ep`` (a dense model),
   selective recomputation (none). An unstated micro-batch is 1 and an unstated global batch one
   micro-batch per replica (``assumed: ...``).
@@ -103,12 +104,13 @@ class Run:
     unit: str
     flags: list[str] = field(default_factory=list)
     sp: bool = False
+    vpp: int = 1
 
     @property
     def strategy(self) -> Strategy:
         micro_batches = self.global_batch // (self.dp * self.micro_batch)
         return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=micro_batches, zero=self.zero,
-                        recompute=self.recompute == "full", sp=self.sp)  # fmt: skip
+                        recompute=self.recompute == "full", sp=self.sp, vpp=self.vpp)  # fmt: skip
 
 
 def _number(raw: dict[str, str], key: str) -> float | None:
@@ -175,8 +177,6 @@ def parse_run(raw: dict[str, str]) -> Run:
         raise RowError(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}")
     tp, pp, vpp, cp, ep = (_int(raw, k, 1) or 1 for k in ("tp", "pp", "vpp", "cp", "ep"))
     dp = _stated(raw, "dp", gpus // (tp * pp * cp), flags, "gpus/(tp*pp*cp)")
-    if vpp > 1:
-        flags.append(f"unsupported: vpp={vpp} (simulated as 1F1B)")
     sp = bool(_int(raw, "sp", 0)) and tp > 1
     if cp > 1:
         flags.append(f"unsupported: cp={cp} (simulated as data parallel)")
@@ -194,6 +194,11 @@ def parse_run(raw: dict[str, str]) -> Run:
     batch = _stated(raw, "global_batch", micro * dp, flags)
     if micro < 1 or batch < 1 or batch % (dp * micro):
         raise RowError(f"global_batch {batch} does not split into dp={dp} x micro_batch={micro} pieces")
+    micro_batches = batch // (dp * micro)
+    if vpp > 1 and (pp == 1 or micro_batches % pp or pp * vpp > layers):
+        flags.append(f"unsupported: vpp={vpp} with pp={pp}, {micro_batches} micro-batches, {layers} layers "
+                     "(interleaving needs micro-batches a multiple of pp; simulated as 1F1B)")  # fmt: skip
+        vpp = 1
     precision = (raw.get("precision") or "").strip().lower() or "fp32"
     if precision not in ("fp32", "tf32", "fp16", "bf16"):
         raise RowError(f"precision must be fp32, tf32, fp16 or bf16, got {precision!r}")
@@ -203,7 +208,7 @@ def parse_run(raw: dict[str, str]) -> Run:
         raise RowError(f"measured must be > 0, got {measured}")
     return Run(raw.get("model", "").strip() or "?", layers, hidden, heads, ffn, vocab, seq, gated,
                raw["gpu"].strip(), gpus, tp, pp, dp, _int(raw, "zero", 0) or 0, recompute, micro, batch,
-               precision, measured, unit, flags, sp)  # fmt: skip
+               precision, measured, unit, flags, sp, vpp)  # fmt: skip
 
 
 def config_of(run: Run) -> dict[str, Any]:
