@@ -329,13 +329,14 @@ def _stage_ranks(s: Strategy, p: int) -> list[int]:
 def _groups(s: Strategy) -> dict[str, list[list[list[int]]]]:
     """Each stage's tensor- and data-parallel groups, and HSDP's shard and replicate groups
     (``groups[kind][stage]``); a stage's first group is its simulated rank's (``_rank(s, stage, 0, 0)``)."""
-    shard = s.shard or s.dp  # HSDP: shard groups of consecutive replicas, replicate groups across them
-    blocks = [range(b, b + shard) for b in range(0, s.dp, shard)]
-    return {
+    groups = {
         "tp": [[[_rank(s, p, d, t) for t in range(s.tp)] for d in range(s.dp)] for p in range(s.pp)],
         "dp": [[[_rank(s, p, d, t) for d in range(s.dp)] for t in range(s.tp)] for p in range(s.pp)],
-        "shard": [[[_rank(s, p, d, t) for d in block] for t in range(s.tp) for block in blocks]
-                  for p in range(s.pp)],
-        "replicate": [[[_rank(s, p, block[j], t) for block in blocks] for t in range(s.tp)
-                       for j in range(shard)] for p in range(s.pp)],
-    }  # fmt: skip
+    }
+    if s.shard and s.shard < s.dp:  # HSDP: groups of consecutive replicas, and their counterparts across
+        blocks = [range(b, b + s.shard) for b in range(0, s.dp, s.shard)]
+        groups["shard"] = [[[_rank(s, p, d, t) for d in block] for t in range(s.tp) for block in blocks]
+                           for p in range(s.pp)]  # fmt: skip
+        groups["replicate"] = [[[_rank(s, p, block[j], t) for block in blocks] for t in range(s.tp)
+                                for j in range(s.shard)] for p in range(s.pp)]  # fmt: skip
+    return groups

@@ -58,7 +58,7 @@ class Strategy:
         micro_batches: micro-batches per step for the pipeline (each ``batch / dp / micro_batches``).
         schedule: ``"1f1b"`` (PipeDream-flush, the Megatron default) or ``"gpipe"``.
         zero: ZeRO stage: 0 none, 1 optimizer states sharded over ``dp``, 2 also gradients, 3 also
-            parameters (FSDP).
+            parameters (FSDP, FSDP2, DeepSpeed ZeRO-3; :mod:`fxcost.sim.zero`).
         recompute: activation recomputation (checkpointing) of every layer.
         sp: Megatron sequence parallelism (Korthikanti et al. 2022, §4.2.2), needs ``tp > 1``: each
             tensor-parallel block's all-reduce becomes an all-gather before it and a reduce-scatter
