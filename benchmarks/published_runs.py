@@ -13,10 +13,12 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   row's ``params_b`` is closer to the count of a gated (SwiGLU, three ``hidden x ffn`` matrices, as in
   Llama) MLP, the MLP is a GELU one of width ``1.5 x ffn_hidden``: the same FLOPs and parameters.
 - **Plan.** ``tp``, ``pp``, ``dp`` (``gpus / (tp pp cp)`` if empty), ZeRO stage, full recomputation,
-  ``global_batch / (dp micro_batch)`` micro-batches under 1F1B, sequence parallelism where ``sp`` is
-  set (with ``tp > 1``; ignored at ``tp = 1``), in the row's precision. Not supported
-  by the simulator, reported as ``unsupported: ...`` and simulated without: ``vpp`` (plain 1F1B),
-  ``cp`` (folded into data parallelism), ``ep`` (a dense model),
+  ``global_batch / (dp micro_batch)`` micro-batches under 1F1B (interleaved with ``vpp`` chunks where
+  the micro-batches are a multiple of ``pp``, Megatron's rule; plain 1F1B, flagged, where not),
+  sequence parallelism where ``sp`` is set (with ``tp > 1``; ignored at ``tp = 1``), in the row's
+  precision. Not supported by the simulator, reported as ``unsupported: ...`` and simulated without:
+  ``cp`` where the sequence does not split into ``2 cp`` chunks (folded into data parallelism), ``ep``
+  (a dense model),
   selective recomputation (none). An unstated micro-batch is 1 and an unstated global batch one
   micro-batch per replica (``assumed: ...``).
 - **GPU and cluster** (:mod:`fxcost.sim.runs`). The ``gpu`` column names a database entry, or one
@@ -107,12 +109,14 @@ class Run:
     text: str = ""  # the row's source and notes, where a network may be stated
     overlap: bool = True  # gradients reduced during the backward (False: after it, as Megatron-LM does)
     attention: str = "eager"  # "sdpa" where the report runs a fused attention kernel
+    vpp: int = 1
+    cp: int = 1
 
     @property
     def strategy(self) -> Strategy:
         micro_batches = self.global_batch // (self.dp * self.micro_batch)
         return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=micro_batches, zero=self.zero,
-                        recompute=self.recompute == "full", sp=self.sp,
+                        recompute=self.recompute == "full", sp=self.sp, vpp=self.vpp, cp=self.cp,
                         overlap_grad_reduce=self.overlap)  # fmt: skip
 
 
@@ -174,16 +178,16 @@ def parse_run(raw: dict[str, str]) -> Run:
         raise RowError(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}")
     tp, pp, vpp, cp, ep = (_int(raw, k, 1) or 1 for k in ("tp", "pp", "vpp", "cp", "ep"))
     dp = _stated(raw, "dp", gpus // (tp * pp * cp), flags, "gpus/(tp*pp*cp)")
-    if vpp > 1:
-        flags.append(f"unsupported: vpp={vpp} (simulated as 1F1B)")
     sp = bool(_int(raw, "sp", 0)) and tp > 1
-    if cp > 1:
-        flags.append(f"unsupported: cp={cp} (simulated as data parallel)")
-        dp *= cp
+    if cp > 1 and seq % (2 * cp):
+        flags.append(f"unsupported: cp={cp} with seq {seq} not in 2*cp chunks (simulated as data parallel)")
+        dp, cp = dp * cp, 1
     if ep > 1:
         flags.append(f"unsupported: ep={ep} (a dense model)")
-    if tp * pp * dp != gpus:
-        raise RowError(f"tp={tp} x pp={pp} x dp={dp} x cp={cp} makes {tp * pp * dp} GPUs, the row has {gpus}")
+    if tp * pp * dp * cp != gpus:
+        raise RowError(
+            f"tp={tp} x pp={pp} x dp={dp} x cp={cp} makes {tp * pp * dp * cp} GPUs, the row has {gpus}"
+        )
     recompute = (raw.get("recompute") or "").strip().lower() or "none"
     if recompute not in ("none", "selective", "full"):
         raise RowError(f"recompute must be none, selective or full, got {recompute!r}")
@@ -193,6 +197,11 @@ def parse_run(raw: dict[str, str]) -> Run:
     batch = _stated(raw, "global_batch", micro * dp, flags)
     if micro < 1 or batch < 1 or batch % (dp * micro):
         raise RowError(f"global_batch {batch} does not split into dp={dp} x micro_batch={micro} pieces")
+    micro_batches = batch // (dp * micro)
+    if vpp > 1 and (pp == 1 or micro_batches % pp or pp * vpp > layers):
+        flags.append(f"unsupported: vpp={vpp} with pp={pp}, {micro_batches} micro-batches, {layers} layers "
+                     "(interleaving needs micro-batches a multiple of pp; simulated as 1F1B)")  # fmt: skip
+        vpp = 1
     precision = (raw.get("precision") or "").strip().lower() or "fp32"
     if precision not in ("fp32", "tf32", "fp16", "bf16"):
         raise RowError(f"precision must be fp32, tf32, fp16 or bf16, got {precision!r}")
@@ -207,7 +216,7 @@ def parse_run(raw: dict[str, str]) -> Run:
     overlap = not ("megatron" in text.lower() and zero == 0)
     return Run(raw.get("model", "").strip() or "?", layers, hidden, heads, ffn, vocab, seq, gated,
                raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch,
-               precision, measured, unit, flags, sp, text, overlap, attention_of(text)[0])  # fmt: skip
+               precision, measured, unit, flags, sp, text, overlap, attention_of(text)[0], vpp, cp)  # fmt: skip
 
 
 def config_of(run: Run) -> dict[str, Any]:

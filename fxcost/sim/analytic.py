@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from fxcost.sim.cluster import Cluster, link_sharing
-from fxcost.sim.memory import GIB, in_flight, model_state_bytes
+from fxcost.sim.memory import GIB, model_state_bytes
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
+from fxcost.sim.schedule import in_flight_chunks
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["Estimate", "Pieces", "estimate"]
@@ -195,14 +196,17 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         else:
             exposed.append(total)
         params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)
-        states = sum(model_state_bytes(params, s.dp, s.zero, half=itemsize == 2))
+        states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
+        if (
+            s.zero == 3 and s.dp > 1
+        ):  # two layers gathered whole (one computing, one prefetched), one's gradients
+            states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
         saved = sum(pieces.forward[x].saved_bytes for x in outer)
         saved += (
             plan.boundary_bytes * len(mine) if recompute else sum(pieces.forward[x].saved_bytes for x in mine)
         )
         again = max((pieces.forward[x].saved_bytes for x in mine), default=0.0) if recompute else 0.0
-        held_batches = in_flight(s.schedule, index, s.pp, s.micro_batches)
-        peak = max(peak, states + held_batches * saved + again)
+        peak = max(peak, states + in_flight_chunks(s, index) * saved / s.vpp + again)
     pipe = sum(times) + 2 * (s.pp - 1) * send + (s.micro_batches - 1) * max(times)
     # Stage i ends its last backward before the stages ahead of it end theirs.
     tail = max(exposed[i] - sum(backwards[:i]) for i in range(s.pp))

@@ -14,6 +14,6 @@ class Comm:
     kind: str
     nbytes: float
     group: str
-    stream: str  # "feature" (blocks compute) or "gradient" (asynchronous)
+    stream: str  # "feature" (blocks compute), "gradient" (asynchronous) or "param" (prefetched gathers)
     steps: int = 1  # issued this many times in a row (a ring's send/recv steps)
     hidden_ms: float = 0.0  # compute each step overlaps: only the transfer beyond it is exposed

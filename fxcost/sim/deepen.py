@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from fxcost._checks import positive_int
 from fxcost.sim.plan import Plan, Segment, StagePlan, add_layer_collectives, layer_of
+from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["deepen"]
@@ -29,8 +30,8 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
 
     Raises:
         ValueError: ``plan`` has more than one stage or no layers, it was compiled for other data,
-            tensor or sequence parallelism or micro-batches than ``strategy``, or ``strategy.pp`` exceeds
-            ``layers``.
+            tensor or sequence parallelism or micro-batches than ``strategy``, or ``strategy``'s
+            ``pp x vpp`` virtual stages exceed ``layers``.
     """
     s = strategy
     positive_int("layers", layers)
@@ -39,8 +40,7 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
     p = plan.strategy
     if (p.dp, p.tp, p.sp, p.micro_batches, p.ep, p.cp) != (s.dp, s.tp, s.sp, s.micro_batches, s.ep, s.cp):
         raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp, sp, mb, ep and cp of {s}")
-    if s.pp > layers:
-        raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
+    placed = virtual_stages(layers, s.pp, s.vpp)  # (stage, chunk) of each layer; raises if too few
     stage = plan.stages[0]
     traced = stage.layers
     prefix = traced[-1].rpartition(".")[0]
@@ -59,7 +59,7 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
 
     embed_fw, layer_fw, head_fw = parts(stage.forward)
     head_bw, layer_bw, embed_bw = parts(stage.backward)
-    stage_of_layer = {layer: i * s.pp // layers for i, layer in enumerate(names)}
+    stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(names)}
     stages = []
     for index in range(s.pp):
         mine = [layer for layer in names if stage_of_layer[layer] == index]
@@ -75,6 +75,7 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
         layer = source[name]
         deep.update({name + module[len(layer) :]: count for module, count in params.items()
                      if layer_of(module, set(traced)) == layer})  # fmt: skip
+    assign_chunks(stages, {layer: placed[i][1] for i, layer in enumerate(names)}, s.vpp)
     add_layer_collectives(stages, deep, set(names), s, plan.itemsize)
     for st in stages:
         recomputed = {layer for layer in st.layers if s.recompute_of(layer)}

@@ -1,12 +1,13 @@
-"""The event simulator (Proteus §VI-B): per rank a compute stream and two communication streams.
+"""The event simulator (Proteus §VI-B): per rank a compute stream and three communication streams.
 
 Tasks run in their stream's order, each once the tasks it depends on have finished: compute,
 *feature* communication (activations: tensor-parallel all-reduces, pipeline sends; the compute
-stream waits for them) and *gradient* communication (data-parallel reductions, asynchronous). The
-simulator takes tasks in order of their earliest start, so when a compute task starts every
-gradient transfer already running is known; a compute task that overlaps one is slowed by the
-overlap factor ``gamma`` for the overlapping part (Proteus §VI-C: kernels and NCCL share SMs and
-memory bandwidth).
+stream waits for them), *gradient* communication (data-parallel reductions, asynchronous) and
+*param* communication (ZeRO-3/FSDP parameter all-gathers, issued ahead of the compute that needs
+them, on their own stream as FSDP does). The simulator takes tasks in order of their earliest start,
+so when a compute task starts every gradient or param transfer already running is known; a compute
+task that overlaps one is slowed by the overlap factor ``gamma`` for the overlapping part (Proteus
+§VI-C: kernels and NCCL share SMs and memory bandwidth).
 
 Ranks that do the same work (the data-parallel and tensor-parallel peers of a pipeline stage) are
 simulated once: one track per stage.
@@ -21,7 +22,7 @@ from typing import Any
 
 __all__ = ["STREAMS", "Task", "simulate_tasks", "to_chrome_trace"]
 
-STREAMS = ("compute", "feature", "gradient")
+STREAMS = ("compute", "feature", "gradient", "param")
 
 
 @dataclass
@@ -82,7 +83,7 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
         if task.stream == "compute" and gamma > 0:
             duration += gamma * _overlap(gradient_spans.get(task.stage, []), start, start + duration)
         task.start_ms, task.end_ms = start, start + duration
-        if task.stream == "gradient":
+        if task.stream in ("gradient", "param"):
             gradient_spans.setdefault(task.stage, []).append((task.start_ms, task.end_ms))
         free[key] = task.end_ms
         heads[key] += 1

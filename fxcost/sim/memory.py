@@ -5,13 +5,20 @@ fp32 training with Adam holds ``4Ψ`` bytes of parameters, ``4Ψ`` of gradients 
 optimizer state (first and second moments). Mixed precision (fp16/bf16) holds ``2Ψ + 2Ψ`` of
 half-precision parameters and gradients and ``12Ψ`` of fp32 master weights and moments. ZeRO stage 1
 shards the optimizer state over the ``dp`` ranks, stage 2 the gradients too, stage 3 the parameters
-too; with context parallelism over the ``dp * cp`` ranks that reduce the gradients, expert parameters
-(:mod:`fxcost.sim.moe`) over the ``dp * cp / ep`` holding the same experts. Activations: the bytes each
-micro-batch saves for its backward times the micro-batches in flight (all of them for GPipe,
-``pp - stage`` for 1F1B); recomputed layers keep only their inputs,
-plus, once, the largest recomputed layer's activations while it is recomputed. With sequence
-parallelism the plan keeps the activations between the tensor-parallel blocks, and a recomputed
-layer's input, split over the ``tp`` ranks (:mod:`fxcost.sim.plan`).
+too (HSDP: over the ``shard`` ranks of its group); with context parallelism over the ``dp * cp`` ranks
+that reduce the gradients, expert parameters (:mod:`fxcost.sim.moe`) over the ``dp * cp / ep`` holding
+the same experts. A ZeRO-3 rank also holds the whole parameters of the layer it computes and of the
+one it prefetches, and the whole gradients of one layer until they are reduce-scattered (FSDP's
+unsharded parameters and gradients). FSDP2 keeps fp32 sharded parameters and gradients
+(``4 + 4 + 8`` bytes over the shard ranks) where the ZeRO paper's mixed precision counts
+``2 + 2 + 12``: the same total. Activations: the bytes each micro-batch saves for its backward times
+the micro-batches in flight (all of them for GPipe, ``pp - stage`` for 1F1B,
+``2 (pp - stage - 1) + (vpp - 1) pp + 1`` model chunks of ``1/vpp`` of the stage's for interleaved
+1F1B, on the first stage Korthikanti et al. 2022's ``pp (1 + (pp - 1) / (pp vpp))``
+stage-micro-batches); recomputed layers keep only their inputs, plus, once, the largest recomputed
+layer's activations while it is recomputed. With sequence parallelism the plan keeps the
+activations between the tensor-parallel blocks, and a recomputed layer's input, split over the
+``tp`` ranks (:mod:`fxcost.sim.plan`).
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fxcost.sim.schedule import in_flight_chunks
+
 if TYPE_CHECKING:
     from fxcost.sim.plan import Plan, StagePlan
 
-__all__ = ["Memory", "in_flight", "model_state_bytes", "rank_memory"]
+__all__ = ["Memory", "model_state_bytes", "rank_memory"]
 
 GIB = 1024**3
 
@@ -64,22 +73,21 @@ def model_state_bytes(params: int, dp: int, zero: int, half: bool = False) -> tu
     )
 
 
-def in_flight(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
-    """Micro-batches whose activations a stage holds at its peak."""
-    if schedule == "gpipe":
-        return micro_batches
-    return min(stages - stage, micro_batches)
-
-
 def rank_memory(plan: Plan, stage: StagePlan, capacity_gb: float) -> Memory:
     """The peak memory of one rank of ``stage`` of ``plan`` on a GPU of ``capacity_gb``: the micro-batches
-    in flight each hold the stage's saved activations, and a recomputed layer's activations are held
-    once more while it runs again."""
+    in flight each hold the stage's saved activations (a model chunk's share of them with interleaved
+    1F1B), a recomputed layer's activations are held once more while it runs again, and under ZeRO 3
+    two layers' parameters are held whole (the one computing and the one prefetched) and one layer's
+    gradients before they are reduce-scattered."""
     s = plan.strategy
     half = plan.itemsize == 2  # expert parameters' states are sharded over the ranks holding the same experts
-    dense = model_state_bytes(stage.params - stage.expert_params, s.data_ranks, s.zero, half)
+    dense = model_state_bytes(stage.params - stage.expert_params, s.shard or s.data_ranks, s.zero, half)
     experts = model_state_bytes(stage.expert_params, s.data_ranks // s.ep, s.zero, half)
     p, g, o = (a + b for a, b in zip(dense, experts, strict=True))
-    held = in_flight(s.schedule, stage.index, s.pp, s.micro_batches)
-    activations = held * stage.activation_bytes + stage.recompute_bytes
+    activations = in_flight_chunks(s, stage.index) * stage.activation_bytes / s.vpp + stage.recompute_bytes
+    segments = stage.forward + stage.backward
+    gathered = max((c.nbytes for seg in segments for c in seg.before if c.kind == "all_gather"), default=0)
+    reduced = max((c.nbytes for seg in segments for c in seg.after if c.kind == "reduce_scatter"), default=0)
+    if s.zero == 3:
+        p, g = p + 2 * gathered, g + reduced
     return Memory(p, g, o, activations, capacity_gb * GIB)

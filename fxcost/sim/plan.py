@@ -6,17 +6,17 @@ each pipeline stage, the compute segments of one micro-batch's forward and backw
 collectives the strategy implies, priced on the cluster's GPU:
 
 - **Layers and stages.** The repeated layers of the model (modules named ``<prefix>.<int>``) are split
-  into ``pp`` contiguous stages; what comes before the first layer in the forward (embeddings) runs on
-  the first stage, what comes after (final norm, head, loss) on the last. Backward nodes follow the
-  module they differentiate.
+  into ``pp`` contiguous stages (``pp x vpp`` virtual stages, :mod:`fxcost.sim.schedule`); what comes
+  before the first layer in the forward (embeddings) runs on the first stage, what comes after (final
+  norm, head, loss) on the last. Backward nodes follow the module they differentiate.
 - **Tensor parallelism** (Megatron-LM): inside a layer, nodes of its attention and MLP children are
   split over ``tp`` ranks (:mod:`fxcost.sim.shard`) and priced at their sharded shapes. Each exit
   from a sharded region is an all-reduce of the activations (forward) or their gradients
   (backward), two per layer each way. With sequence parallelism each becomes a reduce-scatter, and an
   all-gather enters the region; the layer's nodes outside the regions run on ``1/tp`` of the tokens.
 - **Data parallelism and ZeRO.** Each layer's gradients are all-reduced over ``dp`` once its last
-  micro-batch's backward is done (reduce-scattered from ZeRO 2); with ZeRO 3 (FSDP) each layer's
-  parameters are all-gathered before its forward and its backward.
+  micro-batch's backward is done (reduce-scattered after every micro-batch from ZeRO 2); with ZeRO 3
+  (FSDP) each layer's parameters are all-gathered, one layer ahead, before its forward and backward.
 - **Pipeline**: activations are sent to the next stage after each micro-batch's forward, their
   gradients back after its backward.
 - **Recomputation**: a recomputed layer runs its forward again before its backward; until then it
@@ -48,8 +48,10 @@ from fxcost.sim.comm import Comm
 from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
 from fxcost.sim.layers import in_tp_region, layer_of, layers_of, region_of
 from fxcost.sim.moe import expert_plan, is_expert
+from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_sequence, shard_vocabulary
 from fxcost.sim.strategy import Strategy
+from fxcost.sim.zero import zero_collectives
 
 __all__ = [
     "Comm",
@@ -77,6 +79,7 @@ class Segment:
     inside: list[Comm] = field(default_factory=list)
     after: list[Comm] = field(default_factory=list)
     saved_bytes: float = 0.0  # a forward segment: the bytes its nodes write (kept for the backward)
+    chunk: int = 0  # the model chunk of its stage it runs in (interleaved 1F1B, :mod:`fxcost.sim.schedule`)
 
 
 @dataclass
@@ -134,9 +137,8 @@ def compile_plan(
     report = captured.report
     nodes = [n for n in report.nodes if n.phase in ("fw", "bw")]
     layers = layers_of([n.module for n in nodes])
-    if s.pp > max(len(layers), 1):
-        raise ValueError(f"pp={s.pp} stages but the model has {len(layers)} layers to split")
-    stage_of_layer = {layer: i * s.pp // len(layers) for i, layer in enumerate(layers)}
+    placed = virtual_stages(len(layers), s.pp, s.vpp)  # (stage, chunk) of each layer
+    stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(layers)}
 
     batch_nodes = captured.node_batch(micro, precision)
     seqlen = seqlen_of(batch_nodes.nodes) if s.cp > 1 else None
@@ -246,6 +248,7 @@ def compile_plan(
             current.inside.append(leave(region))
         if current is not None and experts is not None:
             current.inside += experts.crossing("")
+    assign_chunks(stages, {layer: placed[i][1] for i, layer in enumerate(layers)}, s.vpp)
     add_layer_collectives(stages, params, known, s, itemsize)
     if seqlen:
         attention, attention_ms = attention_nodes(batch_nodes.nodes, seqlen), dict[tuple[str, str], float]()
@@ -267,13 +270,14 @@ def compile_plan(
 def add_layer_collectives(
     stages: list[StagePlan], params: Mapping[str, int], layers: Collection[str], s: Strategy, itemsize: int
 ) -> None:
-    """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer: its
-    parameters gathered before its first forward and first backward segment (ZeRO 3), its gradients
-    reduced after its last backward segment. The part outside the layers (embeddings, head) is held by
-    the first and the last stage, which both reduce it, split over ``tp`` (Megatron's vocabulary-parallel
-    embedding and head; the positions and the final norm, ``seq x h`` beside ``vocab x h``, counted
-    as split too). Expert parameters (:mod:`fxcost.sim.moe`) are split over ``ep`` ranks and reduced
-    over the ``dp * cp / ep`` holding the same experts ("edp"); the rest over ``dp * cp`` ("dp")."""
+    """Parameters per stage and rank, and the data-parallel and ZeRO collectives of each layer
+    (:mod:`fxcost.sim.zero`): its parameters gathered before its first forward and first backward
+    segment (ZeRO 3), its gradients reduced after its last backward segment. The part outside the
+    layers (embeddings, head) is held by the first and the last stage, which both reduce it, split over
+    ``tp`` (Megatron's vocabulary-parallel embedding and head; the positions and the final norm,
+    ``seq x h`` beside ``vocab x h``, counted as split too). Expert parameters (:mod:`fxcost.sim.moe`)
+    are split over ``ep`` ranks and reduced over the ``dp * cp / ep`` holding the same experts
+    ("edp"); the rest over ``dp * cp`` ("dp")."""
     per_layer: Counter[str] = Counter()
     per_expert: Counter[str] = Counter()
     for module, count in params.items():
@@ -282,25 +286,26 @@ def add_layer_collectives(
     def held(layer: str) -> int:  # outside the layers: Megatron's vocabulary-parallel embedding and head
         return per_layer[layer] // s.tp_of(layer)
 
+    def expert(layer: str) -> int:
+        return per_expert[layer] // s.ep
+
+    # (kind, group, share of the layer's bytes)
+    gathers, reductions = zero_collectives(s, s.data_ranks, "dp", s.shard or s.data_ranks)
+    edp = s.data_ranks // s.ep
+    expert_gathers, expert_reductions = zero_collectives(s, edp, "edp", edp) if s.ep > 1 else ([], [])
     for plan in stages:
         held_layers = {seg.layer for seg in plan.forward + plan.backward}
         plan.expert_params = sum(per_expert[layer] // s.ep for layer in held_layers)
         plan.params = sum(held(layer) for layer in held_layers) + plan.expert_params
-        for group, size, part in (("dp", s.data_ranks, held), ("edp", s.data_ranks // s.ep,
-                                                               lambda x: per_expert[x] // s.ep)):  # fmt: skip
-            if size == 1:
-                continue
-            for segments in (plan.forward, plan.backward):
-                if s.zero == 3:
-                    for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer
-                        if group == "dp" or part(seg.layer):
-                            seg.before.append(
-                                Comm("all_gather", part(seg.layer) * itemsize, group, "feature")
-                            )
-            kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
-            for seg in {seg.layer: seg for seg in plan.backward}.values():  # the last of each layer
-                if group == "dp" or part(seg.layer):
-                    seg.after.append(Comm(kind, part(seg.layer) * itemsize, group, "gradient"))
+        for segments in (plan.forward, plan.backward):
+            for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer
+                seg.before += [Comm(k, held(seg.layer) * itemsize * f, g, "param") for k, g, f in gathers]
+                seg.before += [Comm(k, expert(seg.layer) * itemsize * f, g, "param")
+                               for k, g, f in expert_gathers if expert(seg.layer)]  # fmt: skip
+        for seg in {seg.layer: seg for seg in plan.backward}.values():  # the last of each layer
+            seg.after += [Comm(k, held(seg.layer) * itemsize * f, g, "gradient") for k, g, f in reductions]
+            seg.after += [Comm(k, expert(seg.layer) * itemsize * f, g, "gradient")
+                          for k, g, f in expert_reductions if expert(seg.layer)]  # fmt: skip
 
 
 def _shards(

@@ -38,6 +38,7 @@ from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, rank_memory
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
+from fxcost.sim.schedule import chunk_segments, neighbour, run_order, upstream
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["GAMMA", "SimResult", "simulate"]
@@ -159,7 +160,7 @@ def simulate(
     if layers is None:
         plan = compile_plan(captured, params, strategy, cluster.device, batch, parsed)
     else:
-        one_stage = dataclasses.replace(strategy, pp=1)
+        one_stage = dataclasses.replace(strategy, pp=1, vpp=1)
         plan = compile_plan(captured, params, one_stage, cluster.device, batch, parsed)
         plan = deepen(plan, params, strategy, positive_int("layers", layers))
     tasks, collectives = _tasks(plan, cluster)
@@ -264,9 +265,10 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
         args = {"kind": c.kind, "group": c.group, "bytes": c.nbytes}
         return add(Task(name or f"{c.kind} {c.group}", stage, c.stream, priced[key], deps, args))
 
-    first: dict[tuple[str, int, int], int] = {}  # (F/B, stage, micro-batch) -> its first task
-    done: dict[tuple[str, int, int], int] = {}  # ... and its last
+    first: dict[tuple[str, int, int, int], int] = {}  # (F/B, stage, chunk, micro-batch) -> its first task
+    done: dict[tuple[str, int, int, int], int] = {}  # ... and its last
     gradients: list[tuple[int, Comm, int]] = []  # (stage, reduction, the backward task it follows)
+    last_backward: dict[int, int] = {}
     for st in plan.stages:
         recomputed = {seg.layer: 0.0 for seg in st.forward if seg.layer and s.recompute_of(seg.layer)}
         rerun: dict[str, list[Comm]] = {layer: [] for layer in recomputed}  # the forward's TP collectives
@@ -274,16 +276,19 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
             if seg.layer in recomputed:
                 recomputed[seg.layer] += host_bound(seg)
                 rerun[seg.layer] += seg.inside
-        for direction, m in _schedule(s.schedule, st.index, s.pp, s.micro_batches):
+        chunks = chunk_segments(st, s.vpp)
+        ahead: list[int] = []  # what the latest compute task waited for: a prefetch may start then
+        for direction, chunk, m in run_order(s, st.index):
             prev: int | None = None
-            first[(direction, st.index, m)] = len(tasks)
+            key = (direction, st.index, chunk, m)
+            first[key] = len(tasks)
             again = set(recomputed) if direction == "B" else set()  # layers still to recompute
-            for seg in st.forward if direction == "F" else st.backward:
+            for seg in chunks[chunk][0 if direction == "F" else 1]:
                 deps = [] if prev is None else [prev]
-                if prev is None and direction == "B" and ("F", st.index, m) in done:
-                    deps.append(done[("F", st.index, m)])
-                for c in seg.before:
-                    deps = [communicate(c, st.index, deps)]
+                if prev is None and direction == "B" and ("F", *key[1:]) in done:
+                    deps.append(done[("F", *key[1:])])
+                for c in seg.before:  # a prefetched gather starts as the compute before it does
+                    deps = [communicate(c, st.index, ahead if c.stream == "param" else deps), *deps]
                 duration = host_bound(seg)
                 # A recomputed layer runs its forward again first, with its tensor-parallel collectives.
                 inside = list(seg.inside)
@@ -291,43 +296,32 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
                     again.discard(seg.layer)
                     duration += recomputed[seg.layer]
                     inside = rerun[seg.layer] + inside
+                ahead = list(deps)
                 prev = add(Task(f"{direction}{m} {seg.layer or 'outer'}", st.index, "compute", duration, deps,
-                                {"micro_batch": m, "ops": seg.ops}))  # fmt: skip
+                                {"micro_batch": m, "ops": seg.ops, "chunk": chunk}))  # fmt: skip
                 for c in inside:
                     prev = communicate(c, st.index, [prev])
-                if direction == "B" and m == s.micro_batches - 1:
-                    gradients += [(st.index, c, prev) for c in seg.after]
+                if direction == "B" and (m == s.micro_batches - 1 or s.zero >= 2):  # sharded gradients:
+                    gradients += [(st.index, c, prev) for c in seg.after]  # reduced every micro-batch
             if prev is None:
-                del first[(direction, st.index, m)]
+                del first[key]
                 continue
-            peer = st.index + 1 if direction == "F" else st.index - 1
-            if 0 <= peer < s.pp:
+            peer = neighbour(direction, st.index, chunk, s.pp, s.vpp)
+            if peer is not None:
                 send = Comm("send_recv", plan.boundary_bytes, "pp", "feature")
                 name = "send activations" if direction == "F" else "send gradients"
-                prev = communicate(send, st.index, [prev], name, peer)
-            done[(direction, st.index, m)] = prev
-    # A micro-batch's forward on a stage waits for the previous stage's, its backward for the next's.
-    for (direction, stage, m), task in first.items():
-        upstream = (direction, stage - 1 if direction == "F" else stage + 1, m)
-        if upstream in done:
-            tasks[task].deps.append(done[upstream])
+                prev = communicate(send, st.index, [prev], name, peer[0])
+            done[key] = prev
+            if direction == "B":
+                last_backward[st.index] = prev
+    # A micro-batch's forward on a (virtual) stage waits for the previous one's, its backward for the next's.
+    for (direction, stage, chunk, m), task in first.items():
+        up = upstream(direction, stage, chunk, s.pp, s.vpp)
+        if up is not None and (direction, *up, m) in done:
+            tasks[task].deps.append(done[(direction, *up, m)])
     for stage, c, after in gradients:
-        end_of_backward = done.get(("B", stage, s.micro_batches - 1), after)
-        communicate(c, stage, [after] if s.overlap_grad_reduce else [end_of_backward])
+        communicate(c, stage, [after] if s.overlap_grad_reduce else [last_backward.get(stage, after)])
     return tasks, collectives
-
-
-def _schedule(schedule: str, stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
-    """The order a stage runs its micro-batches' forwards (F) and backwards (B)."""
-    m = micro_batches
-    if schedule == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    warmup = min(stages - stage - 1, m)
-    order = [("F", i) for i in range(warmup)]
-    for i in range(m - warmup):
-        order += [("F", warmup + i), ("B", i)]
-    order += [("B", i) for i in range(m - warmup, m)]
-    return order
 
 
 def _rank(s: Strategy, p: int, d: int, t: int, c: int = 0) -> int:
@@ -344,11 +338,11 @@ def _stage_ranks(s: Strategy, p: int) -> list[int]:
 
 def _groups(s: Strategy) -> dict[str, list[list[list[int]]]]:
     """Each stage's groups by kind (``groups[kind][stage]``): tensor-parallel, data-parallel (the ``dp * cp``
-    ranks reducing a gradient), context-parallel rings, expert-parallel (``ep`` consecutive replicas) and
-    expert-data-parallel (the replicas holding the same experts); a stage's first group of each kind is
-    its simulated rank's (rank ``_rank(s, stage, 0, 0)``)."""
+    ranks reducing a gradient), context-parallel rings, expert-parallel (``ep`` consecutive replicas),
+    expert-data-parallel (the replicas holding the same experts), and HSDP's shard and replicate groups;
+    a stage's first group of each kind is its simulated rank's (rank ``_rank(s, stage, 0, 0)``)."""
     dp, cp, tp, ep = range(s.dp), range(s.cp), range(s.tp), s.ep
-    return {
+    groups = {
         "tp": [[[_rank(s, p, d, t, c) for t in tp] for d in dp for c in cp] for p in range(s.pp)],
         "dp": [[[_rank(s, p, d, t, c) for d in dp for c in cp] for t in tp] for p in range(s.pp)],
         "cp": [[[_rank(s, p, d, t, c) for c in cp] for d in dp for t in tp] for p in range(s.pp)],
@@ -366,3 +360,10 @@ def _groups(s: Strategy) -> dict[str, list[list[list[int]]]]:
             for p in range(s.pp)
         ],
     }
+    if s.shard and s.shard < s.dp:  # HSDP: groups of consecutive replicas, and their counterparts across
+        blocks = [range(b, b + s.shard) for b in range(0, s.dp, s.shard)]
+        groups["shard"] = [[[_rank(s, p, d, t) for d in block] for t in range(s.tp) for block in blocks]
+                           for p in range(s.pp)]  # fmt: skip
+        groups["replicate"] = [[[_rank(s, p, block[j], t) for block in blocks] for t in range(s.tp)
+                                for j in range(s.shard)] for p in range(s.pp)]  # fmt: skip
+    return groups

@@ -5,8 +5,9 @@ parallel linears in attention and MLP blocks) and pipeline (``pp``) parallelism,
 and their schedule (GPipe or 1F1B), the ZeRO stage (1-3; 3 is FSDP), activation recomputation and
 Megatron sequence parallelism (``sp``, with ``tp``: the norms, dropouts and residual adds between
 the tensor-parallel blocks split along the sequence), expert parallelism (``ep``: a mixture-of-experts
-layer's experts split over ``ep`` of the data-parallel ranks, :mod:`fxcost.sim.moe`) and context
-parallelism (``cp``: the sequence split over ``cp`` ranks, ring attention, :mod:`fxcost.sim.context`).
+layer's experts split over ``ep`` of the data-parallel ranks, :mod:`fxcost.sim.moe`), context
+parallelism (``cp``: the sequence split over ``cp`` ranks, ring attention, :mod:`fxcost.sim.context`),
+interleaved pipeline stages (``vpp``) and HSDP (``shard``).
 Like Proteus's strategy tree, a strategy can give modules their own settings that apply to their
 children unless overridden deeper (``modules``): recomputation, and ``tp: 1`` for a module that runs
 whole on every tensor-parallel rank instead of split (the data and pipeline degrees, which decide
@@ -26,6 +27,8 @@ It is written as ``"dp=2,tp=4,pp=2,mb=8,zero=1"`` on the command line, or as YAM
     sp: false
     ep: 1
     cp: 1
+    vpp: 1
+    shard: 0
     modules:
       transformer.h.0: {recompute: true}
       transformer.h.1: {tp: 1}
@@ -60,7 +63,7 @@ class Strategy:
         micro_batches: micro-batches per step for the pipeline (each ``batch / dp / micro_batches``).
         schedule: ``"1f1b"`` (PipeDream-flush, the Megatron default) or ``"gpipe"``.
         zero: ZeRO stage: 0 none, 1 optimizer states sharded over ``dp``, 2 also gradients, 3 also
-            parameters (FSDP).
+            parameters (FSDP, FSDP2, DeepSpeed ZeRO-3; :mod:`fxcost.sim.zero`).
         recompute: activation recomputation (checkpointing) of every layer.
         sp: Megatron sequence parallelism (Korthikanti et al. 2022, §4.2.2), needs ``tp > 1``: each
             tensor-parallel block's all-reduce becomes an all-gather before it and a reduce-scatter
@@ -78,6 +81,12 @@ class Strategy:
             whose experts get the most bounds the step.
         cp: context-parallel ranks (Megatron-Core CP, ring attention): every layer runs on ``1/cp`` of
             the sequence, the keys and values passed around the ring; gradients reduced over ``dp * cp``.
+        vpp: model chunks per pipeline stage, Megatron's interleaved 1F1B (Narayanan et al. SC21
+            §2.2.2): chunk ``c`` of stage ``p`` holds the layers of virtual stage ``c * pp + p``. Needs
+            ``pp > 1`` and ``micro_batches`` a multiple of ``pp``, as Megatron-LM does; 1 is plain 1F1B.
+        shard: with ZeRO 3, the data-parallel ranks a parameter is sharded over: HSDP (FSDP2 on a 2-D
+            mesh, FSDP1's ``HYBRID_SHARD``) shards within groups of ``shard`` consecutive replicas and
+            replicates across the ``dp / shard`` groups; 0 shards over all ``dp`` (FSDP, ZeRO-3).
     """
 
     dp: int = 1
@@ -93,9 +102,11 @@ class Strategy:
     ep: int = 1
     expert_load: tuple[float, ...] | None = None
     cp: int = 1
+    vpp: int = 1
+    shard: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batches", "ep", "cp"):
+        for name in ("dp", "tp", "pp", "micro_batches", "ep", "cp", "vpp"):
             positive_int(f"strategy {name}", getattr(self, name))
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown pipeline schedule {self.schedule!r}; accepted: {', '.join(SCHEDULES)}")
@@ -114,6 +125,19 @@ class Strategy:
             load = self.expert_load
             if not load or any(not x >= 0 for x in load) or abs(sum(load) - 1) > 1e-6:
                 raise ValueError(f"expert_load: fractions >= 0 summing to 1, one per expert; got {load}")
+        if self.vpp > 1 and (self.pp == 1 or self.micro_batches % self.pp or self.schedule != "1f1b"):
+            raise ValueError(
+                f"interleaved 1F1B (vpp={self.vpp}) needs the 1f1b schedule, pp > 1 and micro-batches a "
+                f"multiple of pp; got schedule={self.schedule}, pp={self.pp}, mb={self.micro_batches}"
+            )
+        if self.shard and self.cp > 1:
+            raise ValueError(
+                f"shard={self.shard} (HSDP) with cp={self.cp} is not supported; accepted: one or the other"
+            )
+        if self.shard and (self.zero != 3 or self.shard < 1 or self.dp % self.shard):
+            raise ValueError(
+                f"shard={self.shard} (HSDP) needs zero=3 and a divisor of dp={self.dp}; got zero={self.zero}"
+            )
         for path, settings in self.modules.items():
             unknown = set(settings) - set(_MODULE_SETTINGS)
             if unknown:
@@ -223,6 +247,10 @@ class Strategy:
             parts.append("expert_load=" + "/".join(f"{x:g}" for x in self.expert_load))
         if self.cp > 1:
             parts.append(f"cp={self.cp}")
+        if self.vpp > 1:
+            parts.append(f"vpp={self.vpp}")
+        if self.shard:
+            parts.append(f"shard={self.shard}")
         return ",".join(parts)
 
 
@@ -239,7 +267,9 @@ def _coerce(name: str, value: Any) -> Any:
             return tuple(float(x) for x in items)
         except (TypeError, ValueError) as e:
             raise ValueError(f"expert_load takes fractions, e.g. 0.4/0.2/0.2/0.2; got {value!r}") from e
-    if name in ("dp", "tp", "pp", "micro_batches", "zero", "ep", "cp") and isinstance(value, str):
+    if name in ("dp", "tp", "pp", "micro_batches", "zero", "ep", "cp", "vpp", "shard") and isinstance(
+        value, str
+    ):
         try:
             return int(value)
         except ValueError as e:

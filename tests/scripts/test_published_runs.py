@@ -64,9 +64,13 @@ def test_unsupported_settings_and_assumptions_are_flagged(load_script: Any) -> N
         _row(vpp=2, sp=1, cp=2, gpus=8, global_batch=4, micro_batch="", recompute="selective")
     )
     flags = "; ".join(run.flags)
-    for part in ("unsupported: vpp=2", "unsupported: cp=2", "unsupported: selective", "assumed: micro_batch"):
+    for part in ("unsupported: cp=2", "unsupported: selective", "assumed: micro_batch"):
         assert part in flags
     assert (run.dp, run.recompute, run.strategy.recompute) == (2, "selective", False)
+    # Interleaving is simulated where the 2 micro-batches split over pp=2, flagged and left out where not.
+    assert "vpp" not in flags and run.strategy.vpp == 2
+    one = script.parse_run(_row(vpp=2, global_batch=2, micro_batch=2))
+    assert "unsupported: vpp=2 with pp=2, 1 micro-batches" in "; ".join(one.flags) and one.strategy.vpp == 1
     # Sequence parallelism is simulated (not flagged) with tensor parallelism, and moot without it.
     assert "unsupported: sp" not in flags and run.strategy.sp
     alone = script.parse_run(_row(sp=1, tp=1, gpus=2))
