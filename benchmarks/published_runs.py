@@ -216,7 +216,8 @@ def parse_run(raw: dict[str, str]) -> Run:
     overlap = not ("megatron" in text.lower() and zero == 0)
     return Run(raw.get("model", "").strip() or "?", layers, hidden, heads, ffn, vocab, seq, gated,
                raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch,
-               precision, measured, unit, flags, sp, text, overlap, attention_of(text)[0], vpp, cp)  # fmt: skip
+               precision, measured, unit, flags, sp, text, overlap, attention_of(text)[0],
+               vpp, cp)  # fmt: skip
 
 
 def config_of(run: Run) -> dict[str, Any]:

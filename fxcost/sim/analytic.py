@@ -197,9 +197,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
             exposed.append(total)
         params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)
         states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
-        if (
-            s.zero == 3 and s.dp > 1
-        ):  # two layers gathered whole (one computing, one prefetched), one's gradients
+        if s.zero == 3 and s.dp > 1:  # two layers' parameters whole (computing, prefetched), one's gradients
             states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
         saved = sum(pieces.forward[x].saved_bytes for x in outer)
         saved += (

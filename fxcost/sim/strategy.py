@@ -50,6 +50,7 @@ SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
 
 _SHORT = {"mb": "micro_batches", "sched": "schedule", "rc": "recompute", "overlap": "overlap_grad_reduce"}
 _MODULE_SETTINGS = ("recompute", "tp")
+_INTEGERS = ("dp", "tp", "pp", "micro_batches", "zero", "ep", "cp", "vpp", "shard")
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class Strategy:
         if self.sp and self.tp == 1:
             raise ValueError(f"sequence parallelism (sp) needs tensor parallelism: tp > 1, got tp={self.tp}")
         if self.sp and any(settings.get("tp") == 1 for settings in self.modules.values()):
-            raise ValueError("sp with a module at tp=1 is not supported; accepted: one or the other")
+            raise ValueError("sp with a module at tp=1 is not supported; accepted: either")
         if self.dp % self.ep:
             raise ValueError(f"ep={self.ep} does not divide dp={self.dp}: expert-parallel groups are made of "
                              f"data-parallel ranks; accepted ep: a divisor of dp")  # fmt: skip
@@ -132,7 +133,7 @@ class Strategy:
             )
         if self.shard and self.cp > 1:
             raise ValueError(
-                f"shard={self.shard} (HSDP) with cp={self.cp} is not supported; accepted: one or the other"
+                f"shard={self.shard} (HSDP) with cp={self.cp} is not supported; accepted: either"
             )
         if self.shard and (self.zero != 3 or self.shard < 1 or self.dp % self.shard):
             raise ValueError(
@@ -267,9 +268,7 @@ def _coerce(name: str, value: Any) -> Any:
             return tuple(float(x) for x in items)
         except (TypeError, ValueError) as e:
             raise ValueError(f"expert_load takes fractions, e.g. 0.4/0.2/0.2/0.2; got {value!r}") from e
-    if name in ("dp", "tp", "pp", "micro_batches", "zero", "ep", "cp", "vpp", "shard") and isinstance(
-        value, str
-    ):
+    if name in _INTEGERS and isinstance(value, str):
         try:
             return int(value)
         except ValueError as e:

@@ -9,8 +9,8 @@ import pytest
 from fxcost import zoo
 from fxcost.estimator import Captured, default_estimator
 from fxcost.sim import Cluster, Strategy, simulate
-from fxcost.sim.cluster import collective_ms
 from fxcost.sim.engine import simulate_tasks
+from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, StagePlan
 from fxcost.sim.simulator import _params_by_module, _tasks
 

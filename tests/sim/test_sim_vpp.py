@@ -11,9 +11,9 @@ from fxcost import zoo
 from fxcost.estimator import Captured, default_estimator
 from fxcost.gpus import get_device
 from fxcost.sim import Cluster, Strategy, simulate
-from fxcost.sim.cluster import collective_ms
 from fxcost.sim.engine import simulate_tasks
 from fxcost.sim.memory import rank_memory
+from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Plan, Segment, StagePlan, compile_plan
 from fxcost.sim.schedule import run_order, virtual_stages
 from fxcost.sim.simulator import _tasks
