@@ -64,9 +64,13 @@ def test_unsupported_settings_and_assumptions_are_flagged(load_script: Any) -> N
         _row(vpp=2, sp=1, cp=2, gpus=8, global_batch=4, micro_batch="", recompute="selective")
     )
     flags = "; ".join(run.flags)
-    for part in ("unsupported: cp=2", "unsupported: selective", "assumed: micro_batch"):
+    for part in ("unsupported: selective", "assumed: micro_batch"):
         assert part in flags
-    assert (run.dp, run.recompute, run.strategy.recompute) == (2, "selective", False)
+    assert (run.dp, run.recompute, run.strategy.recompute) == (1, "selective", False)
+    # Context parallelism is simulated where the sequence splits into 2 cp chunks, folded into dp where not.
+    assert "cp" not in flags and run.strategy.cp == 2
+    odd = script.parse_run(_row(cp=2, gpus=8, seq=30))
+    assert "unsupported: cp=2" in "; ".join(odd.flags) and (odd.dp, odd.strategy.cp) == (2, 1)
     # Interleaving is simulated where the 2 micro-batches split over pp=2, flagged and left out where not.
     assert "vpp" not in flags and run.strategy.vpp == 2
     one = script.parse_run(_row(vpp=2, global_batch=2, micro_batch=2))

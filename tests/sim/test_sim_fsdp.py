@@ -77,7 +77,7 @@ def test_hsdp_shards_within_groups_and_all_reduces_the_shard_across_them(
     {0, 2} and {1, 3} across them, both through each node's one NIC."""
     model, captured, params = gpt
     layer, outer = _sizes(model)
-    cluster = Cluster.parse("2x2xA100-SXM4-80GB")
+    cluster = Cluster.parse("2x2xA100-SXM4-80GB", nics_per_node=1)
     result = simulate(captured, "dp=4,zero=3,shard=2", cluster, params=params, batch=BATCH)
     assert dict(result.collectives) == {
         ("all_gather", "shard", layer * FP32): 2 * LAYERS,
