@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import tempfile
 import time
@@ -226,16 +225,13 @@ def _coverage(loo: pd.DataFrame) -> pd.DataFrame:
 def _end_to_end(data: str, cache: Path, models: dict[str, dict]) -> pd.DataFrame:
     """The Hugging Face runs of each training GPU, predicted with the heads of the fold that left it out."""
     e2e = _sibling("models_e2e")
-    DATA_DEPENDENT, _capture = e2e.DATA_DEPENDENT, e2e._capture
+    _capture = e2e._capture
 
     root = data_root(data)
     runs = read_model_runs(root)
     cache.mkdir(parents=True, exist_ok=True)
     rows = []
     for (model, mode, seqlen, batch), group in runs.groupby(["model", "mode", "seqlen", "batch"], sort=True):
-        config = json.loads((root / "model_configs" / f"{model}.json").read_text())
-        if config.get("model_type", "") in DATA_DEPENDENT:
-            continue
         report = None
         for run in group.itertuples(index=False):
             device = get_device(run.device).name

@@ -5,7 +5,9 @@ runs skipped) the model of ``DIR/model_configs/<model>.json`` is built as measur
 attention, random weights, ``input_ids`` of ones; train = forward + backward of the cross-entropy of the
 logits), captured on this CPU with meta tensors (nothing runs, any size fits), and predicted on that
 GPU from the graph alone. Each (model, mode, seqlen, batch) is captured once and predicted for every
-GPU that measured it; captures are cached in ``--cache`` so an interrupted run resumes.
+GPU that measured it; captures are cached in ``--cache`` so an interrupted run resumes. A
+mixture-of-experts model (Switch) runs under balanced routing (:mod:`fxcost.zoo.routing`), printed
+once per model.
 
 Prints per row predicted, measured and error for the default policy and the roofline model, then the
 MAPE of training and inference rows apart. The ``-fusion`` runs (the same inference with fused kernels:
@@ -20,7 +22,6 @@ eager_mape_fusion=.. fusion_rows=N``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -35,9 +36,6 @@ from fxcost.gpus import get_device
 from fxcost.report import Report
 from fxcost.zoo.hf import hf_step
 
-# Models whose step depends on the data: the expert a token goes to (Switch's top-1 routing) decides
-# the shapes, and meta tensors carry no data.
-DATA_DEPENDENT = {"switch_transformers": "mixture-of-experts routing depends on the token values"}
 METHODS = {"fxcost": None, "roofline": "roofline"}  # None: the default prediction policy
 
 
@@ -57,13 +55,12 @@ def main() -> int:
     cache.mkdir(parents=True, exist_ok=True)
 
     rows = []
+    routed: dict[str, str] = {}  # the routing each mixture-of-experts model was captured under
     for (model, mode, seqlen, batch), group in runs.groupby(["model", "mode", "seqlen", "batch"], sort=True):
-        config = json.loads((root / "model_configs" / f"{model}.json").read_text())
-        reason = DATA_DEPENDENT.get(config.get("model_type", ""))
-        if reason:
-            print(f"skip {model}-{mode}-{seqlen}-{batch} ({len(group)} rows): {reason}")
-            continue
         report = _capture(root, cache, model, mode == "train", seqlen, batch)
+        if report.routing and model not in routed:
+            routed[model] = report.routing
+            print(f"{model}: mixture-of-experts routing assumed: {report.routing}")
         for run in group.itertuples(index=False):
             device = get_device(run.device).name
             row = {"model": model, "mode": mode, "seqlen": seqlen, "batch": batch, "device": device,
@@ -152,6 +149,7 @@ def _capture(root: Path, cache: Path, model: str, train: bool, seqlen: int, batc
         warnings.simplefilter("ignore")  # transformers' and autograd's notes on meta tensors
         report = fxcost.profile(step.model, step.inputs, devices=[], train=train, measure=False,
                                 loss_fn=step.loss_fn)  # fmt: skip
+    report.routing = step.routing  # saved with the trace: a cached capture still says it
     report.save(path)
     print(f"captured {path.name[: -len('.json.gz')]}: {len(report.nodes)} nodes in "
           f"{time.perf_counter() - began:.0f} s", flush=True)  # fmt: skip

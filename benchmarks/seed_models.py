@@ -118,8 +118,6 @@ def main() -> int:
     runs["B"] = runs["batch"].astype(float)
     lattuada_rows = []
     for model, family in runs.groupby("model", sort=True):
-        if model.startswith("switch"):
-            continue  # not capturable on meta tensors (see models_e2e.py): no fxcost figure to compare
         splits = {"in-sample": (family, family)}
         if family["B"].nunique() > 1:
             biggest = family["B"].max()

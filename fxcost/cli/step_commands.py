@@ -231,6 +231,7 @@ def _capture_spec(
         step = hf_step(spec if config is None else config, batch, args.seqlen, train=args.train)
         report = _capture(spec, step.model, step.inputs, devices, train=args.train, measure=False,
                           cost_model=cost_model, loss_fn=step.loss_fn)  # fmt: skip
+        report.routing = step.routing
     else:
         import torch
 

@@ -1,5 +1,6 @@
 """What a printout says before its tables: the step captured (model, batch, sequence length,
-precision, execution mode), its origin, and where each GPU's predictions come from.
+precision, execution mode), its origin, the routing a mixture-of-experts model was captured under, and
+where each GPU's predictions come from.
 
 The *origin* is the device the step was captured on, and timed on if it was measured. A GPU origin's
 times are scaled to other GPUs (runtime-based prediction); a CPU's never are: GPUs are then predicted
@@ -54,6 +55,10 @@ def header_lines(report: Report) -> list[str]:
         facts.append(f"sequence length {report.seqlen}")
     facts += [captured_precision(report.nodes), EXECUTION_TEXT[check_execution(report.execution)]]
     lines = [f"{report.name or 'model'}: {', '.join(facts)}", _origin_line(report)]
+    if report.routing:
+        lines.append(
+            f"mixture-of-experts routing assumed (meta tensors carry no token values): {report.routing}"
+        )
     if report.devices:
         lines.append(_sources_line(report))
     unmeasured = [d for d in report.devices if _known(d) and spec_sheet_only(report, get_device(d))

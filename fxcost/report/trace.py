@@ -63,6 +63,8 @@ class Report:
             nodes are not in ``nodes``.
         execution: how the step is to run, for :meth:`step_ms_in` and printouts: ``"eager"``,
             ``"compiled"`` (``torch.compile`` with Inductor) or ``"cudagraphs"``.
+        routing: the routing a mixture-of-experts model was captured under, in words (``HFStep.routing``:
+            meta tensors carry no token values); "" for a model without experts or with real routing.
     """
 
     nodes: list[NodeCost] = field(default_factory=list)
@@ -77,6 +79,7 @@ class Report:
     name: str = ""
     apart: list[GraphRecord] = field(default_factory=list)
     execution: Execution = "eager"
+    routing: str = ""
 
     def __post_init__(self) -> None:
         check_execution(self.execution)
@@ -304,21 +307,15 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema_version": SCHEMA_VERSION,
-            "fxcost_version": __version__,
-            "torch_version": self.torch_version,
-            "origin": self.origin,
-            "model": self.model,
-            "devices": self.devices,
-            "step_ms": self.step_ms,
-            "batch": self.batch,
-            "seqlen": self.seqlen,
-            "name": self.name,
+            "schema_version": SCHEMA_VERSION, "fxcost_version": __version__,
+            "torch_version": self.torch_version, "origin": self.origin, "model": self.model,
+            "devices": self.devices, "step_ms": self.step_ms,
+            "batch": self.batch, "seqlen": self.seqlen, "name": self.name, "routing": self.routing,
             "graphs": [g.to_json() for g in self.graphs],
             "nodes": [n.to_json() for n in self.nodes],
             "apart": [g.to_json() for g in self.apart],
             "execution": self.execution,
-        }
+        }  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Report:
@@ -341,6 +338,7 @@ class Report:
                 batch=data.get("batch"),
                 seqlen=data.get("seqlen"),
                 name=str(data.get("name") or ""),
+                routing=str(data.get("routing") or ""),
                 apart=[GraphRecord.from_json(g) for g in data.get("apart", [])],
                 execution=data.get("execution", "eager"),  # traces before execution modes: eager
             )

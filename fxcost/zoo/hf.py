@@ -8,6 +8,10 @@ Parameters and activations are meta tensors: shapes and dtypes without storage, 
 13-billion-parameter model costs the time of tracing it, not its memory. Nothing runs, so nodes can
 be predicted (``measure=False``) but not measured.
 
+Which expert a token goes to is data meta tensors do not carry, so a mixture-of-experts model runs
+under a stated routing (``expert_load``: balanced by default; see :mod:`fxcost.zoo.routing`), which
+``HFStep.routing`` says in words for printouts.
+
 Requires ``transformers`` (``pip install fxcost[hf]``).
 
 Example:
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,16 +33,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fxcost.zoo.routing import ROUTED_LAYERS, Routing, route
+
 __all__ = ["HFStep", "hf_step"]
 
 
 @dataclass(frozen=True)
 class HFStep:
-    """A model on the meta device, its keyword inputs and the loss of a training step."""
+    """A model on the meta device, its keyword inputs and the loss of a training step; ``routing``:
+    the routing its mixture-of-experts layers assume, in words ("" for a model without experts)."""
 
     model: torch.nn.Module
     inputs: dict[str, torch.Tensor]
     train: bool
+    routing: str = ""
 
     @staticmethod
     def loss_fn(output: Any) -> torch.Tensor:
@@ -56,9 +65,17 @@ class HFStep:
         return -logp.gather(1, targets.reshape(-1, 1)).mean()
 
 
-def hf_step(config: str | Path | dict[str, Any], batch: int, seqlen: int, train: bool = True) -> HFStep:
+def hf_step(
+    config: str | Path | dict[str, Any], batch: int, seqlen: int, train: bool = True,
+    expert_load: Sequence[float] | None = None,
+) -> HFStep:  # fmt: skip
     """The model of ``config`` (a path to a Hugging Face ``config.json`` or its dict) and a step on
     ``batch`` sequences of ``seqlen`` tokens, on the meta device.
+
+    ``expert_load``: the share of routed tokens each expert of a mixture-of-experts layer gets, one
+    fraction per expert (None: balanced). Only layers that route through data-dependent shapes
+    (:data:`fxcost.zoo.routing.ROUTED_LAYERS`) take it; grouped-GEMM experts (Mixtral...) are priced
+    balanced, and an uneven load over expert-parallel ranks is ``Strategy.expert_load``.
 
     Equal configs share one model object (built once; 0.1-3 s each), so a search over batch sizes or
     parallel plans does not rebuild it and the Estimator finds its trace at once. Treat it as read-only.
@@ -66,20 +83,31 @@ def hf_step(config: str | Path | dict[str, Any], batch: int, seqlen: int, train:
     raw = json.loads(Path(config).read_text()) if isinstance(config, (str, Path)) else dict(config)
     if batch < 1 or seqlen < 1:
         raise ValueError(f"batch and seqlen must be positive, got batch={batch}, seqlen={seqlen}")
-    model, encoder_decoder = _meta_model(json.dumps(raw, sort_keys=True), train)
+    load = None if expert_load is None else tuple(float(f) for f in expert_load)
+    model, encoder_decoder, routing = _meta_model(json.dumps(raw, sort_keys=True), train, load)
     ids = torch.ones(batch, seqlen, dtype=torch.long, device="meta")
     inputs = {"input_ids": ids}
     if encoder_decoder:
         inputs["decoder_input_ids"] = ids
-    return HFStep(model, inputs, train)
+    if raw.get("model_type") in _MASK_GIVEN:
+        inputs["attention_mask"] = torch.ones_like(ids)
+    return HFStep(model, inputs, train, routing)
+
+
+# Models whose encoder makes its all-ones attention mask only outside torch.compile (and indexes None
+# inside it, so Dynamo would give up on the encoder): the same mask is given.
+_MASK_GIVEN = frozenset({"switch_transformers"})
 
 
 _ATTENTION = "attn_implementation"  # a config key naming the attention kernel: "eager" or "sdpa"
 
 
 @functools.lru_cache(maxsize=8)
-def _meta_model(config_json: str, train: bool) -> tuple[torch.nn.Module, bool]:
-    """(the model of a config given as canonical JSON, whether it is an encoder-decoder)."""
+def _meta_model(
+    config_json: str, train: bool, expert_load: tuple[float, ...] | None
+) -> tuple[torch.nn.Module, bool, str]:
+    """(the model of a config given as canonical JSON, whether it is an encoder-decoder, the routing
+    its MoE layers assume in words)."""
     import transformers
 
     raw = json.loads(config_json)
@@ -101,4 +129,19 @@ def _meta_model(config_json: str, train: bool) -> tuple[torch.nn.Module, bool]:
     with torch.device("meta"):
         model = cls(hf_config)
     model.train(train)
-    return model, bool(hf_config.is_encoder_decoder)
+    return model, bool(hf_config.is_encoder_decoder), _routed(model, architecture, Routing(expert_load))
+
+
+def _routed(model: torch.nn.Module, architecture: str, routing: Routing) -> str:
+    """Run ``model``'s MoE layers under ``routing``; what that assumes, in words ("" without experts)."""
+    replaced = route(model, routing)
+    if replaced:
+        return f"{routing.describe()}; " + "; ".join(replaced)
+    if routing.load is not None:
+        raise ValueError(
+            f"expert_load applies to the MoE layers {', '.join(ROUTED_LAYERS)}; {architecture} has none "
+            "(grouped-GEMM experts are priced balanced: give an uneven load to Strategy(expert_load=...))"
+        )
+    if any("experts" in name.split(".") for name, _ in model.named_modules()):
+        return "balanced (grouped GEMMs' rows spread evenly over the experts)"
+    return ""
