@@ -8,22 +8,26 @@ so a channel takes its threads' round trips (``KernelSpec.round_trips``) times t
 
     T_latency = ceil(blocks / (blocks per SM x SMs)) x round trips x DRAM latency
 
-The cost model takes the larger of this and its bandwidth-bound time. A GPU without a published
-latency has no latency term of its own; like any GPU, it is never priced faster than a GPU that beats
-it on every spec (``gpus.order``), so its term is the largest of those GPUs'.
+The heads take the larger of this, plus the per-op overhead their times carry, and their
+bandwidth-bound time. A GPU without a published latency has no latency term of its own; like any
+GPU, it is never priced faster than a GPU that beats it on every spec (``gpus.order``), so its floor
+is the largest of those GPUs'. Each GPU's floor carries that GPU's own overhead, as fused attention's
+time does (``heads.model``): the overhead an eager step hides grows with the GPUs a GPU beats, so the
+kernel times stay in GPU order too.
 """
 
 from __future__ import annotations
 
 import math
 
+from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.gpus import Device
 from fxcost.gpus.memory_latency import dram_latency_ns
 from fxcost.gpus.occupancy import wave_size
 from fxcost.gpus.order import stronger_than
 from fxcost.lowering import KernelSpec
 
-__all__ = ["latency_bound_ms", "own_latency_ms"]
+__all__ = ["latency_floor_ms", "own_latency_ms"]
 
 
 def own_latency_ms(spec: KernelSpec, device: Device) -> float:
@@ -39,9 +43,10 @@ def own_latency_ms(spec: KernelSpec, device: Device) -> float:
     return waves * spec.round_trips * latency_ns * 1e-6
 
 
-def latency_bound_ms(spec: KernelSpec, device: Device) -> float:
-    """The largest :func:`own_latency_ms` of ``device`` and of every GPU that beats it; NaN where none
-    knows one."""
-    times = [own_latency_ms(spec, d) for d in (device, *stronger_than(device))]
+def latency_floor_ms(spec: KernelSpec, device: Device) -> float:
+    """The shortest time ``spec`` is priced at on ``device`` as an op timed alone: the largest
+    :func:`own_latency_ms` plus per-op overhead (:func:`~fxcost.cost_models.eager.hidden_overhead_ms`)
+    of ``device`` and of every GPU that beats it; NaN where none knows a latency."""
+    times = [own_latency_ms(spec, d) + hidden_overhead_ms(d) for d in (device, *stronger_than(device))]
     known = [t for t in times if not math.isnan(t)]
     return max(known) if known else math.nan

@@ -88,3 +88,17 @@ def test_launches_match_the_recorded_kernels(gpu: str) -> None:
             )
             checked += 1
     assert checked > 100
+
+
+def test_synthetic_batch_norm_nodes_keep_statistics_in_fp32() -> None:
+    from fxcost.lowering.nodes import batch_norm_node
+
+    forward = batch_norm_node((8, 16, 4, 4), "bfloat16")
+    backward = batch_norm_node((8, 16, 4, 4), "bfloat16", backward=True)
+    assert forward.in_dtypes == ["bfloat16"] + ["float32"] * 4
+    assert backward.in_dtypes[:2] == ["bfloat16"] * 2
+    assert backward.out_dtypes == ["bfloat16", "float32", "float32"]
+    assert backward.bytes_written == 8 * 16 * 4 * 4 * 2 + 2 * 16 * 4
+    assert [k.name for k in lower(forward)] == ["batch_norm_collect_statistics", "batch_norm_transform_input"]
+    # 16 elements a row: 32 x 16 threads cover all 8 rows in one stride each
+    assert [k.round_trips for k in lower(backward)] == [1 + 2 * 1]

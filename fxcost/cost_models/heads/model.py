@@ -6,8 +6,8 @@ nodes of a class at once; the elementwise head is read as a curve that never fal
 (:mod:`~fxcost.cost_models.heads.elementwise`). Work the heads have no measurements of is priced as
 the work it lowers to: a cuDNN RNN as its GEMMs and gate math, a memory-bound op as elementwise
 passes moving the bytes its kernels move, a kernel bound by memory latency (batch norm's per-channel
-kernels) never below its latency-bound time (:mod:`~fxcost.cost_models.latency`). Weights ship in ``fxcost/cost_models/weights`` (trained by
-``fxcost train`` on the shared training data only).
+kernels) never below its latency-bound time (:mod:`~fxcost.cost_models.latency`). Weights ship in
+``fxcost/cost_models/weights`` (trained by ``fxcost train`` on the shared training data only).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from fxcost.cost_models.heads.tensor_core import TensorCores
 from fxcost.cost_models.heads.tensor_work import TensorWork, tensor_work
 from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
-from fxcost.cost_models.latency import latency_bound_ms
+from fxcost.cost_models.latency import latency_floor_ms
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
 from fxcost.gpus.order import stronger_than, weaker_than
@@ -282,15 +282,15 @@ class _Lowered:
 
 def _latency_floored(ms: np.ndarray, lowered: _Lowered, device: Device) -> np.ndarray:
     """``ms`` (the heads' times of ``lowered.work`` as memory passes on ``device``), each kernel bound by
-    memory latency never below its latency-bound time (``cost_models.latency``) plus the per-op
-    overhead every head's time carries."""
+    memory latency never below its latency floor (:func:`~fxcost.cost_models.latency.latency_floor_ms`:
+    its latency-bound time plus the per-op overhead every head's time carries)."""
     if not lowered.latency:
         return ms
     floored = ms.copy()
     for j, spec in lowered.latency:
-        bound = latency_bound_ms(spec, device)
-        if math.isfinite(bound) and math.isfinite(floored[j]):
-            floored[j] = max(floored[j], bound + hidden_overhead_ms(device))
+        floor = latency_floor_ms(spec, device)
+        if math.isfinite(floor) and math.isfinite(floored[j]):
+            floored[j] = max(floored[j], floor)
     return floored
 
 
