@@ -16,7 +16,8 @@ Follows the launch heuristics of PyTorch's CUDA sources (2.1, the version of the
 Memory-bound ops that are neither (reductions, concatenation, gathers, pooling, the
 zero-then-write gradients of slicing and indexing) are lowered to the passes their kernels make over
 memory and the bytes each moves (:data:`MEMORY_BOUND`), their launches approximated as elementwise
-ones (``exact=False``); batch norm's kernels and launches are modelled (``lowering.batch_norm``). Any
+ones (``exact=False``); batch norm's and max pooling's kernels and launches are modelled
+(``lowering.batch_norm``, ``lowering.max_pool``). Any
 other kernel-alike op gets one elementwise-like pass over its largest
 tensor, also flagged ``exact=False``. Matmul-class ops are kernel-varying (cuBLAS/cuDNN pick kernels
 per GPU) and are not lowered here.
@@ -258,11 +259,10 @@ def _memory_kernels(*ops: torch._ops.OpOverload) -> Callable[[Lowering], Lowerin
                aten.any.dim, aten.all.default, aten.all.dim, aten.linalg_vector_norm.default,
                aten.cumsum.default)  # fmt: skip
 @_memory_bound(aten.cat.default, aten.stack.default, aten.triu.default, aten.tril.default,
-               aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
-               aten._adaptive_avg_pool2d.default)  # fmt: skip
+               aten.avg_pool2d.default, aten._adaptive_avg_pool2d.default)  # fmt: skip
 def _one_pass(node: NodeCost) -> list[tuple[str, float]]:
     """Reductions (``reduce_kernel``; a scan for cumsum), copies (``CatArrayBatchedCopy``) and pooling
-    windows (``max_pool_forward_nchw``...): each input read once, each output written once. Kernels are
+    windows (average pooling): each input read once, each output written once. Kernels are
     named after their op."""
     return [(node.op.split(".")[1], _f(node.bytes))]
 
