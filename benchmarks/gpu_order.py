@@ -3,8 +3,9 @@
 For every pair of GPUs in the database where one is at least as strong as the other in each spec that
 sets speed (fp32, TF32, fp16 and bf16 peaks, DRAM bandwidth, SMs, L2, boost clock, power), a grid of GEMM,
 batched-GEMM (attention's score and value products), convolution, layer-norm, softmax and
-elementwise shapes (fp32; GEMMs, batched GEMMs and convolutions also in bf16, GEMMs in TF32) and bf16
-fused attention (SDPA forward and backward, each GPU's own kernel) is
+elementwise shapes (fp32; GEMMs, batched GEMMs and convolutions also in bf16, GEMMs in TF32), bf16
+fused attention (SDPA forward and backward, each GPU's own kernel) and training batch norm (fp32 and
+bf16, forward and backward: its per-channel kernels are bound by memory latency) and max pooling is
 predicted on both with the default origin-free policy: the time each node is priced at (the op
 timed alone). Printed per op class: the pairs and shapes
 compared, the share where the stronger GPU is predicted slower (more than 0.1%), and the worst ratio.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 
 import numpy as np
@@ -28,7 +30,7 @@ from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import Device
 from fxcost.gpus.order import comparable, weaker_than
-from fxcost.lowering.nodes import conv_node, gemm_node
+from fxcost.lowering.nodes import batch_norm_node, conv_node, gemm_node, synthetic_node
 from fxcost.records import NodeCost
 
 SIZES = (1, 7, 64, 333, 1024, 4096)
@@ -57,7 +59,21 @@ def shapes() -> dict[str, list[NodeCost]]:
                         for n in SIZES[2:] for k in SIZES[2:]],
         "sdpa_bf16": [_sdpa(b, s, d, causal, backward) for b in (1, 8, 64) for s in (128, 1024, 8192)
                       for d in (64, 128) for causal in (False, True) for backward in (False, True)],
+        "batch_norm": [batch_norm_node((b, c, s, s), dtype, backward) for b in (1, 32, 256)
+                       for c in (64, 512, 2048) for s in (7, 28, 112) if b * c * s * s < 2**31
+                       for dtype in ("float32", "bfloat16") for backward in (False, True)],
+        "max_pool": [_max_pool((b, c, s, s)) for b in (1, 32, 256) for c in (3, 64, 512)
+                     for s in (7, 56, 224)],
     }  # fmt: skip
+
+
+def _max_pool(x: tuple[int, int, int, int]) -> NodeCost:
+    """ResNet's stem pooling (3 x 3 windows, stride 2, padding 1) over an fp32 input of shape ``x``."""
+    out = (*x[:2], (x[2] - 1) // 2 + 1, (x[3] - 1) // 2 + 1)
+    args = {"kernel_size": [3, 3], "stride": [2, 2], "padding": [1, 1], "dilation": [1, 1],
+            "ceil_mode": False}  # fmt: skip
+    op = "aten.max_pool2d_with_indices.default"
+    return synthetic_node(op, [x], [out, out], args, flops=9 * math.prod(out))
 
 
 def _sdpa(batch: int, s: int, d: int, causal: bool, backward: bool, heads: int = 16) -> NodeCost:

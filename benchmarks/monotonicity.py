@@ -3,10 +3,10 @@
 A search loop that prices candidates with fxcost (``examples/automl_optuna.py``) would exploit such
 dips, e.g. by picking the batch size whose prediction dips. For random problems of each op class
 and every GPU in the database with the spec values the heads need, the problem is doubled along
-its batch-like dimension (GEMM rows, batched GEMM batch, convolution batch, elementwise and
-normalization rows; for a memory pass, its bytes) and both are predicted with the heads. Printed per
-class: the pairs where the larger problem is predicted faster, and the worst ratio of the larger
-problem's time to the smaller's.
+its batch-like dimension (GEMM rows, batched GEMM batch, convolution and batch norm batch,
+elementwise and normalization rows; for a memory pass, its bytes) and both are predicted with the
+heads. Printed per class: the pairs where the larger problem is predicted faster, and the worst
+ratio of the larger problem's time to the smaller's.
 
     python benchmarks/monotonicity.py [--pairs 300] [--seed 0] [--heads DIR]
 
@@ -32,7 +32,7 @@ from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import Heads, load_heads
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import device_names, get_device
-from fxcost.lowering.nodes import conv_node, gemm_node, memory_pass
+from fxcost.lowering.nodes import batch_norm_node, conv_node, gemm_node, memory_pass
 from fxcost.records import NodeCost
 
 Pair = Callable[[np.random.Generator], tuple[NodeCost, NodeCost]]
@@ -89,6 +89,13 @@ def _memory_pass(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
     return memory_pass(8 * elements, "float32"), memory_pass(16 * elements, "float32")
 
 
+def _batch_norm(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+    b, c, size, backward = _dim(rng, 64), _dim(rng, 1024), _dim(rng, 64), bool(rng.integers(2))
+    return batch_norm_node((b, c, size, size), backward=backward), batch_norm_node(
+        (2 * b, c, size, size), backward=backward
+    )
+
+
 CLASSES: dict[str, Pair] = {
     "linear": _linear,
     "bmm": _bmm,
@@ -100,6 +107,7 @@ CLASSES: dict[str, Pair] = {
     "ln": _alike("ln"),
     "softmax": _alike("softmax"),
     "memory_pass": _memory_pass,
+    "batch_norm": _batch_norm,
 }
 
 

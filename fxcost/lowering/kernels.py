@@ -13,10 +13,12 @@ Follows the launch heuristics of PyTorch's CUDA sources (2.1, the version of the
   2^30 / row-length rows; longer rows use one block a row with ``SoftMax_getBlockSize``: the next
   power of two of row/4/2, at least a warp, at most 512.
 
-Memory-bound ops that are neither (reductions, concatenation, gathers, pooling, batch norm, the
+Memory-bound ops that are neither (reductions, concatenation, gathers, pooling, the
 zero-then-write gradients of slicing and indexing) are lowered to the passes their kernels make over
 memory and the bytes each moves (:data:`MEMORY_BOUND`), their launches approximated as elementwise
-ones (``exact=False``). Any other kernel-alike op gets one elementwise-like pass over its largest
+ones (``exact=False``); batch norm's and max pooling's kernels and launches are modelled
+(``lowering.batch_norm``, ``lowering.max_pool``). Any
+other kernel-alike op gets one elementwise-like pass over its largest
 tensor, also flagged ``exact=False``. Matmul-class ops are kernel-varying (cuBLAS/cuDNN pick kernels
 per GPU) and are not lowered here.
 """
@@ -48,7 +50,9 @@ class KernelSpec:
 
     ``bytes`` is the traffic when every tensor is read once. Row kernels (softmax, layer norm) read
     their row again in later passes; those ``reread_bytes`` come from L2 while the rows of one wave
-    (``block_bytes`` each) fit there, and from DRAM when they do not.
+    (``block_bytes`` each) fit there, and from DRAM when they do not. A kernel bound by memory
+    latency rather than bandwidth declares the dependent ``round_trips`` to memory each of its
+    threads makes (0: not modelled; see ``lowering.batch_norm``).
     """
 
     name: str
@@ -58,6 +62,7 @@ class KernelSpec:
     exact: bool = True
     reread_bytes: float = 0.0
     block_bytes: int = 0
+    round_trips: int = 0
 
 
 Lowering = Callable[[NodeCost], list[KernelSpec]]
@@ -230,9 +235,19 @@ def _memory_bound(*ops: torch._ops.OpOverload) -> Callable[[_Passes], _Passes]:
                 KernelSpec(name, launch, _f(node.flops) * b / moved, b, exact=False) for name, b in kernels
             ]
 
+        _memory_kernels(*ops)(lowering)
+        return passes
+
+    return decorator
+
+
+def _memory_kernels(*ops: torch._ops.OpOverload) -> Callable[[Lowering], Lowering]:
+    """Registers a lowering of memory-bound ops (:data:`MEMORY_BOUND`) that models their launches."""
+
+    def decorator(lowering: Lowering) -> Lowering:
         _lowers(*ops)(lowering)
         MEMORY_BOUND.update(str(op) for op in ops)
-        return passes
+        return lowering
 
     return decorator
 
@@ -244,11 +259,10 @@ def _memory_bound(*ops: torch._ops.OpOverload) -> Callable[[_Passes], _Passes]:
                aten.any.dim, aten.all.default, aten.all.dim, aten.linalg_vector_norm.default,
                aten.cumsum.default)  # fmt: skip
 @_memory_bound(aten.cat.default, aten.stack.default, aten.triu.default, aten.tril.default,
-               aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
-               aten._adaptive_avg_pool2d.default)  # fmt: skip
+               aten.avg_pool2d.default, aten._adaptive_avg_pool2d.default)  # fmt: skip
 def _one_pass(node: NodeCost) -> list[tuple[str, float]]:
     """Reductions (``reduce_kernel``; a scan for cumsum), copies (``CatArrayBatchedCopy``) and pooling
-    windows (``max_pool_forward_nchw``...): each input read once, each output written once. Kernels are
+    windows (average pooling): each input read once, each output written once. Kernels are
     named after their op."""
     return [(node.op.split(".")[1], _f(node.bytes))]
 
@@ -310,30 +324,6 @@ def _nll_loss_backward(node: NodeCost) -> list[tuple[str, float]]:
     return [("fill", _out(node, 0)), ("nll_loss_backward", _in(node, 0) + _in(node, 2) + picked)]
 
 
-@_memory_bound(aten._native_batch_norm_legit_functional.default, aten._native_batch_norm_legit.default,
-               aten.native_batch_norm.default, aten._native_batch_norm_legit_no_training.default)  # fmt: skip
-def _batch_norm(node: NodeCost) -> list[tuple[str, float]]:
-    """Training: a per-channel statistics pass over the input, then the transform reading it again and
-    writing the output. Inference normalizes with the running statistics: the transform alone."""
-    transform = ("batch_norm_transform_input", _in(node, 0) + _out(node, 0))
-    if node.op.endswith("no_training.default") or not node.args.get("training", True):
-        return [transform]
-    return [("batch_norm_collect_statistics", _in(node, 0)), transform]
-
-
-@_memory_bound(aten.native_batch_norm_backward.default)
-def _batch_norm_backward(node: NodeCost) -> list[tuple[str, float]]:
-    """Training: one kernel reduces the output gradient and ``(x - mean) * grad`` per channel, then
-    reads both again to write the input's gradient (when asked for, ``output_mask[0]``). With the
-    running statistics: an elementwise pass for the input's gradient and a reduction for the
-    weight's."""
-    grad, x = _in(node, 0), _in(node, 1)
-    grad_input = grad if (node.args.get("output_mask") or [True])[0] else 0
-    if not node.args.get("train", True):
-        return [("batch_norm_backward_elemt", grad + grad_input), ("batch_norm_backward_reduce", grad + x)]
-    return [("batch_norm_backward", 2 * (grad + x) + grad_input)]
-
-
 # -- everything else kernel-alike -------------------------------------------------------------------
 
 
@@ -375,6 +365,6 @@ def _share(x: int | None, parts: int) -> float:
     return _f(x) / parts
 
 
-# For the recipes of other modules (``lowering.memory_ops``): register memory passes, bytes of a
-# node's i-th input and output.
-memory_bound, tensor_in, tensor_out = _memory_bound, _in, _out
+# For the recipes of other modules (``lowering.memory_ops``, ``lowering.batch_norm``): register memory
+# passes or memory-bound kernels, bytes of a node's i-th input and output.
+memory_bound, memory_kernels, tensor_in, tensor_out = _memory_bound, _memory_kernels, _in, _out

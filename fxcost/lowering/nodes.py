@@ -8,6 +8,7 @@ module builds them, and reads the operands of GEMM and convolution nodes in one 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fxcost.lowering.flops import count_flops
@@ -18,6 +19,7 @@ from fxcost.records import NodeCost, Shape
 
 __all__ = [
     "MATMULS",
+    "batch_norm_node",
     "conv_dims",
     "conv_gradients",
     "conv_node",
@@ -91,6 +93,30 @@ def conv_node(
     flops = 2 * batch * c_out * out * out * c_in * kernel * kernel
     x, w = (batch, c_in, size, size), (c_out, c_in, kernel, kernel)
     return synthetic_node("aten.convolution.default", [x, w], [(batch, c_out, out, out)], args, flops=flops)
+
+
+def batch_norm_node(shape: Shape, dtype: str = "float32", backward: bool = False) -> NodeCost:
+    """Training batch norm over an NCHW input of ``shape`` (statistics and weights in fp32 as under
+    autocast), forward or, with ``backward``, the gradients of input, weight and bias."""
+    c = tuple(shape[1:2])
+    if backward:
+        node = synthetic_node("aten.native_batch_norm_backward.default", [shape, shape, c, c, c, c, c],
+                              [shape, c, c], {"train": True, "eps": 1e-5, "output_mask": [True] * 3},
+                              extra=(True, 1e-5, [True] * 3))  # fmt: skip
+    else:
+        node = synthetic_node("aten._native_batch_norm_legit_functional.default", [shape, c, c, c, c],
+                              [shape, c, c, c, c], {"training": True, "momentum": 0.1, "eps": 1e-5},
+                              extra=(True, 0.1, 1e-5))  # fmt: skip
+    dtypes = [dtype if s == shape else "float32" for s in node.in_shapes]
+    out_dtypes = [dtype if s == shape else "float32" for s in node.out_shapes]
+    return dataclasses.replace(
+        node,
+        phase="bw" if backward else "fw",
+        in_dtypes=dtypes,
+        out_dtypes=out_dtypes,
+        bytes_read=recorded_bytes(node.in_shapes, dtypes),
+        bytes_written=recorded_bytes(node.out_shapes, out_dtypes),
+    )
 
 
 def memory_pass(nbytes: float, dtype: str) -> NodeCost:

@@ -5,8 +5,9 @@ in training (:mod:`~fxcost.cost_models.heads.features`). Inference is numpy, vec
 nodes of a class at once; the elementwise head is read as a curve that never falls as tensors grow
 (:mod:`~fxcost.cost_models.heads.elementwise`). Work the heads have no measurements of is priced as
 the work it lowers to: a cuDNN RNN as its GEMMs and gate math, a memory-bound op as elementwise
-passes moving the bytes its kernels move. Weights ship in ``fxcost/cost_models/weights`` (trained by
-``fxcost train`` on the shared training data only).
+passes moving the bytes its kernels move, a kernel bound by memory latency (batch norm's per-channel
+kernels) never below its latency-bound time (:mod:`~fxcost.cost_models.latency`). Weights ship in
+``fxcost/cost_models/weights`` (trained by ``fxcost train`` on the shared training data only).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from fxcost.cost_models.heads.tensor_core import TensorCores
 from fxcost.cost_models.heads.tensor_work import TensorWork, tensor_work
 from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
+from fxcost.cost_models.latency import latency_floor_ms
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
 from fxcost.gpus.order import stronger_than, weaker_than
-from fxcost.lowering import lower
+from fxcost.lowering import KernelSpec, lower
 from fxcost.lowering.attention import ATTENTION_OPS, attention_call
 from fxcost.lowering.attention_kernels import attention_work
 from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
@@ -143,7 +145,8 @@ class Heads:
         if lowered is not None:  # a node's time is its work's; NaN if a head its work needs is missing
             total = np.zeros(len(batch))
             if len(lowered.work):
-                np.add.at(total, lowered.owner, self.predict(lowered.work, device) * lowered.counts)
+                work_ms = _latency_floored(self.predict(lowered.work, device), lowered, device)
+                np.add.at(total, lowered.owner, work_ms * lowered.counts)
             out[lowered.nodes] = total[lowered.nodes]
         attention = batch.derived(
             "heads.attention",
@@ -222,7 +225,7 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
     """Nodes by head with their device-independent features, and the work of the lowered nodes (for
     every head, so the result does not depend on which heads a model holds)."""
     members: dict[str, list[tuple[int, NodeCost, float, list[float]]]] = {}
-    work: list[tuple[int, NodeCost, int]] = []
+    work: list[tuple[int, NodeCost, int, KernelSpec | None]] = []
     lowered_nodes: list[int] = []
     for i, node in enumerate(batch.nodes):
         head = head_of(node) if node.has_kernel else None
@@ -230,7 +233,7 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
             runs = _work(node)
             if runs is not None:  # an empty list: it launches nothing, and costs nothing
                 lowered_nodes.append(i)
-                work.extend((i, sub, count) for sub, count in runs)
+                work.extend((i, *run) for run in runs)
         elif head is not None:
             try:
                 # The heads learned forward convolutions: a backward runs one per gradient.
@@ -257,8 +260,9 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
         lowered = _Lowered(
             nodes=np.array(lowered_nodes),
             owner=np.array([i for i, *_ in work], dtype=int),
-            work=NodeBatch.of([sub for _, sub, _ in work]),
-            counts=np.array([count for *_, count in work], dtype=float),
+            work=NodeBatch.of([sub for _, sub, *_ in work]),
+            counts=np.array([count for _, _, count, _ in work], dtype=float),
+            latency=[(j, spec) for j, (*_, spec) in enumerate(work) if spec is not None and spec.round_trips],
         )
     return groups, lowered
 
@@ -266,29 +270,45 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
 @dataclass(frozen=True)
 class _Lowered:
     """The lowered nodes of a batch (positions), their work as one batch, and the work item's owner
-    and repetitions: the owner's time is the sum of its work's times their counts."""
+    and repetitions: the owner's time is the sum of its work's times their counts. ``latency``: the
+    work items (positions in ``work``) that are kernels bound by memory latency, with their spec."""
 
     nodes: np.ndarray
     owner: np.ndarray
     work: NodeBatch
     counts: np.ndarray
+    latency: list[tuple[int, KernelSpec]]
 
 
-def _work(node: NodeCost) -> list[tuple[NodeCost, int]] | None:
-    """What a lowered node runs, as (node a head predicts, repetitions): empty if it launches nothing,
-    None where it cannot tell."""
+def _latency_floored(ms: np.ndarray, lowered: _Lowered, device: Device) -> np.ndarray:
+    """``ms`` (the heads' times of ``lowered.work`` as memory passes on ``device``), each kernel bound by
+    memory latency never below its latency floor (:func:`~fxcost.cost_models.latency.latency_floor_ms`:
+    its latency-bound time plus the per-op overhead every head's time carries)."""
+    if not lowered.latency:
+        return ms
+    floored = ms.copy()
+    for j, spec in lowered.latency:
+        floor = latency_floor_ms(spec, device)
+        if math.isfinite(floor) and math.isfinite(floored[j]):
+            floored[j] = max(floored[j], floor)
+    return floored
+
+
+def _work(node: NodeCost) -> list[tuple[NodeCost, int, KernelSpec | None]] | None:
+    """What a lowered node runs, as (node a head predicts, repetitions, the kernel it stands for where
+    lowered from one): empty if it launches nothing, None where it cannot tell."""
     if node.op in ATTENTION_OPS:  # priced per GPU: its kernel depends on the target (Heads._attention_ms)
         return None
     if node.op in COMPOSITE_OPS:
         try:
-            return lower_composite(node) or None
+            return [(sub, count, None) for sub, count in lower_composite(node)] or None
         except (IndexError, KeyError, TypeError, ValueError):  # a node without the arguments we read
             return None
     dtype = next((d for d in (*node.out_dtypes, *node.in_dtypes) if is_float(d)), "float32")
     kernels = lower(node)
     if kernels is None or not all(math.isfinite(k.bytes) for k in kernels):
         return None
-    return [(memory_pass(k.bytes, dtype), 1) for k in kernels]
+    return [(memory_pass(k.bytes, dtype), 1, k) for k in kernels]
 
 
 class HeadsRatio:
