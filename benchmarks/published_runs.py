@@ -68,7 +68,7 @@ from fxcost.gpus import Device
 from fxcost.precision import parse_precision
 from fxcost.sim import Cluster, SimResult, Strategy, simulate
 from fxcost.sim.ranked import peak_tflops
-from fxcost.sim.runs import attention_of, breakdown, cluster_for, read_gpu
+from fxcost.sim.runs import attention_of, breakdown, cluster_for, read_gpu, sequence_parallel_of
 from fxcost.zoo.decoders import Decoder
 
 TRACED_LAYERS = 2
@@ -178,7 +178,9 @@ def parse_run(raw: dict[str, str]) -> Run:
         raise RowError(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}")
     tp, pp, vpp, cp, ep = (_int(raw, k, 1) or 1 for k in ("tp", "pp", "vpp", "cp", "ep"))
     dp = _stated(raw, "dp", gpus // (tp * pp * cp), flags, "gpus/(tp*pp*cp)")
-    sp = bool(_int(raw, "sp", 0)) and tp > 1
+    text = f"{raw.get('source') or ''} {raw.get('notes') or ''}"
+    stated_sp = _int(raw, "sp")
+    sp = (bool(stated_sp) if stated_sp is not None else sequence_parallel_of(text)[0]) and tp > 1
     if cp > 1 and seq % (2 * cp):
         flags.append(f"unsupported: cp={cp} with seq {seq} not in 2*cp chunks (simulated as data parallel)")
         dp, cp = dp * cp, 1
@@ -209,7 +211,6 @@ def parse_run(raw: dict[str, str]) -> Run:
     assert measured is not None
     if measured <= 0:
         raise RowError(f"measured must be > 0, got {measured}")
-    text = f"{raw.get('source') or ''} {raw.get('notes') or ''}"
     zero = _int(raw, "zero", 0) or 0
     # Megatron-LM all-reduces the gradients after the backward (its DDP's overlap_grad_reduce came in
     # 2023, with the distributed optimizer); a ZeRO stage means DeepSpeed's reduction, which overlaps.
@@ -333,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         flags = run.flags + (["predicted OOM"] if saved["oom"] else [])
         flagged += bool(flags)
         flags += [*read, attention_of(run.text)[1]]
+        if run.sp and not (raw.get("sp") or "").strip():
+            flags.append(sequence_parallel_of(run.text)[1])
         error = (predicted - run.measured) / run.measured * 100
         errors.append(error)
         plan = f"{run.strategy}" + (f",mbs={run.micro_batch}" if run.micro_batch > 1 else "")

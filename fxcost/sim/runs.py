@@ -3,7 +3,8 @@
 Used by ``benchmarks/published_runs.py``, which builds each model from its dimensions as a
 :class:`fxcost.zoo.decoders.Decoder`:
 
-- :func:`attention_of`: the attention kernel the report states (fused or not).
+- :func:`attention_of`: the attention kernel the report states (fused or not);
+  :func:`sequence_parallel_of`: sequence parallelism the framework runs by default.
 - :func:`read_gpu`: the database entry a report's GPU string names, reading a parenthesized system
   (``"V100-SXM3-32GB (DGX-2H)"``) or power cap (``"(500W)"``) where the whole string is not an entry.
 - :func:`cluster_for`: the run's cluster. GPUs per node and NICs from the system where the text names
@@ -24,7 +25,15 @@ from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.sim.cluster import Cluster, default_inter_link
 from fxcost.sim.simulator import SimResult
 
-__all__ = ["SYSTEMS", "System", "attention_of", "breakdown", "cluster_for", "read_gpu"]
+__all__ = [
+    "SYSTEMS",
+    "System",
+    "attention_of",
+    "breakdown",
+    "cluster_for",
+    "read_gpu",
+    "sequence_parallel_of",
+]
 
 GPUS_PER_NODE = 8
 
@@ -48,6 +57,15 @@ SYSTEMS = {"DGX-2H": _DGX2, "DGX-2": _DGX2}
 _NETWORK = re.compile(r"(\d+(?:\.\d+)?)\s*(Gbps|Gb/s)\s*(RoCE|InfiniBand|IB|Ethernet)", re.IGNORECASE)
 _PARENS = re.compile(r"\s*\(([^)]*)\)")
 _WATTS = re.compile(r"^(\d+(?:\.\d+)?)\s*W$", re.IGNORECASE)
+
+
+def sequence_parallel_of(text: str) -> tuple[bool, str]:
+    """(whether a run whose report leaves sequence parallelism unstated ran it, how that was read):
+    torchtitan's tensor-parallel plan shards the norms along the sequence (``SequenceParallel`` in
+    torchtitan/models/llama3/infra/parallelize.py), so its runs with ``tp > 1`` do."""
+    if "torchtitan" in text.lower():
+        return True, "sp: torchtitan's tensor-parallel plan (SequenceParallel norms)"
+    return False, ""
 
 
 def attention_of(text: str) -> tuple[str, str]:

@@ -125,7 +125,7 @@ def _meta_model(
     attention = raw.get(_ATTENTION, "eager")
     if attention not in ("eager", "sdpa"):
         raise ValueError(f"unknown {_ATTENTION} {attention!r}; accepted: eager, sdpa")
-    hf_config._attn_implementation = attention
+    hf_config._attn_implementation = _fused_attention_name() if attention == "sdpa" else attention
     with torch.device("meta"):
         model = cls(hf_config)
     model.train(train)
@@ -145,3 +145,44 @@ def _routed(model: torch.nn.Module, architecture: str, routing: Routing) -> str:
     if any("experts" in name.split(".") for name, _ in model.named_modules()):
         return "balanced (grouped GEMMs' rows spread evenly over the experts)"
     return ""
+
+
+_FUSED = "fxcost_fused"
+
+
+def _fused_attention_name() -> str:
+    """The name of :func:`_fused_attention` among Hugging Face's attention functions, registered once.
+
+    PyTorch's ``scaled_dot_product_attention`` chooses its math path (matmuls, softmax, dropout, each
+    a node) for meta tensors, whatever a GPU would run, so a model built here with ``"sdpa"`` calls the
+    fused kernel's op itself."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_FUSED, _fused_attention)
+    return _FUSED
+
+
+def _fused_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    """Attention as one fused kernel (FlashAttention's op, forward and backward), in Hugging Face's
+    attention-function form: ``[batch, heads, tokens, head dim]`` in, ``[batch, tokens, heads, head
+    dim]`` out. A decoder's mask is the causal one (``is_causal``; an encoder's none), as a training step
+    on unpadded sequences runs it: the ``attention_mask`` of all-ones inputs adds nothing. Grouped-query
+    keys and values are repeated to the queries' heads."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
+    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout, causal, scale=scaling
+    )[0]
+    return out.transpose(1, 2).contiguous(), None

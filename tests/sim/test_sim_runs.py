@@ -12,7 +12,7 @@ from fxcost.estimator import Captured, default_estimator
 from fxcost.gpus import get_device
 from fxcost.sim import Strategy, simulate
 from fxcost.sim.plan import compile_plan
-from fxcost.sim.runs import SYSTEMS, attention_of, breakdown, cluster_for, read_gpu
+from fxcost.sim.runs import SYSTEMS, attention_of, breakdown, cluster_for, read_gpu, sequence_parallel_of
 
 LAYERS, DIM, SEQ, VOCAB, BATCH, FFN = 2, 64, 16, 256, 8, 256
 
@@ -63,6 +63,8 @@ def test_the_attention_kernel_is_read_from_the_report() -> None:
     assert attention_of("torchtitan benchmarks llama3_h100")[0] == "sdpa"
     kind, why = attention_of("Narayanan et al. SC21 Table 1")
     assert kind == "eager" and "unfused" in why
+    assert sequence_parallel_of("torchtitan benchmarks asyncTP")[0]
+    assert sequence_parallel_of("Narayanan et al. SC21") == (False, "")
 
 
 def test_the_breakdown_adds_up_to_the_iteration(gpt: tuple[Any, Captured]) -> None:

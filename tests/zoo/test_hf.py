@@ -48,6 +48,27 @@ def test_hf_step_captures_a_training_step_on_meta_tensors() -> None:
     assert report.coverage("V100-PCIE-32GB") == 1.0
 
 
+def test_a_config_asking_for_sdpa_runs_the_fused_kernel_on_meta_tensors() -> None:
+    """PyTorch picks SDPA's math path for meta tensors; a config naming ``sdpa`` gets the fused op, forward
+    and backward, with the causal mask's half of the work, and no score matrix among the nodes."""
+    from fxcost.zoo.hf import hf_step
+
+    base = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 64,
+            "n_head": 4, "vocab_size": 128, "n_positions": 64}  # fmt: skip
+    ops = {}
+    for attention in ("eager", "sdpa"):
+        step = hf_step({**base, "attn_implementation": attention}, batch=2, seqlen=64)
+        report = fxcost.profile(step.model, step.inputs, devices=["H100-SXM"], train=step.train,
+                                measure=False, loss_fn=step.loss_fn)  # fmt: skip
+        ops[attention] = {n.op for n in report.nodes}
+    fused = {"aten._scaled_dot_product_flash_attention_for_cpu.default",
+             "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"}  # fmt: skip
+    assert fused <= ops["sdpa"] and not fused & ops["eager"]
+    assert not any("softmax.default" in op and "log" not in op for op in ops["sdpa"])
+    with pytest.raises(ValueError, match="unknown attn_implementation 'flex'"):
+        hf_step({**base, "attn_implementation": "flex"}, batch=1, seqlen=8)
+
+
 def test_hf_step_rejects_bad_configs() -> None:
     from fxcost.zoo.hf import hf_step
 
