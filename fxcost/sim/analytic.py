@@ -10,7 +10,8 @@ those layers out in pipeline stages as :func:`fxcost.sim.deepen.deepen` does and
   equals the simulated plan's;
 - **iteration** of the 1F1B schedule (Narayanan et al. 2021, §2.2): the first micro-batch's forward
   and the last one's backward cross every stage, the other ``m - 1`` micro-batches are paced by the
-  slowest stage, ``sum(F_i + B_i) + (m - 1) max(F_i + B_i)``, plus the activations sent between
+  slowest stage, ``sum(F_i + B_i) + (m - 1) max(F_i + B_i)`` (with ``vpp`` chunks per stage, the
+  bubble ``sum - max`` divided by ``vpp``, Narayanan et al. 2021 §2.2.2), plus the activations sent between
   stages on that path, plus the data-parallel gradient reduction that the backward does not hide (with
   ``overlap_grad_reduce``: what remains after the last micro-batch's backward, at least the reduction of
   the stage's first layer; without: all of it), less the time the stage ends before the first one.
@@ -33,7 +34,7 @@ from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.memory import GIB, model_state_bytes
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
-from fxcost.sim.schedule import in_flight_chunks
+from fxcost.sim.schedule import in_flight_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["Estimate", "Pieces", "estimate"]
@@ -176,8 +177,8 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
     exposed: list[float] = []
     peak = 0.0
     by_stage: list[list[str]] = [[] for _ in range(s.pp)]
-    for i in range(layers):
-        by_stage[i * s.pp // layers].append(traced[min(i, len(traced) - 1)])
+    for i, (stage, _) in enumerate(virtual_stages(layers, s.pp, s.vpp)):
+        by_stage[stage].append(traced[min(i, len(traced) - 1)])
     for index, mine in enumerate(by_stage):
         outer = ["embed"] * (index == 0) + ["head"] * (index == s.pp - 1)
         recompute = s.recompute
@@ -205,7 +206,8 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         )
         again = max((pieces.forward[x].saved_bytes for x in mine), default=0.0) if recompute else 0.0
         peak = max(peak, states + in_flight_chunks(s, index) * saved / s.vpp + again)
-    pipe = sum(times) + 2 * (s.pp - 1) * send + (s.micro_batches - 1) * max(times)
+    # The bubble, the stages' time beyond the slowest one's, shrinks by the chunks per stage (vpp).
+    pipe = s.micro_batches * max(times) + (sum(times) - max(times)) / s.vpp + 2 * (s.pp - 1) * send
     # Stage i ends its last backward before the stages ahead of it end theirs.
     tail = max(exposed[i] - sum(backwards[:i]) for i in range(s.pp))
     return Estimate(pipe + max(tail, 0.0), peak / GIB, capacity / GIB)

@@ -109,6 +109,15 @@ def _sp_rule(c: Choice, space: Space) -> str | None:
     return "sp without tensor parallelism" if c["sp"] and c["tp"] == 1 else None
 
 
+def _vpp_rule(c: Choice, space: Space) -> str | None:
+    if c["vpp"] == 1:
+        return None
+    micro_batches = space.batch // (c["dp"] * c["micro_batch"])
+    if c["pp"] == 1 or micro_batches % c["pp"]:
+        return "interleaving without pp stages the micro-batches fill"
+    return "pp x vpp exceeds the layers" if c["pp"] * c["vpp"] > space.model.layers else None
+
+
 # The search space: one row per setting. Tensor parallelism stays inside a node (its all-reduces are
 # on the critical path), pipeline stages are powers of two, the rest as listed.
 DIMENSIONS: tuple[Dimension, ...] = (
@@ -118,6 +127,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("zero", lambda space: (0, 1, 2, 3), _zero_rule),
     Dimension("recompute", lambda space: (False, True)),
     Dimension("sp", lambda space: (False, True), _sp_rule),
+    Dimension("vpp", lambda space: (1, 2), _vpp_rule),
 )
 MICRO_SIZES = (1, 2, 4, 8)
 
@@ -266,7 +276,7 @@ def simulate_pieces(
     """(the simulated iteration in ms, the peak memory of the fullest rank in GiB) of ``pieces``
     deepened to ``layers`` layers under ``strategy``: the steps of :func:`fxcost.simulate` after its
     trace, without the interval."""
-    one = dataclasses.replace(pieces.plan, strategy=dataclasses.replace(strategy, pp=1))
+    one = dataclasses.replace(pieces.plan, strategy=dataclasses.replace(strategy, pp=1, vpp=1))
     deep = deepen(one, params, strategy, layers)
     tasks, _ = _tasks(deep, cluster)
     capacity = cluster.device.memory_gb or math.inf
