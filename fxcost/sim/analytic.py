@@ -15,7 +15,9 @@ those layers out in pipeline stages as :func:`fxcost.sim.deepen.deepen` does and
   stages on that path, plus the data-parallel gradient reduction that the backward does not hide (with
   ``overlap_grad_reduce``: what remains after the last micro-batch's backward, at least the reduction of
   the stage's first layer; without: all of it), less the time the stage ends before the first one.
-  ZeRO 3's parameter gathers run before every layer's forward and backward and count in ``F`` and ``B``.
+  ZeRO 3's parameter gathers run before every layer's forward and backward, prefetched one layer ahead:
+  ``F`` and ``B`` are the first gather and the larger of the compute and the other gathers; ZeRO 2 and 3
+  reduce the gradients after every micro-batch.
   Collectives are priced as the simulator prices them (:func:`fxcost.sim.cluster.collective_ms` on the
   first group of each kind, shared as the most crowded of them).
 
@@ -144,10 +146,13 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
     """The iteration and peak memory of ``pieces`` deepened to ``layers`` layers under ``s`` on ``cluster``.
 
     Raises:
-        ValueError: ``s.pp`` exceeds ``layers``.
+        ValueError: ``s.pp`` exceeds ``layers``, or ``s`` uses context or expert parallelism or HSDP,
+            which this pass does not model (``fxcost.simulate`` does).
     """
     if s.pp > layers:
         raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
+    if s.cp > 1 or s.ep > 1 or s.shard:
+        raise ValueError(f"the analytic pass models dp, tp, pp, vpp, ZeRO and sp, not {s}: use simulate")
 
     def price(c: Comm) -> float:
         return _comm_ms(c, cluster, s.dp, s.tp, s.pp)
@@ -185,15 +190,18 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         forward = sum(cost[("F", x)] for x in mine + outer)
         backward = sum(cost[("B", x)] for x in mine + outer) + recompute * sum(cost[("F", x)] for x in mine)
         gathered = [*mine, *([""] if outer else [])]  # the part outside the layers is gathered once
-        forward += sum(gather.get(x, 0.0) for x in gathered)
-        backward += sum(gather.get(x, 0.0) for x in gathered)
+        gathers = [gather.get(x, 0.0) for x in gathered]
+        if gathers:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
+            forward = gathers[0] + max(forward, sum(gathers[1:]))
+            backward = gathers[0] + max(backward, sum(gathers[1:]))
         times.append(forward + backward)
         backwards.append(backward)
         reduced = [reduce.get(x, 0.0) for x in gathered]
-        total = sum(reduced)
+        rounds = s.micro_batches if s.zero >= 2 else 1  # sharded gradients are reduced every micro-batch
+        total = sum(reduced) * rounds
         if s.overlap_grad_reduce:
             last = reduced[0] + (reduced[-1] if outer and index == 0 else 0.0)
-            exposed.append(max(last, total - backward) if total else 0.0)
+            exposed.append(max(last, total - backward * rounds) if total else 0.0)
         else:
             exposed.append(total)
         params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)

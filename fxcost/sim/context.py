@@ -102,8 +102,12 @@ def _split(node: NodeCost, cp: int, seqlen: int, tokens: int) -> NodeCost:
         ins[-2] = split(ins[-2], queries=True)
         in_shapes, out_shapes = ins, [split(x, queries=True) for x in node.out_shapes]
     elif attention and any(f in node.op for f in _FUSED):  # the queries split, the keys and values whole
-        in_shapes = [x if 0 < i < 3 else split(x) for i, x in enumerate(node.in_shapes)]
-        out_shapes = [split(x) for x in node.out_shapes]
+        backward = "backward" in node.op  # (grad_out, q, k, v, ...) -> (dq, dk, dv) or (q, k, v, ...) -> out
+        whole, whole_out = ((2, 3), (1, 2)) if backward else ((1, 2), ())
+        in_shapes = [x if i in whole else split(x) for i, x in enumerate(node.in_shapes)]
+        out_shapes = [x if i in whole_out else split(x) for i, x in enumerate(node.out_shapes)]
+    elif node.op in MATMULS and _is_2d_matmul(node):  # the tokens are its rows or its inner dimension
+        return _split_matmul(node, cp, tokens)
     elif attention:  # scores (softmax, mask, dropout): the rank's queries' rows
         in_shapes = [split(x, queries=True) for x in node.in_shapes]
         out_shapes = [split(x, queries=True) for x in node.out_shapes]
@@ -123,9 +127,35 @@ def _split(node: NodeCost, cp: int, seqlen: int, tokens: int) -> NodeCost:
                         bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
 
 
+def _is_2d_matmul(node: NodeCost) -> bool:
+    return len(node.in_shapes) >= 2 and all(len(x) == 2 for x in node.in_shapes[-2:])
+
+
+def _split_matmul(node: NodeCost, cp: int, tokens: int) -> NodeCost:
+    """A ``[m, k] x [k, n]`` matmul on the rank's tokens: its rows where they are the tokens (a forward
+    or an input gradient), else its inner dimension (a weight gradient: the output keeps the weight's
+    shape). The weight operand keeps its shape even where a dimension is as long as the tokens."""
+    (m, k), (_, n) = node.in_shapes[-2], node.in_shapes[-1]
+    ins: list[Shape] = list(node.in_shapes)
+    outs: list[Shape]
+    if m == tokens:  # an addmm's bias of the result's shape is split with it, a row bias is not
+        ins = [(m // cp, n) if tuple(x) == (m, n) else x for x in ins[:-2]] + [(m // cp, k), ins[-1]]
+        outs = [(m // cp, n)]
+    elif k == tokens:
+        ins[-2], ins[-1], outs = (m, k // cp), (k // cp, n), list(node.out_shapes)
+    else:
+        return node
+    flops = None if node.flops is None else node.flops // cp
+    return node.replace(in_shapes=ins, out_shapes=outs, flops=flops,
+                        bytes_read=recorded_bytes(ins, node.in_dtypes),
+                        bytes_written=recorded_bytes(outs, node.out_dtypes))  # fmt: skip
+
+
 def _scaled(node: NodeCost, in_shapes: Sequence[Shape], out_shapes: Sequence[Shape]) -> int | None:
-    """FLOPs in proportion to the node's result (its input where it has none)."""
-    old, new = node.out_shapes or node.in_shapes, out_shapes or in_shapes
+    """FLOPs in proportion to the node's first input (its result where it has none): the same for an
+    elementwise op, and right for a reduction over the tokens (a bias gradient), whose result keeps its
+    shape."""
+    old, new = node.in_shapes or node.out_shapes, in_shapes or out_shapes
     if node.flops is None or not old or not new:
         return node.flops
     return round(node.flops * math.prod(new[0]) / max(math.prod(old[0]), 1))

@@ -86,8 +86,13 @@ def rank_memory(plan: Plan, stage: StagePlan, capacity_gb: float) -> Memory:
     p, g, o = (a + b for a, b in zip(dense, experts, strict=True))
     activations = in_flight_chunks(s, stage.index) * stage.activation_bytes / s.vpp + stage.recompute_bytes
     segments = stage.forward + stage.backward
-    gathered = max((c.nbytes for seg in segments for c in seg.before if c.kind == "all_gather"), default=0)
-    reduced = max((c.nbytes for seg in segments for c in seg.after if c.kind == "reduce_scatter"), default=0)
+    # a layer's gathers (dense and expert ones with ep) land together, and so do its reduce-scatters
+    gathered = max(
+        (sum(c.nbytes for c in seg.before if c.kind == "all_gather") for seg in segments), default=0.0
+    )
+    reduced = max(
+        (sum(c.nbytes for c in seg.after if c.kind == "reduce_scatter") for seg in segments), default=0.0
+    )
     if s.zero == 3:
         p, g = p + 2 * gathered, g + reduced
     return Memory(p, g, o, activations, capacity_gb * GIB)

@@ -142,6 +142,8 @@ def compile_plan(
 
     batch_nodes = captured.node_batch(micro, precision)
     seqlen = seqlen_of(batch_nodes.nodes) if s.cp > 1 else None
+    if s.cp > 1 and not seqlen:
+        raise ValueError(f"cp={s.cp} splits the sequence of attention and this step has none; accepted: cp=1")
     if seqlen:  # context parallelism: every node on the rank's part of the sequence
         whole_tokens = _width_and_tokens(batch_nodes.nodes)[1]
         batch_nodes = NodeBatch.of(split_sequence(batch_nodes.nodes, s.cp, seqlen, whole_tokens))

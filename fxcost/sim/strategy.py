@@ -135,9 +135,10 @@ class Strategy:
             raise ValueError(
                 f"shard={self.shard} (HSDP) with cp={self.cp} is not supported; accepted: either"
             )
-        if self.shard and (self.zero != 3 or self.shard < 1 or self.dp % self.shard):
+        if self.shard and (self.zero != 3 or self.shard < 2 or self.dp % self.shard):
             raise ValueError(
-                f"shard={self.shard} (HSDP) needs zero=3 and a divisor of dp={self.dp}; got zero={self.zero}"
+                f"shard={self.shard} (HSDP) needs zero=3 and a divisor of dp={self.dp} of at least 2 "
+                f"(0: shard over all of dp); got zero={self.zero}"
             )
         for path, settings in self.modules.items():
             unknown = set(settings) - set(_MODULE_SETTINGS)
@@ -240,7 +241,7 @@ class Strategy:
             parts.append("recompute=1")
         if self.sp:
             parts.append("sp=1")
-        if not self.overlap_grad_reduce and self.dp > 1:
+        if not self.overlap_grad_reduce and self.data_ranks > 1:
             parts.append("overlap=0")
         if self.ep > 1:
             parts.append(f"ep={self.ep}")

@@ -63,6 +63,10 @@ def test_the_strategy_takes_ep_expert_load_and_cp() -> None:
         Strategy.parse("dp=2,expert_load=a/b")
     with pytest.raises(ValueError, match="tp=1 with ep > 1"):
         Strategy(dp=2, tp=2, ep=2)
+    alone = Strategy(cp=2, overlap_grad_reduce=False)  # gradients reduced over cp ranks, after the backward
+    assert Strategy.parse(str(alone)) == alone
+    with pytest.raises(ValueError, match="of at least 2"):
+        Strategy(dp=4, zero=3, shard=1)
 
 
 def test_expert_parallelism_adds_four_all_to_alls_per_moe_layer_and_splits_the_expert_gradients(
@@ -115,6 +119,24 @@ def test_context_parallelism_passes_keys_and_values_around_the_ring(gpt: tuple[A
     assert not [c for seg in whole.stages[0].forward for c in seg.inside if c.group == "cp"]
     with pytest.raises(ValueError, match="2\\*cp=64 equal chunks"):
         _plan(gpt, "cp=32")
+
+
+def test_context_parallelism_splits_matmuls_on_the_tokens_never_a_weight(gpt: tuple[Any, Captured]) -> None:
+    """A forward or input-gradient matmul on its rows, a weight gradient on its inner dimension (its result
+    keeps the weight's shape), though the vocabulary here is as long as the tokens (256)."""
+    from fxcost.lowering.nodes import MATMULS
+    from fxcost.sim.context import split_sequence
+
+    nodes = gpt[1].node_batch(BATCH).nodes
+    split = split_sequence(nodes, 2, SEQ, BATCH * SEQ)
+    pairs = zip(nodes, split, strict=True)
+    matmuls = [(a, b) for a, b in pairs if a.op in MATMULS and len(a.in_shapes[-1]) == 2]
+    assert matmuls
+    for whole, half in matmuls:
+        assert half.flops == whole.flops // 2, whole
+        weight_grad = whole.out_shapes == half.out_shapes
+        assert weight_grad or half.out_shapes[0][0] == whole.out_shapes[0][0] // 2
+        assert half.in_shapes[-1][-1] == whole.in_shapes[-1][-1]  # the weight's (or result's) columns
 
 
 def test_gradients_reduce_over_dp_times_cp_and_experts_over_their_replicas() -> None:
