@@ -84,14 +84,7 @@ class RowError(ValueError):
 class Run:
     """One published run, parsed: the model, the plan, the cluster and the figure."""
 
-    model: str
-    layers: int
-    hidden: int
-    heads: int
-    ffn: int
-    vocab: int
-    seq: int
-    gated: bool
+    model: Decoder
     gpu: str
     gpus: int
     tp: int
@@ -111,6 +104,11 @@ class Run:
     attention: str = "eager"  # "sdpa" where the report runs a fused attention kernel
     vpp: int = 1
     cp: int = 1
+
+    @property
+    def gated(self) -> bool:
+        """Whether the stated parameters fit a gated (SwiGLU) MLP."""
+        return self.model.gated
 
     @property
     def strategy(self) -> Strategy:
@@ -168,11 +166,10 @@ def parse_run(raw: dict[str, str]) -> Run:
     ffn = _stated(raw, "ffn_hidden", 4 * hidden, flags, "4h")
     vocab = _stated(raw, "vocab", 51200, flags)
     params_b = _number(raw, "params_b")
-    gated = False
-    if params_b is not None:
-        dense, swiglu = (Decoder("?", layers, hidden, heads, ffn, vocab, seq, gated=g).params_b
-                         for g in (False, True))  # fmt: skip
-        gated = abs(swiglu - params_b) < abs(dense - params_b)
+    name = raw.get("model", "").strip() or "?"
+    dense, swiglu = (Decoder(name, layers, hidden, heads, ffn, vocab, seq, gated=g) for g in (False, True))
+    gated = params_b is not None and abs(swiglu.params_b - params_b) < abs(dense.params_b - params_b)
+    model = swiglu if gated else dense
     unit = raw["unit"].strip()
     if unit not in UNITS:
         raise RowError(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}")
@@ -215,24 +212,23 @@ def parse_run(raw: dict[str, str]) -> Run:
     # Megatron-LM all-reduces the gradients after the backward (its DDP's overlap_grad_reduce came in
     # 2023, with the distributed optimizer); a ZeRO stage means DeepSpeed's reduction, which overlaps.
     overlap = not ("megatron" in text.lower() and zero == 0)
-    return Run(raw.get("model", "").strip() or "?", layers, hidden, heads, ffn, vocab, seq, gated,
-               raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch,
+    return Run(model, raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch,
                precision, measured, unit, flags, sp, text, overlap, attention_of(text)[0],
                vpp, cp)  # fmt: skip
 
 
 def config_of(run: Run) -> dict[str, Any]:
     """The Hugging Face GPT-2 config of the run's decoder, ``TRACED_LAYERS`` deep."""
-    return Decoder(run.model, run.layers, run.hidden, run.heads, run.ffn, run.vocab, run.seq,
-                   run.gated).hf_config(TRACED_LAYERS, run.seq, run.attention)  # fmt: skip
+    return run.model.hf_config(TRACED_LAYERS, run.model.seq, run.attention)
 
 
 def iteration_flops(run: Run, hardware: bool) -> float:
     """FLOPs of one iteration in Megatron's count; ``hardware``: the recomputed forward counted."""
-    h, s, f = run.hidden, run.seq, run.ffn
+    m = run.model
+    h, s, f = m.hidden, m.seq, m.ffn
     passes = 4 if hardware else 3
-    layer = 8 * h * h + (6 if run.gated else 4) * h * f + 4 * s * h
-    return run.global_batch * s * (passes * run.layers * layer + 6 * h * run.vocab)
+    layer = 8 * h * h + (6 if m.gated else 4) * h * f + 4 * s * h
+    return run.global_batch * s * (passes * m.layers * layer + 6 * h * m.vocab)
 
 
 def in_unit(run: Run, iteration_s: float, device: Device) -> float:
@@ -240,7 +236,7 @@ def in_unit(run: Run, iteration_s: float, device: Device) -> float:
     if run.unit == "s_per_iter":
         return iteration_s
     if run.unit == "tokens_per_s_per_gpu":
-        return run.global_batch * run.seq / iteration_s / run.gpus
+        return run.global_batch * run.model.seq / iteration_s / run.gpus
     if run.unit == "tflops_per_gpu":
         return iteration_flops(run, run.recompute == "full") / iteration_s / run.gpus / 1e12
     peak = peak_tflops(device, parse_precision(run.precision))
@@ -258,15 +254,16 @@ def simulated(run: Run, cluster: Cluster, cache: Path | None) -> dict[str, Any]:
     """The simulated iteration of ``run`` on ``cluster``: ``iteration_s``, ``oom``, the first and
     the last stage's ``breakdown`` (ms) and their ``memory_gib``; cached by the row."""
     c = cluster
-    key = json.dumps([fxcost.__version__, config_of(run), str(run.strategy), run.global_batch, run.layers,
-                      run.precision, str(c), c.intra.bandwidth_gbps, c.inter.bandwidth_gbps, c.nics_per_node],
+    key = json.dumps([fxcost.__version__, config_of(run), str(run.strategy), run.global_batch,
+                      run.model.layers, run.precision, str(c), c.intra.bandwidth_gbps,
+                      c.inter.bandwidth_gbps, c.nics_per_node],
                      sort_keys=True)  # fmt: skip
     path = cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json" if cache else None
     if path is not None and path.exists():
         return dict(json.loads(path.read_text()))
     result: SimResult = simulate(config_of(run), run.strategy, cluster, batch=run.global_batch,
-                                 seqlen=run.seq, precision=parse_precision(run.precision),
-                                 layers=run.layers)  # fmt: skip
+                                 seqlen=run.model.seq, precision=parse_precision(run.precision),
+                                 layers=run.model.layers)  # fmt: skip
     ends = sorted({0, run.pp - 1})
     saved = {"iteration_s": result.iteration_ms / 1000, "oom": result.oom,
              "breakdown": [breakdown(result, i) for i in ends],
