@@ -12,7 +12,7 @@ import fxcost
 from fxcost.cli import main
 from fxcost.cli.status import BAD_INPUT, INTERRUPTED
 from fxcost.gpus import get_device
-from fxcost.sim import Cluster, simulate
+from fxcost.sim import Cluster, SimResult, Strategy, simulate
 from fxcost.sim.ranked import PlanSearch
 from fxcost.sim.search import Space, candidates, plan
 from fxcost.zoo.decoders import Decoder, decoder
@@ -45,18 +45,16 @@ def test_every_candidate_is_valid_and_the_invalid_are_counted() -> None:
     assert len({tuple(sorted(c.items())) for c in valid}) == len(valid)
 
 
+def _simulated(strategy: Strategy) -> SimResult:
+    """``fxcost.simulate`` of the tiny decoder under ``strategy``, as the search's exact pass runs it."""
+    return simulate(TINY.hf_config(2, SEQ), strategy, CLUSTER, batch=BATCH, seqlen=SEQ, precision="bf16",
+                    layers=TINY.layers)  # fmt: skip
+
+
 def test_the_best_plan_is_what_simulate_says(search: PlanSearch) -> None:
     best = search.best
     assert best.exact and not best.oom
-    result = simulate(
-        TINY.hf_config(2, SEQ),
-        best.strategy,
-        CLUSTER,
-        batch=BATCH,
-        seqlen=SEQ,
-        precision="bf16",
-        layers=TINY.layers,
-    )
+    result = _simulated(best.strategy)
     assert best.iteration_ms == result.iteration_ms
     assert best.memory_gib * 2**30 == pytest.approx(max(m.total for m in result.memory), rel=1e-12)
     assert best.tokens_per_s == pytest.approx(BATCH * SEQ / result.iteration_ms * 1000)
@@ -71,15 +69,7 @@ def test_analytic_memory_is_the_simulated_memory(search: PlanSearch) -> None:
     assert len(simulated) == 3
     assert 0 < search.max_gap < 0.5  # the analytic pass is close to, not equal to, the event simulation
     for c in search.candidates[:: max(len(search.candidates) // 6, 1)]:
-        result = simulate(
-            TINY.hf_config(2, SEQ),
-            c.strategy,
-            CLUSTER,
-            batch=BATCH,
-            seqlen=SEQ,
-            precision="bf16",
-            layers=TINY.layers,
-        )
+        result = _simulated(c.strategy)
         assert c.memory_gib * 2**30 == pytest.approx(max(m.total for m in result.memory), rel=1e-9), (
             c.strategy
         )
