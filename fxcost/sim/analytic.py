@@ -37,6 +37,7 @@ from fxcost.sim.memory import GIB, model_state_bytes
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
+from fxcost.sim.simulator import _groups, _stage_ranks
 from fxcost.sim.strategy import Strategy
 
 __all__ = ["Estimate", "Pieces", "estimate"]
@@ -116,23 +117,19 @@ class Estimate:
         return self.memory_gib > self.capacity_gib
 
 
-def _rank(s: Strategy, p: int, d: int, t: int) -> int:  # Megatron's order, as the simulator's
-    return p * s.dp * s.tp + d * s.tp + t
-
-
 @lru_cache(maxsize=256)
 def _prices(cluster: Cluster, dp: int, tp: int, pp: int) -> dict[str, tuple[list[int], float]]:
-    """For each group kind, the first group's ranks and how many groups share its links."""
+    """For each group kind, the first group's ranks and how many groups share its links, the groups
+    laid out as the simulator lays them out."""
     s = Strategy(dp=dp, tp=tp, pp=pp)
-    tp_groups = [[_rank(s, p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]
-    dp_groups = [[_rank(s, p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)]
-    pairs = (
-        [[_rank(s, 0, d, t), _rank(s, 1, d, t)] for d in range(dp) for t in range(tp)] if pp > 1 else [[0]]
-    )
-    return {
-        kind: (groups[0], max(link_sharing(groups, cluster)))
-        for kind, groups in (("tp", tp_groups), ("dp", dp_groups), ("pp", pairs))
+    prices = {
+        kind: (by_stage[0][0], max(link_sharing([g for stage in by_stage for g in stage], cluster)))
+        for kind, by_stage in _groups(s).items()
+        if kind in ("tp", "dp")
     }
+    pairs = [[a, b] for a, b in zip(_stage_ranks(s, 0), _stage_ranks(s, 1), strict=True)] if pp > 1 else [[0]]
+    prices["pp"] = (pairs[0], max(link_sharing(pairs, cluster)))
+    return prices
 
 
 @lru_cache(maxsize=65536)
