@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fxcost._io import atomic_write
+from fxcost.cost_models.heads.tensor_core import tensor_peak_tflops
 from fxcost.gpus import Device
 from fxcost.precision import Precision
 from fxcost.sim.cluster import Cluster
@@ -28,19 +29,16 @@ __all__ = ["Candidate", "PlanSearch", "peak_tflops", "spearman"]
 
 
 def peak_tflops(device: Device, precision: Precision | None) -> float:
-    """The GPU's dense peak in ``precision`` (tensor cores for 16-bit and tf32; fp32 if None).
+    """The GPU's dense peak in ``precision`` as the tensor-core model reads it
+    (:func:`~fxcost.cost_models.heads.tensor_core.tensor_peak_tflops`); fp32 if None.
 
     Raises:
         ValueError: the device database has no peak for it.
     """
-    name = precision.name if precision else "fp32"
-    peak = {
-        "fp16": device.fp16_tflops,
-        "bf16": device.bf16_tflops,
-        "tf32": device.tf32_tflops,
-        "fp32": device.fp32_tflops,
-    }.get(name)
+    kind = "tf32" if precision and precision.tf32 else precision.dtype if precision else "float32"
+    peak = device.fp32_tflops if kind == "float32" else tensor_peak_tflops(device, kind)
     if not peak:
+        name = precision.name if precision else "fp32"
         raise ValueError(f"{device.name} has no {name} peak in the device database (needed for MFU)")
     return peak
 
