@@ -47,6 +47,6 @@ def latency_floor_ms(spec: KernelSpec, device: Device) -> float:
     """The shortest time ``spec`` is priced at on ``device`` as an op timed alone: the largest
     :func:`own_latency_ms` plus per-op overhead (:func:`~fxcost.cost_models.eager.hidden_overhead_ms`)
     of ``device`` and of every GPU that beats it; NaN where none knows a latency."""
-    times = [own_latency_ms(spec, d) + hidden_overhead_ms(d) for d in (device, *stronger_than(device))]
-    known = [t for t in times if not math.isnan(t)]
+    owns = ((own_latency_ms(spec, d), d) for d in (device, *stronger_than(device)))
+    known = [own + hidden_overhead_ms(d) for own, d in owns if not math.isnan(own)]
     return max(known) if known else math.nan
