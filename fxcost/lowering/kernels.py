@@ -17,10 +17,9 @@ Memory-bound ops that are neither (reductions, concatenation, gathers, pooling, 
 zero-then-write gradients of slicing and indexing) are lowered to the passes their kernels make over
 memory and the bytes each moves (:data:`MEMORY_BOUND`), their launches approximated as elementwise
 ones (``exact=False``); batch norm's and max pooling's kernels and launches are modelled
-(``lowering.batch_norm``, ``lowering.max_pool``). Any
-other kernel-alike op gets one elementwise-like pass over its largest
-tensor, also flagged ``exact=False``. Matmul-class ops are kernel-varying (cuBLAS/cuDNN pick kernels
-per GPU) and are not lowered here.
+(``lowering.batch_norm``, ``lowering.max_pool``). Any other kernel-alike op gets one
+elementwise-like pass over its largest tensor, also flagged ``exact=False``. Matmul-class ops are
+kernel-varying (cuBLAS/cuDNN pick kernels per GPU) and are not lowered here.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fxcost._checks import positive_int
+from fxcost.zoo.routing import Routing
 
 __all__ = ["SCHEDULES", "Strategy"]
 
@@ -123,9 +124,7 @@ class Strategy:
         if self.ep > 1 and self.tp > 1:
             raise ValueError(f"ep={self.ep} with tp={self.tp} is not supported; accepted: tp=1 with ep > 1")
         if self.expert_load is not None:
-            load = self.expert_load
-            if not load or any(not x >= 0 for x in load) or abs(sum(load) - 1) > 1e-6:
-                raise ValueError(f"expert_load: fractions >= 0 summing to 1, one per expert; got {load}")
+            Routing(self.expert_load)  # raises for loads a captured model's routing would refuse
         if self.vpp > 1 and (self.pp == 1 or self.micro_batches % self.pp or self.schedule != "1f1b"):
             raise ValueError(
                 f"interleaved 1F1B (vpp={self.vpp}) needs the 1f1b schedule, pp > 1 and micro-batches a "
