@@ -104,6 +104,7 @@ class Run:
     attention: str = "eager"  # "sdpa" where the report runs a fused attention kernel
     vpp: int = 1
     cp: int = 1
+    readings: list[str] = field(default_factory=list)  # how the text was read (not assumptions: no flag)
 
     @property
     def gated(self) -> bool:
@@ -176,8 +177,13 @@ def parse_run(raw: dict[str, str]) -> Run:
     tp, pp, vpp, cp, ep = (_int(raw, k, 1) or 1 for k in ("tp", "pp", "vpp", "cp", "ep"))
     dp = _stated(raw, "dp", gpus // (tp * pp * cp), flags, "gpus/(tp*pp*cp)")
     text = f"{raw.get('source') or ''} {raw.get('notes') or ''}"
+    attention, attention_read = attention_of(text)
+    readings = [attention_read]
     stated_sp = _int(raw, "sp")
-    sp = (bool(stated_sp) if stated_sp is not None else sequence_parallel_of(text)[0]) and tp > 1
+    sp = bool(stated_sp) and tp > 1
+    if stated_sp is None and tp > 1:
+        sp, sp_read = sequence_parallel_of(text)
+        readings += [sp_read] if sp else []
     if cp > 1 and seq % (2 * cp):
         flags.append(f"unsupported: cp={cp} with seq {seq} not in 2*cp chunks (simulated as data parallel)")
         dp, cp = dp * cp, 1
@@ -213,8 +219,7 @@ def parse_run(raw: dict[str, str]) -> Run:
     # 2023, with the distributed optimizer); a ZeRO stage means DeepSpeed's reduction, which overlaps.
     overlap = not ("megatron" in text.lower() and zero == 0)
     return Run(model, raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch,
-               precision, measured, unit, flags, sp, text, overlap, attention_of(text)[0],
-               vpp, cp)  # fmt: skip
+               precision, measured, unit, flags, sp, text, overlap, attention, vpp, cp, readings)  # fmt: skip
 
 
 def config_of(run: Run) -> dict[str, Any]:
@@ -330,9 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         flags = run.flags + (["predicted OOM"] if saved["oom"] else [])
         flagged += bool(flags)
-        flags += [*read, attention_of(run.text)[1]]
-        if run.sp and not (raw.get("sp") or "").strip():
-            flags.append(sequence_parallel_of(run.text)[1])
+        flags += read + run.readings
         error = (predicted - run.measured) / run.measured * 100
         errors.append(error)
         plan = f"{run.strategy}" + (f",mbs={run.micro_batch}" if run.micro_batch > 1 else "")
