@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ELEMENTWISE",
+    "GEMM_COLUMNS",
     "KERNEL_ALIKE",
     "data_root",
     "kernel_alike_node",
@@ -163,13 +164,21 @@ def kernel_alike_node(op: str, batch: int, hidden: int) -> NodeCost:
     return synthetic_node(aten_name, [x, x] if binary else [x], [x], args, scalar)
 
 
+GEMM_COLUMNS = "B, M, N, K: B problems of an [M, N] input times an [N, K] matrix (N reduced)"
+"""What the GEMM columns of the data set mean. The kernels the rows record say so: every row's grid
+tiles an M x K output (``ampere_sgemm_128x64_tn`` over grid (ceil(K/128), ceil(M/64)), for one), and
+so do the rows ``fxcost collect`` writes. A ``linear`` row is ``F.linear`` of a [B, M, N] input with a
+[K, N] weight, a ``bmm`` row ``torch.bmm`` of [B, M, N] and [B, N, K]."""
+
+
 def row_node(row: Any) -> NodeCost:
     """The node a data-set row measures (any op of the data set), with FLOPs and bytes counted."""
     op = row.OPName
     if op in KERNEL_ALIKE:
         return kernel_alike_node(op, int(row.B), int(row.H))
     if op in ("linear", "bmm"):
-        return gemm_node(op, int(row.B), int(row.M), int(row.N), int(row.K))
+        # The data set's N is the reduced dimension and K the output's columns (GEMM_COLUMNS).
+        return gemm_node(op, int(row.B), int(row.M), n=int(row.K), k=int(row.N))
     if op == "conv":
         return conv_node(int(row.B), int(row.Input_Channel), int(row.Output_Channel), int(row.Kernel_Szie),
                          int(row.Input_Size), int(row.Stride), int(row.Padding))  # fmt: skip

@@ -7,8 +7,9 @@ so one sequence of ``[B, H]`` shapes, as in the shared data. Ranges, uniform int
 
 =========== =================================================================================
 linear      B = 1 (as in the shared data), M 1-3500, N 1-32768, K 1-32768 (Habitat §4.3.1:
-            batch 1-3500, in/out features 1-32768); no bias (the schema has no bias column)
-bmm         B 1-128, M, N, K 1-1024 (Habitat)
+            batch 1-3500, in/out features 1-32768); no bias (the schema has no bias column); N
+            is reduced, K the output's columns, as in the shared data (``datasets.GEMM_COLUMNS``)
+bmm         B 1-128, M, N, K 1-1024 (Habitat); [B, M, N] @ [B, N, K]
 conv        B 1-64, Input_Channel 3-2048, Output_Channel 16-2048, Kernel_Szie 1-11, Input_Size
             1-256 (square), Stride 1-4, Padding 0-3 (Habitat), no bias; configurations whose
             kernel exceeds the padded image are redrawn
@@ -127,11 +128,12 @@ def build_call(
         grad_out = torch.randn_like(out)
         return functools.partial(torch.autograd.grad, out, qkv, grad_out, retain_graph=True)
 
+    # The shared data's GEMM columns: N is reduced, K is the output's columns (datasets.GEMM_COLUMNS).
     if op == "linear":
-        return functools.partial(F.linear, rand(cfg["B"], cfg["M"], cfg["K"]), rand(cfg["N"], cfg["K"]))
+        return functools.partial(F.linear, rand(cfg["B"], cfg["M"], cfg["N"]), rand(cfg["K"], cfg["N"]))
     if op == "bmm":
         b, m, n, k = (cfg[d] for d in _GEMM_DIMS)
-        return functools.partial(torch.bmm, rand(b, m, k), rand(b, k, n))
+        return functools.partial(torch.bmm, rand(b, m, n), rand(b, n, k))
     if op == "conv":
         x = rand(cfg["B"], cfg["Input_Channel"], cfg["Input_Size"], cfg["Input_Size"])
         w = rand(cfg["Output_Channel"], cfg["Input_Channel"], cfg["Kernel_Szie"], cfg["Kernel_Szie"])
