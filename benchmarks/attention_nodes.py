@@ -138,7 +138,7 @@ def sweeps(fixtures: Path) -> None:
             backend = choose_backend(call, device, row.get("Torch Version", "").lstrip("p") or None)
             if backend == "math":
                 continue
-            sustained = heads.tensor_cores.sustained_tflops(device, attention_kind(call))
+            sustained = heads.tiled.sustained_tflops(device, attention_kind(call))
             ms = fused_attention_ms(call, fused_attention(call, backend), device, sustained)
             recorded = float(row["Latency"])
             if ms is None or recorded <= 0:

@@ -44,7 +44,8 @@ import numpy as np
 import pandas as pd
 
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import HEADS, Heads, load_heads
+from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads, load_heads
+from fxcost.cost_models.heads.sustained import load_gemm_fit
 from fxcost.cost_models.heads.intervals import NOMINAL, Intervals, write_intervals
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import data_root, read_model_runs, row_node
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, job in jobs.items():
             job.result()
             print(f"  fold {name} trained ({time.perf_counter() - start:.0f} s)", flush=True)
-    models = {name: load_heads(work / _dir(name)) for name in folds}
+    models = {name: Heads(load_heads(work / _dir(name)), load_gemm_fit(work / _dir(name))) for name in folds}
 
     rows = pd.concat([_rows(args.data, head, models, folds) for head in args.heads], ignore_index=True)
     if args.out:
@@ -151,7 +152,7 @@ def _train_fold(data: str, out: Path, heads: list[str], gpus: tuple[str, ...], c
     train([data], out, heads=heads, exclude=HELD_OUT_DEVICES | set(gpus), config=config)
 
 
-def _rows(data: str, head: str, models: dict[str, dict], folds: dict[str, tuple[str, ...]]) -> pd.DataFrame:
+def _rows(data: str, head: str, models: dict[str, Heads], folds: dict[str, tuple[str, ...]]) -> pd.DataFrame:
     """Every fold's predictions of the held-out rows it did not train on, with the roofline's.
 
     Each fold predicts as fxcost does (:class:`~fxcost.cost_models.heads.Heads`: its tables along the
@@ -164,9 +165,9 @@ def _rows(data: str, head: str, models: dict[str, dict], folds: dict[str, tuple[
     devices = test["device"].to_numpy()
     parts = []
     for fold, gpus in folds.items():
-        if head not in models[fold]:
+        heads = models[fold]
+        if head not in heads.heads and head not in TILED_HEADS:
             continue
-        heads = Heads(models[fold])
         predicted = np.full(len(test), np.nan)
         for device in sorted(set(devices) & set(gpus or devices)):
             index = np.flatnonzero(devices == device)
@@ -222,7 +223,7 @@ def _coverage(loo: pd.DataFrame) -> pd.DataFrame:
     return table.reindex([h for h in (*HEADS, "all") if h in table.index])
 
 
-def _end_to_end(data: str, cache: Path, models: dict[str, dict]) -> pd.DataFrame:
+def _end_to_end(data: str, cache: Path, models: dict[str, Heads]) -> pd.DataFrame:
     """The Hugging Face runs of each training GPU, predicted with the heads of the fold that left it out."""
     e2e = _sibling("models_e2e")
     _capture = e2e._capture
@@ -243,7 +244,7 @@ def _end_to_end(data: str, cache: Path, models: dict[str, dict]) -> pd.DataFrame
             row = {"model": model, "mode": mode, "seqlen": seqlen, "batch": batch, "device": device,
                    "measured_ms": run.e2e}  # fmt: skip
             for label, heads in (("heads", models[f"loo:{device}"]), ("in_dist", models["all"])):
-                predicted = report.predict([device], [Heads(heads), Roofline()])
+                predicted = report.predict([device], [heads, Roofline()])
                 row[f"{label}_ms"] = predicted.eager_ms(device)
                 row[f"{label}_err"] = (row[f"{label}_ms"] - run.e2e) / run.e2e * 100
             rows.append(row)

@@ -61,10 +61,11 @@ def calibrate_command(args: argparse.Namespace) -> int:
 
 
 def train_command(args: argparse.Namespace) -> None:
-    """Train the MLP cost heads on measurement directories (resumable).
+    """Train the cost heads on measurement directories (resumable).
 
-    Trains one MLP head per op class on DIR/ops and evaluates it on DIR/ops_test; writes heads.npz and
-    manifest.json to --out. Interrupted runs resume from the checkpoints in --out. GPUs held out by
+    Trains one MLP head per op class on DIR/ops and evaluates it on DIR/ops_test; the GEMM classes
+    (linear, bmm) are one tiled model fit to both. Writes heads.npz, gemm.json and manifest.json to
+    --out. Interrupted runs resume from the checkpoints in --out. GPUs held out by
     DESIGN.md (H100, L4, A100-80GB) are excluded unless --include-held-out."""
     import dataclasses
 

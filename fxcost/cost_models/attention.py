@@ -7,7 +7,7 @@ may be fit: the time is built from spec-sheet rates and the kernel's launch stru
 - **Tensor-core work** per tile at the rate the kernel's instructions reach: the GPU's *sustained*
   tensor rate, the one its tensor-core GEMMs are priced at (a calibrated ``tl.dot`` rate, else the
   spec-sheet peak times the share of it a large GEMM sustains:
-  :meth:`~fxcost.cost_models.heads.tensor_core.TensorCores.sustained_tflops`; the raw peak where the
+  :meth:`~fxcost.cost_models.heads.tensor_core.TiledGemms.sustained_tflops`; the raw peak where the
   caller has none). FlashAttention-2 and the CUTLASS memory-efficient kernel issue Ampere's
   ``mma.sync`` on every GPU, which on Hopper reaches about two thirds of the ``wgmma`` rate
   (:data:`MMA_SYNC_SHARE_SM90`); cuDNN's Hopper kernel issues ``wgmma``. fp32 inputs

@@ -3,7 +3,9 @@
 ``train(data_dirs, out_dir)`` fits one head per op class on the training rows (``ops/``), evaluates it
 on the held-out rows (``ops_test/``; for convolutions, which have none, on 10% of the configurations
 set aside by a hash of the configuration), and writes ``heads.npz`` and ``manifest.json`` (data files
-and their SHA-256, devices, sizes, train and test MAPE per device kept apart). Every epoch is
+and their SHA-256, devices, sizes, train and test MAPE per device kept apart). The GEMM classes
+(``linear``, ``bmm``) are one tiled model, fit to both at once and written as ``gemm.json``
+(:mod:`fxcost.train.gemm`). Every epoch is
 checkpointed, so an interrupted run resumes where it stopped; finished heads are not trained again.
 GPUs held out by DESIGN.md (H100, L4, A100-80GB) are excluded unless asked for.
 """
@@ -24,6 +26,7 @@ from fxcost._io import atomic_write
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import (
     FEATURE_VERSION,
+    TILED_HEADS,
     HEAD_OUTPUT,
     HEADS,
     load_heads,
@@ -36,6 +39,7 @@ from fxcost.data.datasets import ELEMENTWISE, read_ops, read_ops_test, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
 from fxcost.records import NodeCost
 from fxcost.train import mlp
+from fxcost.train.gemm import fit_gemm, gemm_rows
 from fxcost.train.mlp import Loss
 
 __all__ = ["CONFIG_COLUMNS", "Examples", "TrainConfig", "examples", "fit", "split", "train"]
@@ -193,8 +197,13 @@ def train(
     manifest.update({"config": asdict(config), "excluded_devices": sorted(set(exclude)),
                      "data": _data_files(data), "feature_version": FEATURE_VERSION})  # fmt: skip
     manifest.setdefault("heads", {})
-    trained = dict(_load_existing(out))
-    for head in heads:
+    # The GEMM classes are the tiled model's (gemm.json): MLPs an older fxcost trained for them go.
+    trained = {h: m for h, m in _load_existing(out).items() if h not in TILED_HEADS}
+    tiled = [h for h in heads if h in TILED_HEADS]
+    if tiled:
+        _fit_tiled(data, out, exclude, manifest, progress)
+        _save(out, trained, manifest)
+    for head in (h for h in heads if h not in TILED_HEADS):
         every_row, every_test = split(data, head, exclude=())
         train_rows, test_rows = _without(every_row, exclude), _without(every_test, exclude)
         left_out = every_row.loc[every_row["device"].isin(set(exclude)), "device"].value_counts()
@@ -217,6 +226,39 @@ def train(
         }
         _save(out, trained, manifest)
     return manifest
+
+
+def _fit_tiled(
+    data: Sequence[str | Path], out: Path, exclude: Iterable[str], manifest: dict[str, Any],
+    progress: Progress | None,
+) -> None:  # fmt: skip
+    """Fit the tiled GEMM model to the ``linear`` and ``bmm`` rows at once (:mod:`fxcost.train.gemm`),
+    write ``gemm.json`` and the GEMM heads' manifest entries."""
+    import pandas as pd
+
+    if progress is not None:
+        progress("gemm", 0, 1)
+    frames = {head: split(data, head, exclude=()) for head in sorted(TILED_HEADS)}
+    excluded = set(exclude)
+    train_rows = pd.concat([_without(rows, excluded) for rows, _ in frames.values()], ignore_index=True)
+    test_rows = pd.concat([_without(test, excluded) for _, test in frames.values()], ignore_index=True)
+    if train_rows.empty:
+        raise ValueError(f"no GEMM training rows in {', '.join(map(str, data))}")
+    fit = fit_gemm(gemm_rows(train_rows), gemm_rows(test_rows) if not test_rows.empty else None)
+    fit.save(out)
+    for head, (rows, test) in frames.items():
+        left_out = rows.loc[rows["device"].isin(excluded), "device"].value_counts()
+        manifest["heads"][head] = {
+            "model": "tiled GEMM (gemm.json)",
+            "devices": list(fit.devices),
+            "left_out_rows": {str(device): int(n) for device, n in sorted(left_out.items())},
+            "train_rows": int((~rows["device"].isin(excluded)).sum()),
+            "test_rows": int((~test["device"].isin(excluded)).sum()),
+            "train_mape": fit.metrics["train_mape"].get(head, {}),
+            "test_mape": fit.metrics.get("test_mape", {}).get(head, {}),
+        }
+    if progress is not None:
+        progress("gemm", 1, 1)
 
 
 def _data_files(data: Sequence[str | Path]) -> list[dict[str, str]]:

@@ -96,7 +96,7 @@ def test_axis_tables_are_bounded() -> None:
     tables = AxisTables(max_tables=3)
     heads = Heads()
     heads.axis_tables = tables
-    nodes = [gemm_node("linear", 1, 64, n, 256) for n in range(1, 9)]
+    nodes = [conv_node(b, 16, c, 3, 14, 1, 1) for b in (1, 2) for c in range(16, 20)]
     heads.predict(NodeBatch.of(nodes), get_device("T4"))
     assert len(tables) == 3
 

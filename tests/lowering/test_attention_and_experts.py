@@ -357,7 +357,7 @@ def test_cpu_captured_sdpa_is_priced_as_the_kernel_the_gpu_runs() -> None:
         assert node.pred_source[h100.name] == "mlp" and node.pred_source[v100.name] == "mlp"
         ms = node.pred_ms[h100.name]
         assert ms is not None and ms >= node.flops / (h100.bf16_tflops * 1e9)
-        sustained = default_heads().tensor_cores.sustained_tflops(h100, attention_kind(call))
+        sustained = default_heads().tiled.sustained_tflops(h100, attention_kind(call))
         kernel = fused_attention_ms(call, fused_attention(call, backend), h100, sustained)
         assert ms == pytest.approx(kernel + hidden_overhead_ms(h100))  # timed alone, as the heads predict
         # The math path writes S through memory: far slower than the fused kernel on the faster GPU.

@@ -57,7 +57,7 @@ def test_attention_nodes_reads_the_collect_sweeps(load_script, tmp_path, capsys)
            "Precision": "bf16"}  # fmt: skip
     call = script.sweep_call(row)
     assert call.recorded == "cudnn" and call.dtype == "bfloat16" and not call.causal and not call.backward
-    sustained = default_heads().tensor_cores.sustained_tflops(h100, "bfloat16")
+    sustained = default_heads().tiled.sustained_tflops(h100, "bfloat16")
     ms = fused_attention_ms(call, fused_attention(call, "cudnn"), h100, sustained)
     assert ms is not None
     folder = tmp_path / "NVIDIA_H100_80GB_HBM3" / "collect" / "bf16" / "ops" / "sdpa"

@@ -19,7 +19,7 @@ from fxcost.cost_models.heads.features import (
     roofline_ms,
     with_device,
 )
-from fxcost.cost_models.heads.model import Heads, HeadsRatio, default_heads
+from fxcost.cost_models.heads.model import TILED_HEADS, Heads, HeadsRatio, default_heads
 from fxcost.cost_models.heads.weights import (
     load_heads,
     measured_in_training,
@@ -36,6 +36,7 @@ __all__ = [
     "HEADS",
     "HEAD_OUTPUT",
     "LOWERED",
+    "TILED_HEADS",
     "Heads",
     "HeadsRatio",
     "default_heads",

@@ -12,6 +12,7 @@ kernels) never below its latency-bound time (:mod:`~fxcost.cost_models.latency`)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -31,7 +32,8 @@ from fxcost.cost_models.heads.features import (
     node_features,
     roofline_ms,
 )
-from fxcost.cost_models.heads.tensor_core import TensorCores
+from fxcost.cost_models.heads.sustained import GemmFit, shipped_gemm_fit
+from fxcost.cost_models.heads.tensor_core import TiledGemms
 from fxcost.cost_models.heads.tensor_work import TensorWork, tensor_work
 from fxcost.cost_models.heads.weights import shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
@@ -47,17 +49,22 @@ from fxcost.lowering.nodes import conv_gradients, forward_conv, gemm_node, is_co
 from fxcost.precision import is_float
 from fxcost.records import NodeCost
 
-__all__ = ["Heads", "HeadsRatio", "default_heads"]
+__all__ = ["TILED_HEADS", "Heads", "HeadsRatio", "default_heads"]
+
+TILED_HEADS = frozenset({"linear", "bmm"})
+"""Op classes whose nodes the tiled GEMM model prices (:class:`Heads`), not an MLP."""
 
 
 class Heads:
-    """Origin-free cost model: each node predicted by the head of its op class.
+    """Origin-free cost model: each node predicted by the model of its op class.
 
-    GEMMs and convolutions that run on tensor cores (bf16, fp16, TF32) are priced by their tiles and
-    waves at the GPU's sustained tensor rate (:mod:`~fxcost.cost_models.heads.tensor_core`), that
-    rate read from the ``linear`` head's efficiency on a large fp32 GEMM; on a GPU without tensor
-    cores for them, by the heads as their fp32 twins, and a GPU that beats such a GPU is never priced
-    slower than it.
+    GEMMs are priced by their tiles and waves at the GPU's sustained rate
+    (:mod:`~fxcost.cost_models.heads.tensor_core`): fp32 ones on CUDA cores, with the tiles and
+    sustained shares fit to the measurements (``gemm``, :class:`~fxcost.cost_models.heads.sustained.GemmFit`);
+    bf16, fp16 and TF32 ones, and convolutions in those precisions, on tensor cores; on a GPU without
+    tensor cores for them, by the heads as their fp32 twins, and a GPU that beats such a GPU is never
+    priced slower than it. The MLP heads predict the rest: fp32 convolutions, elementwise ops, layer
+    norm and softmax.
 
     Each instance keeps its own size tables (elementwise) and axis tables (the other heads);
     :func:`default_heads` is the instance the registered ``mlp`` and ``mlp_ratio`` models share.
@@ -65,23 +72,12 @@ class Heads:
 
     name = "mlp"
 
-    def __init__(self, heads: dict[str, MLP] | None = None) -> None:
+    def __init__(self, heads: dict[str, MLP] | None = None, gemm: GemmFit | None = None) -> None:
         self.heads = shipped_heads() if heads is None else heads
+        self.gemm = shipped_gemm_fit() if gemm is None else gemm
         self.size_tables = SizeTables()
         self.axis_tables = AxisTables()
-        self.tensor_cores = TensorCores(self.sustained_share)
-        self._shares: dict[Device, float] = {}
-
-    def sustained_share(self, device: Device) -> float:
-        """The share of its peak ``device`` sustains on a large GEMM: the ``linear`` head's
-        efficiency (bound over predicted time) on a 4096-cube fp32 GEMM, which fills every GPU with
-        full waves of full tiles; NaN without a ``linear`` head or the specs it reads."""
-        share = self._shares.get(device)
-        if share is None:
-            batch = _reference_batch()
-            ms = float(self._predict_heads(batch, device)[0]) if "linear" in self.heads else math.nan
-            share = self._shares[device] = float(roofline_ms(batch, device)[0]) / ms
-        return share
+        self.tiled = TiledGemms(self.gemm)
 
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         # The same heads on the same batch and device give the same answer: computed once, whether
@@ -90,17 +86,26 @@ class Heads:
 
     def _predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         out = self._predict_heads(batch, device)
-        tensor = batch.derived("heads.tensor", lambda: _tensor_works(batch))
-        if tensor is not None:
-            index, works = tensor
+        tiled = batch.derived("heads.tensor", lambda: _tensor_works(batch))
+        if tiled is not None:
+            index, works = tiled
             # Kept with the batch: pricing it on another GPU reuses every GPU's kernel times.
             kept = batch.derived(f"heads.tensor.{id(self)}", dict)
-            ms = self.tensor_cores.predict(works, device, kept)
-            if np.isfinite(ms).any():
-                ms = self._below_untensored(batch, index, works, kept, ms, device)
-            # A GPU without tensor cores for a node's precision keeps the heads' fp32-twin reading.
+            ms = self.tiled.predict(works, device, kept)
+            if not np.isfinite(ms).all():  # a GPU without TF32 tensor cores runs the fp32 twin
+                ms = np.where(np.isfinite(ms), ms, self._twins_ms(batch, index, device))
+            ms = self._below_untensored(batch, index, works, kept, ms, device)
             out[index] = np.where(np.isfinite(ms), ms, out[index])
         return out
+
+    def _twins_ms(self, batch: NodeBatch, index: np.ndarray, device: Device) -> np.ndarray:
+        """The times of ``batch``'s nodes at ``index`` as their fp32 twins on ``device`` (TF32 off: a
+        GEMM on CUDA cores, a convolution by the ``conv`` head)."""
+        twins = batch.derived(
+            "heads.tensor.twins",
+            lambda: NodeBatch.of([dataclasses.replace(batch.nodes[i], tf32=False) for i in index]),
+        )
+        return self.predict(twins, device)
 
     def _below_untensored(
         self,
@@ -111,19 +116,13 @@ class Heads:
         ms: np.ndarray,
         device: Device,
     ) -> np.ndarray:
-        """``ms`` (the tensor-core times of ``batch``'s nodes at ``index`` on ``device``) never above the
-        heads' time on a GPU it beats that has no tensor cores for a node's kind (a V100's TF32): that
-        GPU prices it as its fp32 twin, by the heads, and a GPU that beats it is never slower."""
+        """``ms`` (the tiled times of ``batch``'s nodes at ``index`` on ``device``) never above the time
+        on a GPU it beats that has no tensor cores for a node's kind (a V100's TF32): that GPU runs
+        its fp32 twin, and a GPU that beats it is never slower."""
         for weaker in weaker_than(device):
-            lacking = np.isfinite(ms) & ~np.isfinite(self.tensor_cores.predict(works, weaker, kept))
+            lacking = np.isfinite(ms) & ~np.isfinite(self.tiled.predict(works, weaker, kept))
             if lacking.any():
-                sub = batch.derived(
-                    "heads.tensor.batch", lambda: NodeBatch.of([batch.nodes[i] for i in index])
-                )
-                theirs = sub.derived(
-                    f"heads.{id(self)}.{weaker.name}", functools.partial(self._predict_heads, sub, weaker)
-                )
-                ms = np.where(lacking, np.fmin(ms, theirs), ms)
+                ms = np.where(lacking, np.fmin(ms, self._twins_ms(batch, index, weaker)), ms)
         return ms
 
     def _predict_heads(self, batch: NodeBatch, device: Device) -> np.ndarray:
@@ -135,7 +134,7 @@ class Heads:
         groups, lowered = batch.derived("heads", lambda: _groups(batch))
         for key, group in groups.items():
             head = key.partition(":")[0]
-            if head not in self.heads:
+            if head not in self.heads or head in TILED_HEADS:
                 continue
             if key == "ew":
                 out[group.index] = self.size_tables.ms(self.heads[head], group, device)
@@ -186,21 +185,9 @@ class Heads:
         call = attention_call(node)
         if call is None:
             return math.nan, False
-        sustained = self.tensor_cores.sustained_tflops(device, attention_kind(call))
+        sustained = self.tiled.sustained_tflops(device, attention_kind(call))
         fused_ms = fused_attention_ms(call, work, device, sustained)
         return (math.nan, False) if fused_ms is None else (fused_ms + hidden_overhead_ms(device), True)
-
-
-# The size of the square fp32 GEMM whose efficiency stands for the share of its peaks a GPU sustains.
-_REFERENCE_GEMM = 4096
-
-
-@functools.cache
-def _reference_batch() -> NodeBatch:
-    """The square fp32 GEMM of :meth:`Heads.sustained_share`, one batch for every GPU (its groups are
-    derived once)."""
-    size = _REFERENCE_GEMM
-    return NodeBatch.of([gemm_node("linear", 1, size, size, size)])
 
 
 def _tensor_works(batch: NodeBatch) -> tuple[np.ndarray, list[TensorWork]] | None:

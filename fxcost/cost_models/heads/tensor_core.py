@@ -1,22 +1,19 @@
-"""Tensor-core GEMMs and convolutions (bf16, fp16, TF32): tiles, waves and the sustained tensor rate.
+"""Tiled GEMMs and convolutions: fp32 on CUDA cores, bf16, fp16 and TF32 on tensor cores.
 
-The heads learned fp32 GEMMs on CUDA cores. Read at a tensor-core peak 15x higher, their efficiency
-predicted bf16 work far too fast: a tensor-core GEMM of a training step's size is set by how its
-output tiles fill the GPU, by memory and by the launch floor, not by a share of the peak. So work
-that runs on tensor cores is priced by its structure, as cuBLAS and cuDNN run it:
+Every GEMM kernel, and every convolution run as implicit GEMMs, is priced by its structure, as cuBLAS
+and cuDNN run it (:mod:`~fxcost.cost_models.heads.tiling`):
 
-- **Tiles.** The output is cut into tiles of one of :data:`TILES` (the CUTLASS / cuBLAS tensor-core
-  tile shapes shared by Volta to Hopper: 256x128 down to 64x64), optionally with the reduction split
-  in :data:`SPLITS` slices (split-K, for few tiles over a long K), whichever is fastest, as the
-  library's heuristics pick. A tile smaller than 128x128 reuses each operand element less: it is fed
-  at its intensity's share of the rate (:func:`_feed`).
+- **Tiles.** The output is cut into tiles of one of the kernel family's shapes, optionally with the
+  reduction split in slices (split-K, for few tiles over a long K), whichever is fastest, as the
+  library's heuristics pick; each tile is fed at its share of the SM's rate. Tensor-core kernels use
+  CUTLASS's tiles, fed at their operand reuse's share (``TENSOR_TILING``); fp32 CUDA-core kernels the
+  SGEMM tiles with their shares fit to the shared measurements (:mod:`~fxcost.cost_models.heads.sustained`).
 - **Waves.** The tiles run in ``ceil(tiles / SMs)`` waves: CTAs resident together on one SM share its
-  tensor cores, so more of them per SM do not finish sooner.
-- **Rate.** Each wave runs at the GPU's *sustained* tensor rate (:class:`TensorCores`): a rate
-  ``fxcost calibrate`` measured (``tl.dot``) where the user calibrated the GPU, else the spec-sheet
-  tensor peak times the share of its peak the GPU sustains on a large GEMM, which the fp32 heads
-  learned from fp32 measurements (clocks under the power cap, main-loop issue: what holds a large
-  GEMM below peak on any unit; on the training GPUs it is 0.6-0.85).
+  cores, so more of them per SM do not finish sooner.
+- **Rate.** Each wave runs at the GPU's *sustained* rate (:class:`TiledGemms`): a rate ``fxcost
+  calibrate`` measured (``tl.dot``) where the user calibrated the GPU, else the spec-sheet peak of the
+  units that run it times the share of its peak the GPU sustains on a large GEMM: its clock under the
+  power cap times its kernel generation's share (:meth:`~fxcost.cost_models.heads.sustained.GemmFit.share`).
 - **Time.** ``max(launch floor, waves x tile time, DRAM bytes / bandwidth)`` per kernel, a split-K's
   partial sums in fp32 written and read back by one more kernel.
 
@@ -37,45 +34,25 @@ never priced slower, by construction; the kernel time the step takes back off is
 GPU's own (no kernel cut under its floor), and keeps GPU order too. The price: a weaker GPU's
 floor-bound GEMMs carry the larger overhead of the GPUs above it (up to 12 us on a tiny kernel).
 
-What a node runs on tensor cores (its GEMMs, a convolution's implicit GEMMs and layout passes, the
-share of the rate its operand loads allow) is :mod:`fxcost.cost_models.heads.tensor_work`.
+What a node runs (its GEMMs, a convolution's implicit GEMMs and layout passes, the share of the rate
+its operand loads allow) is :mod:`fxcost.cost_models.heads.tensor_work`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from fxcost.cost_models.eager import hidden_overhead_ms
+from fxcost.cost_models.heads.sustained import GemmFit
 from fxcost.cost_models.heads.tensor_work import TensorWork
-from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
+from fxcost.cost_models.heads.tiling import TENSOR_TILING, Tiling, gemm_kernel_ms, pass_ms
 from fxcost.gpus import Device, all_devices
 from fxcost.gpus.order import comparable, stronger_than, weaker_than
 
-__all__ = [
-    "SPLITS",
-    "TILES",
-    "TensorCores",
-    "gemm_kernel_ms",
-    "pass_ms",
-    "tensor_peak_tflops",
-]
-
-TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
-"""Output tile shapes (rows x columns) of the tensor-core GEMM kernels: CUTLASS's default tensor-core
-tile configurations for sm70-sm90, which cuBLAS and cuDNN kernels share."""
-
-SPLITS = (1, 2, 4, 8, 16)
-"""Split-K slice counts a kernel may run with."""
-
-_FULL_RATE_TILE = (128, 128)  # the smallest tile the libraries run at full rate on sm80 and sm90
-
-# The reduction step of the main loop (elements of K per pipeline stage): K is padded to it.
-_K_STEP = 32
-
-_KERNEL_FLOOR_MS = LAUNCH_FLOOR_MS  # the shortest kernel on the GPU's timeline
+__all__ = ["TiledGemms", "tensor_peak_tflops"]
 
 
 def tensor_peak_tflops(device: Device, kind: str) -> float | None:
@@ -88,81 +65,30 @@ def tensor_peak_tflops(device: Device, kind: str) -> float | None:
     return peak or device.fp32_tflops
 
 
-def _feed(tile: tuple[int, int]) -> float:
-    """The share of the SM's rate a tile is fed at: its operand reuse (FLOPs per element loaded,
-    ``tm*tn/(tm+tn)``) over that of the smallest tile run at full rate, at most 1."""
-    tm, tn = tile
-    fm, fn = _FULL_RATE_TILE
-    return min(1.0, (tm * tn / (tm + tn)) / (fm * fn / (fm + fn)))
+class TiledGemms:
+    """Prices :class:`TensorWork` on a GPU by its tiles and waves; ``fit`` holds the fp32 tiles and the
+    share of its peaks a GPU sustains on a large GEMM."""
 
+    def __init__(self, fit: GemmFit) -> None:
+        self.fit = fit
 
-def gemm_kernel_ms(
-    dims: np.ndarray,
-    nbytes: np.ndarray,
-    sustained_tflops: np.ndarray,
-    sms: np.ndarray | float,
-    bandwidth_gbps: np.ndarray | float,
-    load_shares: np.ndarray | float = 1.0,
-) -> np.ndarray:
-    """Kernel time (ms) of tensor-core GEMMs: ``dims`` rows of (batch, M, N, K), ``nbytes`` their DRAM
-    bytes, each at its ``sustained_tflops`` on a GPU of ``sms`` SMs and ``bandwidth_gbps`` achieved
-    bandwidth (per row, so that one call prices many GPUs); the fastest tile and split-K, and never
-    less than the work at the share of the rate its operand loads allow (:func:`load_share`: a bound
-    apart from the tiles, so doubling a dim, which at most doubles the share, never gives a shorter
-    time)."""
-    sms = np.asarray(sms, dtype=np.float64)
-    bandwidth = np.asarray(bandwidth_gbps, dtype=np.float64) * 1e6  # bytes per ms
-    rates = np.asarray(sustained_tflops, dtype=np.float64) * 1e9  # FLOPs per ms
-    b, m, n, k = (dims[:, i].astype(np.float64) for i in range(4))
-    per_sm = rates / sms
-    best = np.full(len(dims), np.inf)
-    for tile in TILES:
-        tm, tn = tile
-        rate = per_sm * _feed(tile)
-        tiles = b * np.ceil(m / tm) * np.ceil(n / tn)
-        for split in SPLITS:
-            slice_k = np.ceil(np.ceil(k / split) / _K_STEP) * _K_STEP
-            waves = np.ceil(tiles * split / sms)
-            compute = waves * (2.0 * tm * tn) * slice_k / rate
-            partials = 0.0 if split == 1 else 2.0 * split * b * m * n * 4  # fp32, written and read
-            memory = (nbytes + partials) / bandwidth
-            ms = np.maximum(np.maximum(compute, memory), _KERNEL_FLOOR_MS)
-            if split > 1:  # the reduction of the partial sums is a kernel of its own
-                ms = ms + _KERNEL_FLOOR_MS
-            np.fmin(best, ms, out=best)
-    loads = 2.0 * b * m * n * k / (rates * load_shares)
-    return np.maximum(best, loads)
-
-
-def pass_ms(nbytes: np.ndarray, bandwidth_gbps: np.ndarray | float) -> np.ndarray:
-    """Kernel time (ms) of memory passes moving ``nbytes`` at an achieved bandwidth."""
-    bandwidth = np.asarray(bandwidth_gbps, dtype=np.float64) * 1e6
-    return np.maximum(np.asarray(nbytes, dtype=np.float64) / bandwidth, _KERNEL_FLOOR_MS)
-
-
-Efficiency = Callable[[Device], float]
-"""The share of its peaks a GPU sustains on a large GEMM, in (0, 1] (NaN if unknown)."""
-
-
-class TensorCores:
-    """Prices :class:`TensorWork` on a GPU; ``efficiency`` is the share of its peaks a GPU sustains on
-    a large GEMM where no calibrated rate says (the heads' fp32 efficiency on one)."""
-
-    def __init__(self, efficiency: Efficiency) -> None:
-        self.efficiency = efficiency
+    def tiling(self, kind: str) -> Tiling:
+        """The tiles of the kernels that run GEMMs of ``kind``."""
+        return self.fit.tiling if kind == "float32" else TENSOR_TILING
 
     def sustained_tflops(self, device: Device, kind: str) -> float | None:
-        """The tensor rate ``device`` sustains on a large GEMM of ``kind``: the calibrated ``tl.dot``
-        rate where measured (TF32 at the calibrated bf16 rate's share of its peak), else the peak
-        times :attr:`efficiency`; None if the GPU has no tensor cores for ``kind``."""
-        peak = tensor_peak_tflops(device, kind)
+        """The rate ``device`` sustains on a large GEMM of ``kind``: for a tensor-core kind the
+        calibrated ``tl.dot`` rate where measured (TF32 at the calibrated bf16 rate's share of its
+        peak), else the peak of the units that run it times the GPU's sustained share; None if the GPU
+        has no tensor cores for TF32 or a spec is missing."""
+        peak = device.fp32_tflops if kind == "float32" else tensor_peak_tflops(device, kind)
         if peak is None:
             return None
-        calibrated = _calibrated(device, kind)
+        calibrated = None if kind == "float32" else _calibrated(device, kind)
         if calibrated is not None:
             return calibrated
-        share = self.efficiency(device)
-        return peak * min(share, 1.0) if math.isfinite(share) and share > 0 else None
+        share = self.fit.share(device)
+        return float(peak) * min(share, 1.0) if math.isfinite(share) and share > 0 else None
 
     def kernel_ms(self, works: Sequence[TensorWork], device: Device) -> np.ndarray:
         """Kernel time (ms) of each work on ``device`` by its own rates (NaN where it has none)."""
@@ -192,19 +118,26 @@ class TensorCores:
             bandwidths.append(float(device.bandwidth_gbps))
         if not rows:
             return out
-        rate = np.array(rates)  # (GPUs, works): NaN where a GPU has no tensor cores for a work's kind
+        rate = np.array(rates)  # (GPUs, works): NaN where a GPU has no rate for a work's kind
         count = len(rows)
         per_gpu = np.array(sms)[:, None], np.array(bandwidths)[:, None]
         ms = np.zeros((count, len(works)))
         if len(dims):
-            gemm = gemm_kernel_ms(
-                np.tile(dims, (count, 1)),
-                np.tile(gemm_bytes, count),
-                rate[:, gemm_owner].ravel(),
-                np.broadcast_to(per_gpu[0], (count, len(dims))).ravel(),
-                np.broadcast_to(per_gpu[1], (count, len(dims))).ravel(),
-                np.tile(shares, count),
-            ).reshape(count, len(dims))
+            gemm = np.empty((count, len(dims)))
+            gemm_kind = work_kind[gemm_owner]
+            for k, kind in enumerate(kinds):
+                mine = gemm_kind == k
+                if not mine.any():
+                    continue
+                gemm[:, mine] = gemm_kernel_ms(
+                    np.tile(dims[mine], (count, 1)),
+                    np.tile(gemm_bytes[mine], count),
+                    rate[:, gemm_owner[mine]].ravel(),
+                    np.broadcast_to(per_gpu[0], (count, int(mine.sum()))).ravel(),
+                    np.broadcast_to(per_gpu[1], (count, int(mine.sum()))).ravel(),
+                    self.tiling(kind),
+                    np.tile(shares[mine], count),
+                ).reshape(count, int(mine.sum()))
             # A GPU without tensor cores for a kind has NaN there: kept out of the other works' sums.
             ms += np.nan_to_num(gemm, nan=0.0) @ _owned_by(gemm_owner, len(works))
         if len(pass_bytes):
@@ -239,7 +172,7 @@ class TensorCores:
 
 
 class _State:
-    """What :meth:`TensorCores.predict` keeps of one list of works, per database state: each GPU's
+    """What :meth:`TiledGemms.predict` keeps of one list of works, per database state: each GPU's
     kernel times, its own isolated times and its final ones."""
 
     def __init__(self, works: Sequence[TensorWork]) -> None:
@@ -258,7 +191,7 @@ class _State:
             state = cache[key] = cls(works)
         return state
 
-    def kernels(self, cores: TensorCores, devices: Sequence[Device]) -> dict[Device, np.ndarray]:
+    def kernels(self, cores: TiledGemms, devices: Sequence[Device]) -> dict[Device, np.ndarray]:
         """Kernel times on ``devices``, those not computed yet in one pass."""
         todo = [d for d in dict.fromkeys(devices) if d not in self.raw]
         if todo:
@@ -266,7 +199,7 @@ class _State:
                 self.raw[d] = row
         return {d: self.raw[d] for d in devices}
 
-    def own_isolated(self, cores: TensorCores, device: Device) -> np.ndarray:
+    def own_isolated(self, cores: TiledGemms, device: Device) -> np.ndarray:
         """``device``'s kernel times, the smallest of its own and its weaker GPUs' (a calibrated GPU:
         its own), plus its hidden overhead."""
         found = self.own.get(device)

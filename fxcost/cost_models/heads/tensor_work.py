@@ -1,6 +1,8 @@
-"""What a GEMM or convolution node runs on tensor cores, on no GPU in particular (:class:`TensorWork`):
-its GEMMs, their DRAM bytes and operand-load shares, and its memory passes. Priced per GPU by
-:mod:`fxcost.cost_models.heads.tensor_core`.
+"""What a GEMM or convolution node runs as tiled GEMM kernels, on no GPU in particular
+(:class:`TensorWork`): its GEMMs, their DRAM bytes and operand-load shares, and its memory passes.
+Priced per GPU by :mod:`fxcost.cost_models.heads.tensor_core`: on tensor cores for bf16, fp16 and
+TF32 work, on CUDA cores for an fp32 GEMM (kind ``"float32"``; fp32 convolutions without TF32 are the
+``conv`` head's).
 
 A convolution runs as cuDNN's implicit GEMM: forward ``M = B*Ho*Wo, N = C_out, K = C_in*kh*kw``; its
 input gradient ``M = B*H*W, N = C_in, K = C_out*kh*kw``; its weight gradient ``M = C_out,
@@ -27,7 +29,7 @@ from fxcost.lowering.nodes import MATMULS, gemm_dims
 from fxcost.precision import HALF_DTYPES, itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["TensorWork", "layout_pass_bytes", "load_share", "tensor_kind", "tensor_work"]
+__all__ = ["TensorWork", "layout_pass_bytes", "load_share", "tensor_kind", "tensor_work", "work_kind"]
 
 _CONV = "aten.convolution.default"
 _CONV_BACKWARD = "aten.convolution_backward.default"
@@ -50,6 +52,14 @@ def tensor_kind(node: NodeCost) -> str | None:
     return "tf32" if node.tf32 and "float32" in dtypes else None
 
 
+def work_kind(node: NodeCost) -> str | None:
+    """:func:`tensor_kind`, or ``"float32"`` for a GEMM of fp32 operands run on CUDA cores."""
+    kind = tensor_kind(node)
+    if kind is None and node.op in MATMULS and "float32" in node.in_dtypes[-2:]:
+        return "float32"
+    return kind
+
+
 @dataclass(frozen=True)
 class TensorWork:
     """What a tensor-core node runs, independent of the GPU: its GEMMs (batch, M, N, K) with the DRAM
@@ -67,9 +77,10 @@ class TensorWork:
 
 
 def tensor_work(node: NodeCost) -> TensorWork | None:
-    """The tensor-core work of ``node`` (None if it does not run on tensor cores, or its shapes are
-    not those this model reads)."""
-    kind = tensor_kind(node)
+    """The tiled work of ``node`` (None if it is neither a GEMM nor a convolution that runs on tensor
+    cores, or its shapes are not those this model reads). An fp32 GEMM's loads are not narrowed by
+    its alignment: the CUDA-core tiles' shares were fit over measured GEMMs of every alignment."""
+    kind = work_kind(node)
     if kind is None or node.bytes is None:
         return None
     size = 4 if kind == "tf32" else itemsize(kind)
@@ -79,7 +90,7 @@ def tensor_work(node: NodeCost) -> TensorWork | None:
             b, m, n, k = gemm_dims(node)
             if min(b, m, n, k) < 1:
                 return None
-            share = min(load_share(d, size) for d in (m, n, k))
+            share = 1.0 if kind == "float32" else min(load_share(d, size) for d in (m, n, k))
             return TensorWork(kind, ((b, m, n, k),), (float(node.bytes),), (), (share,))
         return _conv_work(node, kind, size, align)
     except (IndexError, KeyError, TypeError, ValueError):

@@ -1,0 +1,159 @@
+"""The share of its spec-sheet peak a GPU sustains on a large GEMM, and the fp32 CUDA-core tiles: the
+part of the tiled GEMM model (:mod:`~fxcost.cost_models.heads.tiling`) fit to measurements.
+
+A GPU runs a large GEMM below its peak for two reasons a spec sheet can be read for:
+
+- **The clock under the power cap.** A card's base clock is the clock NVIDIA guarantees at its board
+  power under a heavy load; a GEMM, lighter than that load, sustains ``kappa`` times it, never more
+  than the boost clock the peak is quoted at: ``clock share = min(1, kappa * base / boost)``
+  (:func:`clock_share`). A 70 W T4 (base 585, boost 1590 MHz) runs large fp32 GEMMs at half its
+  peak; a 250 W V100 (1230 / 1380 MHz) at its boost clock. ``kappa`` is one number for every GPU.
+- **The kernels.** cuBLAS ships its CUDA-core SGEMM kernels per generation, and a GPU runs its
+  generation's (:func:`kernel_family`; the kernel names in the measurements say which: Pascal runs
+  ``maxwell_sgemm``, Volta and Turing ``volta_sgemm``, Ampere ``ampere_sgemm``, and the H100 the
+  same CUTLASS ``sm80`` kernels). Each family's best tile sustains its own share of the peak.
+
+So a GPU sustains ``family share x clock share`` of its peak (:meth:`GemmFit.share`). Both are fit to
+the shared measurements (``fxcost train``, :mod:`fxcost.train.gemm`); a GPU measured in them keeps
+the share its own rows gave. A family without measurements (a new generation, an AMD GPU) takes the
+newest measured family before it, else the oldest after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fxcost._io import atomic_write
+from fxcost.cost_models.heads.tiling import Tiling
+from fxcost.gpus import Device, UnknownDeviceError, get_device
+
+__all__ = [
+    "FAMILIES",
+    "GEMM_FILE",
+    "GemmFit",
+    "clock_share",
+    "kernel_family",
+    "load_gemm_fit",
+    "shipped_gemm_fit",
+]
+
+FAMILIES = ("maxwell", "volta", "ampere")
+"""cuBLAS's CUDA-core SGEMM kernel generations, oldest first."""
+
+GEMM_FILE = "gemm.json"
+
+
+def kernel_family(device: Device) -> str | None:
+    """The generation of CUDA-core GEMM kernels ``device`` runs, None for a GPU without a CUDA compute
+    capability (AMD): compute capability 6 and below run ``maxwell`` kernels, 7 ``volta``, 8 and above
+    ``ampere`` (CUTLASS's ``sm80`` SIMT kernels, as the H100 recordings show)."""
+    if device.compute_capability is None:
+        return None
+    major = int(float(device.compute_capability))
+    return "maxwell" if major < 7 else "volta" if major == 7 else "ampere"
+
+
+def clock_share(device: Device, kappa: float) -> float:
+    """The share of its boost clock ``device`` sustains on a large GEMM: ``kappa`` times its base clock
+    under its power cap, never above the boost clock; 1 where the base clock is unknown."""
+    base, boost = device.base_clock_mhz, device.boost_clock_mhz
+    if not base or not boost:
+        return 1.0
+    return min(1.0, kappa * float(base) / float(boost))
+
+
+@dataclass(frozen=True)
+class GemmFit:
+    """The fitted part of the tiled GEMM model.
+
+    Attributes:
+        tiling: the fp32 CUDA-core kernels' tiles; the best tile's share is 1.
+        kappa: a large GEMM's clock over the base clock under the power cap (:func:`clock_share`).
+        family_shares: each measured kernel family's share of the peak at the sustained clock.
+        measured_shares: each GPU measured in the fit (canonical name), the share its rows gave.
+        devices: the GPUs the fit saw; ``metrics``: its errors, train and test apart.
+    """
+
+    tiling: Tiling
+    kappa: float
+    family_shares: Mapping[str, float]
+    measured_shares: Mapping[str, float] = field(default_factory=dict)
+    devices: tuple[str, ...] = ()
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+    def share(self, device: Device) -> float:
+        """The share of its fp32 peak ``device`` sustains on a large GEMM (of its tensor peaks too: the
+        clock and the kernels' main loop hold any unit below peak)."""
+        measured = self.measured_shares.get(device.name)
+        if measured is not None:
+            return measured
+        return self.family_share(kernel_family(device)) * clock_share(device, self.kappa)
+
+    def family_share(self, family: str | None) -> float:
+        """The share of ``family``'s kernels; for a family the fit has no measurements of, the newest
+        measured family before it, else the oldest after it (an unknown family: the newest)."""
+        if family in self.family_shares:
+            return float(self.family_shares[family])
+        known = [f for f in FAMILIES if f in self.family_shares]
+        if not known:
+            return math.nan
+        if family not in FAMILIES:
+            return float(self.family_shares[known[-1]])
+        older = [f for f in known if FAMILIES.index(f) < FAMILIES.index(family)]
+        return float(self.family_shares[older[-1] if older else known[0]])
+
+    def to_json(self) -> dict[str, Any]:
+        t = self.tiling
+        return {
+            "tiles": [list(tile) for tile in t.tiles], "shares": list(t.shares), "k_step": t.k_step,
+            "k_overhead": t.k_overhead, "splits": list(t.splits), "floor_ms": t.floor_ms,
+            "kappa": self.kappa, "family_shares": dict(self.family_shares),
+            "measured_shares": dict(self.measured_shares), "devices": list(self.devices),
+            "metrics": dict(self.metrics),
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GemmFit:
+        tiling = Tiling(
+            tiles=tuple((int(a), int(b)) for a, b in data["tiles"]),
+            shares=tuple(float(s) for s in data["shares"]),
+            k_step=int(data["k_step"]), k_overhead=float(data["k_overhead"]),
+            splits=tuple(int(s) for s in data["splits"]), floor_ms=float(data["floor_ms"]),
+        )  # fmt: skip
+        measured = {}
+        for name, value in data.get("measured_shares", {}).items():
+            try:
+                measured[get_device(name).name] = float(value)
+            except UnknownDeviceError:  # a GPU of another database: nothing to look it up by
+                continue
+        return cls(tiling, float(data["kappa"]), {k: float(v) for k, v in data["family_shares"].items()},
+                   measured, tuple(data.get("devices", ())), data.get("metrics", {}))  # fmt: skip
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / GEMM_FILE
+        atomic_write(path, json.dumps(self.to_json(), indent=1).encode())
+        return path
+
+
+def load_gemm_fit(directory: str | Path | None = None) -> GemmFit:
+    """The GEMM fit ``fxcost train`` wrote to ``directory``, or the shipped one."""
+    if directory is None:
+        return shipped_gemm_fit()
+    path = Path(directory) / GEMM_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no GEMM fit (run `fxcost train --out {directory}`)")
+    return GemmFit.from_json(json.loads(path.read_text()))
+
+
+@functools.cache
+def shipped_gemm_fit() -> GemmFit:
+    """The GEMM fit shipped with fxcost (fit on the shared training data only)."""
+    path = resources.files("fxcost.cost_models").joinpath("weights", GEMM_FILE)
+    return GemmFit.from_json(json.loads(path.read_text()))

@@ -1,0 +1,164 @@
+"""Fitting the tiled GEMM model's fp32 parameters (:class:`~fxcost.cost_models.heads.sustained.GemmFit`).
+
+Two steps, so that what sets one GPU apart from another is never learned as a shape effect:
+
+1. **Tiles.** The fp32 CUDA-core tiles' shares, the K a tile spends outside its main loop and the
+   kernel floor are fit, shared by every GPU, to the ``linear`` and ``bmm`` training rows of all the
+   GPUs at once, each GPU with a free scale of its rate (the share of its peak it sustains): least
+   squares on log times with a soft-L1 loss, robust to the rows a GPU ran slower for reasons no
+   shape explains (a P4's thermally throttled long runs, a P100's TLB misses over long reductions).
+2. **GPUs.** The GPUs' shares are then explained by what a spec sheet says
+   (:mod:`~fxcost.cost_models.heads.sustained`): one ``kappa`` for the clock under the power cap and
+   one share per kernel family, the family's median, at most 1 (no kernel runs above peak); ``kappa``
+   is the value on a grid whose shares leave the smallest absolute log deviation.
+
+Predictions go through :class:`~fxcost.cost_models.heads.model.Heads` as in use; the predicted time is
+the kernel's plus the per-op overhead the measurements carry (``hidden_overhead_ms``). Needs scipy
+(``pip install 'fxcost[models]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from fxcost.cost_models.eager import hidden_overhead_ms
+from fxcost.cost_models.heads.sustained import FAMILIES, GemmFit, clock_share, kernel_family
+from fxcost.cost_models.heads.tiling import Tiling, gemm_kernel_ms
+from fxcost.data.datasets import row_node
+from fxcost.gpus import Device, get_device
+from fxcost.lowering.nodes import gemm_dims
+
+__all__ = ["FP32_TILES", "GemmRows", "fit_gemm", "fit_sustained", "gemm_rows", "predict_rows"]
+
+FP32_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128), (64, 32), (32, 64), (32, 32))
+"""The fp32 CUDA-core tiles cuBLAS's ``*_sgemm_<columns>x<rows>`` kernels use (as rows x columns of
+the output): every shape the measured kernels name, 128x128 down to 32x32."""
+
+_FP32_SPLITS = (1, 2, 4, 8, 16, 32)  # split-K: a small output over a long reduction runs on many SMs
+_FP32_K_STEP = 8  # the main loop's step (``sgemm_128x128x8``)
+_KAPPAS = np.round(np.arange(1.0, 2.5001, 0.025), 3)
+_SHARPNESS = (5.0, 20.0, 80.0)  # the smooth minimum's sharpness, step by step
+_MIN_SHARE = 1e-3
+
+
+class GemmRows:
+    """Measured GEMM rows as arrays: dims (batch, M, N, K), DRAM bytes, ms, op and GPU per row."""
+
+    def __init__(self, dims: np.ndarray, nbytes: np.ndarray, ms: np.ndarray, ops: np.ndarray,
+                 devices: np.ndarray) -> None:  # fmt: skip
+        self.dims, self.nbytes, self.ms, self.ops, self.devices = dims, nbytes, ms, ops, devices
+        self.gpus: list[str] = sorted(set(devices))
+        self.gpu_index = np.array([self.gpus.index(d) for d in devices], dtype=int)
+        specs = {g: get_device(g) for g in self.gpus}
+        self.peak = np.array([_spec(specs[d], "fp32_tflops") for d in devices])
+        self.sms = np.array([_spec(specs[d], "num_sms") for d in devices])
+        self.bandwidth = np.array([_spec(specs[d], "bandwidth_gbps") for d in devices])
+        self.overhead = np.array([hidden_overhead_ms(specs[d]) for d in devices])
+
+    def __len__(self) -> int:
+        return len(self.ms)
+
+
+def _spec(device: Device, name: str) -> float:
+    value = getattr(device, name)
+    if value is None:
+        raise ValueError(f"{device.name} lacks {name}, which the GEMM model needs")
+    return float(value)
+
+
+def gemm_rows(frame: Any) -> GemmRows:
+    """:class:`GemmRows` of a frame of ``linear`` and ``bmm`` data-set rows (canonical ``device``)."""
+    nodes = [row_node(r) for r in frame.itertuples(index=False)]
+    return GemmRows(
+        np.array([gemm_dims(n) for n in nodes], dtype=np.float64).reshape(-1, 4),
+        np.array([float(n.bytes or 0) for n in nodes]),
+        frame["Latency"].to_numpy(dtype=np.float64),
+        frame["OPName"].to_numpy(dtype=object),
+        frame["device"].to_numpy(dtype=object),
+    )
+
+
+def predict_rows(rows: GemmRows, tiling: Tiling, shares: np.ndarray) -> np.ndarray:
+    """Isolated-op ms of ``rows``, each GPU sustaining its share (``shares[i]``: row i's) of its peak."""
+    kernel = gemm_kernel_ms(rows.dims, rows.nbytes, rows.peak * shares, rows.sms, rows.bandwidth, tiling)
+    return kernel + rows.overhead
+
+
+def fit_gemm(rows: GemmRows, test: GemmRows | None = None) -> GemmFit:
+    """Fit the tiles to ``rows`` (step 1), then the GPUs' shares (step 2); ``test`` rows only report."""
+    from scipy.optimize import least_squares
+
+    tiles = len(FP32_TILES)
+    count = len(rows.gpus)
+
+    def unpack(p: np.ndarray) -> tuple[Tiling, np.ndarray]:
+        shares = np.clip(1.0 / (1.0 + np.exp(-p[:tiles])), _MIN_SHARE, 1.0)
+        tiling = Tiling(FP32_TILES, tuple(map(float, shares)), _FP32_K_STEP, float(np.exp(p[tiles])),
+                        _FP32_SPLITS, float(np.exp(p[tiles + 1])))  # fmt: skip
+        return tiling, np.exp(p[tiles + 2 :])
+
+    def residuals(p: np.ndarray, sharpness: float | None) -> np.ndarray:
+        tiling, scale = unpack(p)
+        rates = rows.peak * scale[rows.gpu_index]
+        kernel = gemm_kernel_ms(rows.dims, rows.nbytes, rates, rows.sms, rows.bandwidth, tiling,
+                                sharpness=sharpness)  # fmt: skip
+        return np.log(kernel + rows.overhead) - np.log(rows.ms)
+
+    # The fastest tile is a kink in the loss: gradients find a minimum of a smooth stand-in first,
+    # sharper and sharper, then the fastest tile itself (from any start, the same minimum).
+    found = np.r_[np.ones(tiles), math.log(8.0), math.log(0.005), np.zeros(count)]
+    for sharpness in (*_SHARPNESS, None):
+        found = least_squares(residuals, found, args=(sharpness,), loss="soft_l1", f_scale=0.1).x
+    tiling, scale = unpack(found)
+    best = max(tiling.shares)  # the best tile's share is 1: the GPU's share says the rest
+    tiling = Tiling(tiling.tiles, tuple(s / best for s in tiling.shares), tiling.k_step, tiling.k_overhead,
+                    tiling.splits, tiling.floor_ms)  # fmt: skip
+    measured = {g: float(s * best) for g, s in zip(rows.gpus, scale, strict=True)}
+    kappa, families = fit_sustained(measured)
+    fit = GemmFit(tiling, kappa, families, measured, tuple(rows.gpus))
+    metrics = {"train_mape": _mape_by(rows, fit)}
+    if test is not None and len(test):
+        metrics["test_mape"] = _mape_by(test, fit)
+    return GemmFit(tiling, kappa, families, measured, tuple(rows.gpus), metrics)
+
+
+def fit_sustained(measured: Mapping[str, float]) -> tuple[float, dict[str, float]]:
+    """``kappa`` and the kernel families' shares that explain the GPUs' ``measured`` shares best (the
+    smallest sum of absolute log deviations; a family's share is its GPUs' median, at most 1)."""
+    devices = {name: get_device(name) for name in measured}
+    families = {name: kernel_family(d) for name, d in devices.items()}
+    best: tuple[float, float, dict[str, float]] | None = None
+    for kappa in _KAPPAS:
+        clocks = {name: clock_share(d, float(kappa)) for name, d in devices.items()}
+        logs = {name: math.log(measured[name] / clocks[name]) for name in measured}
+        shares = {}
+        for family in {f for f in families.values() if f is not None}:
+            mine = [logs[n] for n in measured if families[n] == family]
+            shares[family] = min(1.0, math.exp(float(np.median(mine))))
+        deviation = sum(
+            abs(logs[n] - math.log(shares[families[n]])) for n in measured if families[n] is not None
+        )
+        if best is None or deviation < best[1] - 1e-12:
+            best = (float(kappa), deviation, shares)
+    if best is None:
+        raise ValueError("no GPUs to fit the sustained shares on")
+    return best[0], {f: best[2][f] for f in FAMILIES if f in best[2]}
+
+
+def _mape_by(rows: GemmRows, fit: GemmFit) -> dict[str, dict[str, float]]:
+    """MAPE (%) per op and GPU (and over all rows, ``"all"``) of ``fit``'s predictions of ``rows``."""
+    shares = np.array([fit.share(get_device(g)) for g in rows.gpus])[rows.gpu_index]
+    error = np.abs(predict_rows(rows, fit.tiling, shares) / rows.ms - 1) * 100
+    result: dict[str, dict[str, float]] = {}
+    for op in sorted(set(rows.ops)):
+        mine = rows.ops == op
+        per = {g: float(error[mine & (rows.devices == g)].mean()) for g in rows.gpus
+               if (mine & (rows.devices == g)).any()}  # fmt: skip
+        per["all"] = float(error[mine].mean())
+        result[str(op)] = per
+    return result
+
