@@ -45,8 +45,8 @@ import pandas as pd
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads, load_heads
-from fxcost.cost_models.heads.sustained import load_gemm_fit
 from fxcost.cost_models.heads.intervals import NOMINAL, Intervals, write_intervals
+from fxcost.cost_models.heads.sustained import load_gemm_fit
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import data_root, read_model_runs, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device

@@ -4,18 +4,22 @@ A search loop that prices candidates with fxcost (``examples/automl_optuna.py``)
 dips, e.g. by picking the batch size whose prediction dips. For random problems of each op class
 and every GPU in the database with the spec values the heads need, the problem is doubled along
 its batch-like dimension (GEMM rows, batched GEMM batch, convolution and batch norm batch,
-elementwise and normalization rows; for a memory pass, its bytes) and both are predicted with the
-heads. Printed per class: the pairs where the larger problem is predicted faster, and the worst
-ratio of the larger problem's time to the smaller's.
+elementwise and normalization rows; for a memory pass, its bytes), and a GEMM along each of its
+other dims too (``linear_n``, ``linear_k``, ``bmm_m``, ``bmm_k``, in fp32 and bf16: a weight
+gradient carries the batch in K), and both are predicted with the heads. Printed per class: the
+pairs where the larger problem is predicted faster, and the worst ratio of the larger problem's
+time to the smaller's.
 
     python benchmarks/monotonicity.py [--pairs 300] [--seed 0] [--heads DIR]
 
-Every head is read as a non-decreasing curve over that dimension: the elementwise head, and with it
-every memory-bound op priced as elementwise passes, through isotonic size tables per class of bytes
-per element; broadcasting elementwise ops (whose bytes per element change as they grow: ``bias_add``,
-``outer_add``), GEMMs, batched GEMMs, convolutions, layer norm and softmax through the running
-maximum along their batch-like axis (``fxcost/cost_models/heads/axis.py``). No dips by construction;
-this benchmark checks it.
+GEMMs are monotone in every dim by construction (tiles and waves are ceilings of the dims, the
+fastest of fixed candidates: ``fxcost/cost_models/heads/tiling.py``); every other head is read as a
+non-decreasing curve over its batch-like dimension: the elementwise head, and with it every
+memory-bound op priced as elementwise passes, through isotonic size tables per class of bytes per
+element; broadcasting elementwise ops (whose bytes per element change as they grow: ``bias_add``,
+``outer_add``), convolutions, layer norm and softmax through the running maximum along their
+batch-like axis (``fxcost/cost_models/heads/axis.py``). No dips by construction; this benchmark
+checks it.
 
 Last line: ``<class>_violation_pct=..`` per class, then ``pairs=N``.
 """
@@ -30,6 +34,7 @@ import numpy as np
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import Heads, load_heads
+from fxcost.cost_models.heads.sustained import load_gemm_fit
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import device_names, get_device
 from fxcost.lowering.nodes import batch_norm_node, conv_node, gemm_node, memory_pass
@@ -58,6 +63,19 @@ def _linear(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
 def _bmm(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
     b, m, n, k = _dim(rng, 32), _dim(rng, 1024), _dim(rng, 1024), _dim(rng, 1024)
     return gemm_node("bmm", b, m, n, k), gemm_node("bmm", 2 * b, m, n, k)
+
+
+def _gemm_along(axis: int, op: str = "linear") -> Pair:
+    """A GEMM doubled along ``axis`` of (batch, M, N, K): N a layer's width, K its reduction (a weight
+    gradient's K is the batch), in every precision a step runs it."""
+
+    def pair(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
+        dims = [_dim(rng, 32) if op == "bmm" else 1, _dim(rng), _dim(rng), _dim(rng)]
+        grown = [2 * d if i == axis else d for i, d in enumerate(dims)]
+        dtype = str(rng.choice(["float32", "bfloat16"]))
+        return gemm_node(op, *dims, dtype=dtype), gemm_node(op, *grown, dtype=dtype)  # type: ignore[misc]
+
+    return pair
 
 
 def _conv(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
@@ -98,7 +116,11 @@ def _batch_norm(rng: np.random.Generator) -> tuple[NodeCost, NodeCost]:
 
 CLASSES: dict[str, Pair] = {
     "linear": _linear,
+    "linear_n": _gemm_along(2),
+    "linear_k": _gemm_along(3),
     "bmm": _bmm,
+    "bmm_m": _gemm_along(1, "bmm"),
+    "bmm_k": _gemm_along(3, "bmm"),
     "conv": _conv,
     "gelu": _alike("gelu"),
     "add": _alike("add"),
@@ -120,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     gpus = [get_device(d) for d in device_names()]
     gpus = [g for g in gpus if g.fp32_tflops and g.mem_bandwidth_gbps and g.num_sms and g.l2_cache_mb]
-    heads = Heads(load_heads(args.heads) if args.heads else None)
+    heads = Heads(load_heads(args.heads), load_gemm_fit(args.heads)) if args.heads else Heads()
     print(f"{len(gpus)} GPUs, {args.pairs} random problems per class, each doubled")
     print(f"{'class':12s} {'pairs':>6s} {'larger faster':>13s} {'worst ratio':>11s}")
     summary = []

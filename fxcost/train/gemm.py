@@ -130,18 +130,19 @@ def fit_sustained(measured: Mapping[str, float]) -> tuple[float, dict[str, float
     """``kappa`` and the kernel families' shares that explain the GPUs' ``measured`` shares best (the
     smallest sum of absolute log deviations; a family's share is its GPUs' median, at most 1)."""
     devices = {name: get_device(name) for name in measured}
-    families = {name: kernel_family(d) for name, d in devices.items()}
+    families: dict[str, str] = {}  # a GPU without a kernel family (AMD) explains nothing here
+    for name, device in devices.items():
+        family = kernel_family(device)
+        if family is not None:
+            families[name] = family
     best: tuple[float, float, dict[str, float]] | None = None
     for kappa in _KAPPAS:
-        clocks = {name: clock_share(d, float(kappa)) for name, d in devices.items()}
-        logs = {name: math.log(measured[name] / clocks[name]) for name in measured}
+        logs = {n: math.log(measured[n] / clock_share(devices[n], float(kappa))) for n in families}
         shares = {}
-        for family in {f for f in families.values() if f is not None}:
-            mine = [logs[n] for n in measured if families[n] == family]
+        for family in set(families.values()):
+            mine = [logs[n] for n in families if families[n] == family]
             shares[family] = min(1.0, math.exp(float(np.median(mine))))
-        deviation = sum(
-            abs(logs[n] - math.log(shares[families[n]])) for n in measured if families[n] is not None
-        )
+        deviation = float(sum(abs(logs[n] - math.log(shares[f])) for n, f in families.items()))
         if best is None or deviation < best[1] - 1e-12:
             best = (float(kappa), deviation, shares)
     if best is None:
@@ -161,4 +162,3 @@ def _mape_by(rows: GemmRows, fit: GemmFit) -> dict[str, dict[str, float]]:
         per["all"] = float(error[mine].mean())
         result[str(op)] = per
     return result
-

@@ -26,9 +26,9 @@ from fxcost._io import atomic_write
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import (
     FEATURE_VERSION,
-    TILED_HEADS,
     HEAD_OUTPUT,
     HEADS,
+    TILED_HEADS,
     load_heads,
     node_features,
     roofline_ms,

@@ -9,8 +9,8 @@ import pytest
 
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import Heads, default_heads
-from fxcost.cost_models.heads.tensor_core import TiledGemms, tensor_peak_tflops
 from fxcost.cost_models.heads.sustained import shipped_gemm_fit
+from fxcost.cost_models.heads.tensor_core import TiledGemms, tensor_peak_tflops
 from fxcost.cost_models.heads.tensor_work import load_share, tensor_kind, tensor_work, work_kind
 from fxcost.cost_models.interface import NodeBatch
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS

@@ -30,7 +30,6 @@ from fxcost.cost_models.heads.features import (
     fp32_bytes,
     head_of,
     node_features,
-    roofline_ms,
 )
 from fxcost.cost_models.heads.sustained import GemmFit, shipped_gemm_fit
 from fxcost.cost_models.heads.tensor_core import TiledGemms
@@ -45,7 +44,7 @@ from fxcost.lowering import KernelSpec, lower
 from fxcost.lowering.attention import ATTENTION_OPS, attention_call
 from fxcost.lowering.attention_kernels import attention_work
 from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
-from fxcost.lowering.nodes import conv_gradients, forward_conv, gemm_node, is_conv_backward, memory_pass
+from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward, memory_pass
 from fxcost.precision import is_float
 from fxcost.records import NodeCost
 

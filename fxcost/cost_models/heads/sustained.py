@@ -99,7 +99,7 @@ class GemmFit:
     def family_share(self, family: str | None) -> float:
         """The share of ``family``'s kernels; for a family the fit has no measurements of, the newest
         measured family before it, else the oldest after it (an unknown family: the newest)."""
-        if family in self.family_shares:
+        if family is not None and family in self.family_shares:
             return float(self.family_shares[family])
         known = [f for f in FAMILIES if f in self.family_shares]
         if not known:
