@@ -10,7 +10,8 @@ Two steps, so that what sets one GPU apart from another is never learned as a sh
 2. **GPUs.** The GPUs' shares are then explained by what a spec sheet says
    (:mod:`~fxcost.cost_models.heads.sustained`): one ``kappa`` for the clock under the power cap and
    one share per kernel family, the family's median, at most 1 (no kernel runs above peak); ``kappa``
-   is the value on a grid whose shares leave the smallest absolute log deviation.
+   is the value on a grid whose shares leave the smallest absolute log deviation. Only GPUs whose
+   own rows show a power cap (:func:`power_capped`) are read as running below their boost clock.
 
 Predictions go through :class:`~fxcost.cost_models.heads.model.Heads` as in use; the predicted time is
 the kernel's plus the per-op overhead the measurements carry (``hidden_overhead_ms``). Needs scipy
@@ -20,7 +21,7 @@ the kernel's plus the per-op overhead the measurements carry (``hidden_overhead_
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from fxcost.data.datasets import row_node
 from fxcost.gpus import Device, get_device
 from fxcost.lowering.nodes import gemm_dims
 
-__all__ = ["FP32_TILES", "GemmRows", "fit_gemm", "fit_sustained", "gemm_rows", "predict_rows"]
+__all__ = ["FP32_TILES", "GemmRows", "fit_gemm", "fit_sustained", "gemm_rows", "power_capped", "predict_rows"]
 
 FP32_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128), (64, 32), (32, 64), (32, 32))
 """The fp32 CUDA-core tiles cuBLAS's ``*_sgemm_<columns>x<rows>`` kernels use (as rows x columns of
@@ -42,6 +43,8 @@ _FP32_SPLITS = (1, 2, 4, 8, 16, 32)  # split-K: a small output over a long reduc
 _FP32_K_STEP = 8  # the main loop's step (``sgemm_128x128x8``)
 _KAPPAS = np.round(np.arange(1.0, 2.5001, 0.025), 3)
 _SHARPNESS = (5.0, 20.0, 80.0)  # the smooth minimum's sharpness, step by step
+_LONG_MS = 10.0  # a kernel long enough for a power cap to bind
+_CAP_SIGNATURE = 0.2  # how much slower, in log time, a capped GPU's long kernels run than its short ones
 _MIN_SHARE = 1e-3
 
 
@@ -118,17 +121,29 @@ def fit_gemm(rows: GemmRows, test: GemmRows | None = None) -> GemmFit:
     tiling = Tiling(tiling.tiles, tuple(s / best for s in tiling.shares), tiling.k_step, tiling.k_overhead,
                     tiling.splits, tiling.floor_ms)  # fmt: skip
     measured = {g: float(s * best) for g, s in zip(rows.gpus, scale, strict=True)}
-    kappa, families = fit_sustained(measured)
+    capped = power_capped(rows, predict_rows(rows, tiling, (scale * best)[rows.gpu_index]))
+    kappa, families = fit_sustained(measured, capped)
     fit = GemmFit(tiling, kappa, families, measured, tuple(rows.gpus))
-    metrics = {"train_mape": _mape_by(rows, fit)}
+    metrics: dict[str, Any] = {"power_capped": capped, "train_mape": _mape_by(rows, fit)}
     if test is not None and len(test):
         metrics["test_mape"] = _mape_by(test, fit)
     return GemmFit(tiling, kappa, families, measured, tuple(rows.gpus), metrics)
 
 
-def fit_sustained(measured: Mapping[str, float]) -> tuple[float, dict[str, float]]:
+def fit_sustained(
+    measured: Mapping[str, float], capped: Iterable[str] = ()
+) -> tuple[float, dict[str, float]]:
     """``kappa`` and the kernel families' shares that explain the GPUs' ``measured`` shares best (the
-    smallest sum of absolute log deviations; a family's share is its GPUs' median, at most 1)."""
+    smallest sum of absolute log deviations, the smallest ``kappa`` of equals; a family's share is
+    the median of its GPUs', at most 1).
+
+    Only the GPUs in ``capped`` (those whose rows show a power cap: :func:`power_capped`) are read
+    as running below their boost clock; the others' shares are their kernels'. A GPU's base clock
+    alone cannot say which: the A100 PCIe's (765 of 1410 MHz) would cap it at 0.82 of its boost
+    clock with the T4's kappa, and its rows show no cap (its long kernels keep its short ones'
+    pace), so its 0.83 is its kernels' share; read as a cap, its kernels would sustain all of
+    their peak, and every GPU running them at its boost clock (an H100) would be priced at it."""
+    capped = set(capped)
     devices = {name: get_device(name) for name in measured}
     families: dict[str, str] = {}  # a GPU without a kernel family (AMD) explains nothing here
     for name, device in devices.items():
@@ -137,17 +152,36 @@ def fit_sustained(measured: Mapping[str, float]) -> tuple[float, dict[str, float
             families[name] = family
     best: tuple[float, float, dict[str, float]] | None = None
     for kappa in _KAPPAS:
-        logs = {n: math.log(measured[n] / clock_share(devices[n], float(kappa))) for n in families}
+        clocks = {n: clock_share(devices[n], float(kappa)) if n in capped else 1.0 for n in families}
+        logs = {n: math.log(measured[n] / clocks[n]) for n in families}
         shares = {}
         for family in set(families.values()):
             mine = [logs[n] for n in families if families[n] == family]
             shares[family] = min(1.0, math.exp(float(np.median(mine))))
         deviation = float(sum(abs(logs[n] - math.log(shares[f])) for n, f in families.items()))
-        if best is None or deviation < best[1] - 1e-12:
+        if best is None or deviation < best[1] - 1e-9:
             best = (float(kappa), deviation, shares)
     if best is None:
         raise ValueError("no GPUs to fit the sustained shares on")
     return best[0], {f: best[2][f] for f in FAMILIES if f in best[2]}
+
+
+def power_capped(rows: GemmRows, predicted: np.ndarray) -> list[str]:
+    """The GPUs whose rows show a power cap: their long kernels (at least :data:`_LONG_MS`) run slower,
+    against ``predicted`` at one share per GPU, than their short ones (0.1-1 ms) by more than
+    :data:`_CAP_SIGNATURE` in log time. A cap binds under sustained load only: a kernel timed alone
+    after an idle gap starts at the boost clock, and the clock falls as the card reaches its power
+    limit. On the shared data: the T4 (0.45) and the P4 (0.57, thermal), not the V100 (0.04), the
+    P100 (0.11) or the A100 (0.00)."""
+    error = np.log(predicted / rows.ms)
+    found = []
+    for gpu in rows.gpus:
+        mine = rows.devices == gpu
+        short = mine & (predicted >= 0.1) & (predicted <= 1.0)
+        long = mine & (predicted >= _LONG_MS)
+        if short.any() and long.any() and np.median(error[short]) - np.median(error[long]) > _CAP_SIGNATURE:
+            found.append(gpu)
+    return found
 
 
 def _mape_by(rows: GemmRows, fit: GemmFit) -> dict[str, dict[str, float]]:

@@ -8,7 +8,7 @@ import pytest
 from fxcost.cost_models.heads.sustained import clock_share
 from fxcost.cost_models.heads.tiling import Tiling
 from fxcost.gpus import get_device
-from fxcost.train.gemm import FP32_TILES, GemmRows, fit_gemm, fit_sustained, predict_rows
+from fxcost.train.gemm import FP32_TILES, GemmRows, fit_gemm, fit_sustained, power_capped, predict_rows
 
 pytest.importorskip("scipy")
 
@@ -44,8 +44,22 @@ def test_the_gpu_step_explains_a_capped_clock_and_a_family() -> None:
     and kappa says by how much; no family is credited with more than its peak."""
     t4, v100 = get_device("T4"), get_device("V100-PCIE-32GB")
     measured = {"T4": 0.95 * clock_share(t4, 1.6), "V100-PCIE-32GB": 0.95, "A100-PCIE-40GB": 1.2}
-    kappa, families = fit_sustained(measured)
+    kappa, families = fit_sustained(measured, capped={"T4"})
     assert kappa == pytest.approx(1.6, abs=0.03)
     assert families["volta"] == pytest.approx(0.95, rel=0.02)
     assert families["ampere"] == 1.0  # 1.2 measured: a family's share is at most its peak
     assert clock_share(v100, kappa) == 1.0
+    # A GPU whose rows show no cap keeps its share as its kernels', whatever its base clock says.
+    _, families = fit_sustained({**measured, "A100-PCIE-40GB": 0.8}, capped={"T4"})
+    assert families["ampere"] == pytest.approx(0.8)
+    _, capped_too = fit_sustained({**measured, "A100-PCIE-40GB": 0.8}, capped={"T4", "A100-PCIE-40GB"})
+    assert capped_too["ampere"] > 0.9  # read as capped at 0.87 of its boost clock (kappa 1.6)
+
+
+def test_a_power_cap_shows_as_long_kernels_slower_than_short_ones() -> None:
+    rows = _rows(["T4", "V100-PCIE-32GB"], count=400)
+    tiling = Tiling(FP32_TILES, (1.0,) * len(FP32_TILES), 8, 10.0, (1,), 0.02)
+    predicted = predict_rows(rows, tiling, np.full(len(rows), 0.8))
+    capped = (rows.devices == "T4") & (predicted >= 10.0)
+    rows.ms = np.where(capped, 1.6 * predicted, predicted)  # the T4's long kernels at 0.62 of its pace
+    assert power_capped(rows, predicted) == ["T4"]

@@ -15,8 +15,11 @@ A GPU runs a large GEMM below its peak for two reasons a spec sheet can be read 
 
 So a GPU sustains ``family share x clock share`` of its peak (:meth:`GemmFit.share`). Both are fit to
 the shared measurements (``fxcost train``, :mod:`fxcost.train.gemm`); a GPU measured in them keeps
-the share its own rows gave. A family without measurements (a new generation, an AMD GPU) takes the
-newest measured family before it, else the oldest after it.
+the share its own rows gave. ``kappa`` is read where a cap shows in the rows (a capped GPU's long
+kernels run slower than its short ones): the T4 against the V100, which runs the same kernels. The
+A100 PCIe's rows show none, so its share is its kernels' although its low base clock would cap it.
+A family without measurements (a new generation, an AMD GPU) takes the newest measured family
+before it, else the oldest after it.
 """
 
 from __future__ import annotations
