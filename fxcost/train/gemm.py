@@ -134,8 +134,8 @@ def fit_sustained(
     measured: Mapping[str, float], capped: Iterable[str] = ()
 ) -> tuple[float, dict[str, float]]:
     """``kappa`` and the kernel families' shares that explain the GPUs' ``measured`` shares best (the
-    smallest sum of absolute log deviations, the smallest ``kappa`` of equals; a family's share is
-    the median of its GPUs', at most 1).
+    smallest sum of absolute log deviations; of equals, the smallest ``kappa`` that leaves every GPU
+    whose rows show no cap uncapped; a family's share is the median of its GPUs', at most 1).
 
     Only the GPUs in ``capped`` (those whose rows show a power cap: :func:`power_capped`) are read
     as running below their boost clock; the others' shares are their kernels'. A GPU's base clock
@@ -150,8 +150,13 @@ def fit_sustained(
         family = kernel_family(device)
         if family is not None:
             families[name] = family
+    # Where no capped GPU says how deep a cap goes, every kappa explains the shares equally well: the
+    # smallest that leaves the GPUs whose rows show no cap at their boost clock is taken.
+    uncapped = [devices[n] for n in families if n not in capped and devices[n].base_clock_mhz]
+    least = max((float(d.boost_clock_mhz or 0) / float(d.base_clock_mhz or 1) for d in uncapped), default=1.0)
+    kappas = sorted(_KAPPAS, key=lambda k: (k < least - 1e-9, k))
     best: tuple[float, float, dict[str, float]] | None = None
-    for kappa in _KAPPAS:
+    for kappa in kappas:
         clocks = {n: clock_share(devices[n], float(kappa)) if n in capped else 1.0 for n in families}
         logs = {n: math.log(measured[n] / clocks[n]) for n in families}
         shares = {}
@@ -169,17 +174,24 @@ def fit_sustained(
 def power_capped(rows: GemmRows, predicted: np.ndarray) -> list[str]:
     """The GPUs whose rows show a power cap: their long kernels (at least :data:`_LONG_MS`) run slower,
     against ``predicted`` at one share per GPU, than their short ones (0.1-1 ms) by more than
-    :data:`_CAP_SIGNATURE` in log time. A cap binds under sustained load only: a kernel timed alone
-    after an idle gap starts at the boost clock, and the clock falls as the card reaches its power
-    limit. On the shared data: the T4 (0.45) and the P4 (0.57, thermal), not the V100 (0.04), the
-    P100 (0.11) or the A100 (0.00)."""
+    :data:`_CAP_SIGNATURE` in log time, and by no more than down to their base clock. A cap binds
+    under sustained load only: a kernel timed alone after an idle gap starts at the boost clock, and
+    the clock falls as the card reaches its power limit, never below the base clock NVIDIA
+    guarantees there; a slowdown deeper than that is heat, which no spec sheet predicts. On the
+    shared data: the T4 (0.45, its base clock 0.37 of its boost clock), not the P4 (0.57, below its
+    base clock's 0.76: thermal), the P100 (0.11), the V100 (0.04) or the A100 (0.00)."""
     error = np.log(predicted / rows.ms)
     found = []
     for gpu in rows.gpus:
         mine = rows.devices == gpu
         short = mine & (predicted >= 0.1) & (predicted <= 1.0)
         long = mine & (predicted >= _LONG_MS)
-        if short.any() and long.any() and np.median(error[short]) - np.median(error[long]) > _CAP_SIGNATURE:
+        if not short.any() or not long.any():
+            continue
+        signature = float(np.median(error[short]) - np.median(error[long]))
+        device = get_device(gpu)
+        floor = (device.base_clock_mhz or 0.0) / (device.boost_clock_mhz or math.inf)
+        if signature > _CAP_SIGNATURE and math.exp(-signature) >= floor:
             found.append(gpu)
     return found
 

@@ -63,3 +63,14 @@ def test_a_power_cap_shows_as_long_kernels_slower_than_short_ones() -> None:
     capped = (rows.devices == "T4") & (predicted >= 10.0)
     rows.ms = np.where(capped, 1.6 * predicted, predicted)  # the T4's long kernels at 0.62 of its pace
     assert power_capped(rows, predicted) == ["T4"]
+    # Below the base clock (the T4's is 0.37 of its boost clock) a slowdown is heat, not the cap.
+    rows.ms = np.where(capped, 3.0 * predicted, predicted)
+    assert power_capped(rows, predicted) == []
+
+
+def test_with_no_capped_gpu_kappa_leaves_the_uncapped_ones_at_their_boost_clock() -> None:
+    measured = {"V100-PCIE-32GB": 0.93, "A100-PCIE-40GB": 0.83, "P100-PCIE-16GB": 0.75}
+    kappa, _ = fit_sustained(measured, capped=())
+    a100 = get_device("A100-PCIE-40GB")
+    assert clock_share(a100, kappa) == 1.0
+    assert kappa == pytest.approx(a100.boost_clock_mhz / a100.base_clock_mhz, abs=0.03)
