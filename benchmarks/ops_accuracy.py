@@ -26,13 +26,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import HEADS, load_heads
+from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads, load_heads
+from fxcost.cost_models.heads.sustained import GemmFit, load_gemm_fit
 from fxcost.cost_models.roofline import Roofline
+from fxcost.data.datasets import row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
 from fxcost.train.compare import habitat_mlp_ms
 from fxcost.train.heads import TrainConfig, examples, fit, split, train
@@ -61,7 +64,7 @@ def main() -> int:
         train_rows, test_rows = split([args.data], head)
         test_ex = examples(test_rows, head)
         nodes_ms = {
-            "heads": test_ex.reference_ms * np.exp(heads[head](test_ex.x)),
+            "heads": _model_ms(heads, load_gemm_fit(args.heads), head, test_rows, test_ex),
             "roofline": _roofline(test_rows, head),
             "habitat_mlp": habitat_mlp_ms(examples(train_rows, head), test_ex, head),
         }
@@ -112,12 +115,23 @@ def _mape(frame: pd.DataFrame, method: str) -> float:
 
 def _roofline(rows: pd.DataFrame, head: str) -> np.ndarray:
     """fxcost's roofline model on the rows, in the device order :func:`examples` uses."""
-    from fxcost.data.datasets import row_node
-
     parts = []
     for device_name, group in rows.groupby("device", sort=True):
         nodes = [row_node(r) for r in group.itertuples(index=False)]
         parts.append(Roofline().predict(NodeBatch.of(nodes), get_device(device_name)))
+    return np.concatenate(parts)
+
+
+def _model_ms(heads: dict[str, Any], gemm: GemmFit, head: str, rows: pd.DataFrame, ex: Any) -> np.ndarray:
+    """The shipped model's prediction of ``rows``: the bare network of an MLP head, or the tiled GEMM
+    model (``gemm``) for the GEMM classes, which have no network (``rows`` in ``ex``'s device order)."""
+    if head not in TILED_HEADS:
+        return ex.reference_ms * np.exp(heads[head](ex.x))
+    model = Heads(heads, gemm)
+    parts = []
+    for device_name, group in rows.groupby("device", sort=True):
+        nodes = [row_node(r) for r in group.itertuples(index=False)]
+        parts.append(model.predict(NodeBatch.of(nodes), get_device(device_name)))
     return np.concatenate(parts)
 
 
@@ -129,7 +143,7 @@ def _leave_one_device_out(data: str, work: str | None, epochs: int) -> dict[str,
         out = root / device
         train([data], out, exclude=set(HELD_OUT_DEVICES) | {device},
               config=dataclasses.replace(TrainConfig(), epochs=epochs))  # fmt: skip
-        heads = load_heads(out)
+        heads, gemm = load_heads(out), load_gemm_fit(out)
         for head in HEADS:
             _, test_rows = split([data], head, exclude=set(HELD_OUT_DEVICES))
             test_rows = test_rows[test_rows["device"] == device]
@@ -137,7 +151,7 @@ def _leave_one_device_out(data: str, work: str | None, epochs: int) -> dict[str,
                 result[head][device] = math.nan
                 continue
             ex = examples(test_rows, head)
-            predicted = ex.reference_ms * np.exp(heads[head](ex.x))
+            predicted = _model_ms(heads, gemm, head, test_rows, ex)
             result[head][device] = float(np.mean(np.abs(predicted - ex.latency_ms) / ex.latency_ms) * 100)
         print(f"  left out {device}: " + " ".join(f"{h}={result[h][device]:.1f}" for h in HEADS), flush=True)
     return result

@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from models_e2e import _capture
 
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import load_heads
+from fxcost.cost_models.heads import Heads, load_heads
+from fxcost.cost_models.heads.sustained import load_gemm_fit, shipped_gemm_fit
 from fxcost.cost_models.justus import JustusPredictor
 from fxcost.cost_models.lattuada import LattuadaRegression
 from fxcost.data.datasets import data_root, read_model_runs, row_node
@@ -89,8 +90,8 @@ def main() -> int:
     work = cache / f"heads-{heads_epochs}-without-{holdout}"
     train([args.data], work, heads=LAYERS, exclude=set(HELD_OUT_DEVICES) | {holdout},
           config=dataclasses.replace(TrainConfig(), epochs=heads_epochs))  # fmt: skip
-    heads_out = load_heads(work)
-    heads = load_heads()
+    heads_out = Heads(load_heads(work), load_gemm_fit(work))  # fit without the held-out GPU
+    heads = Heads(load_heads(), shipped_gemm_fit())
     rows = []
     for layer in LAYERS:
         _, test = split([args.data], layer)
@@ -98,12 +99,12 @@ def main() -> int:
             x, y = examples(group, layer)
             device = get_device(device_name)
             batch = NodeBatch.of([row_node(r) for r in group.itertuples(index=False)])
-            fx = _heads_ms(heads, layer, batch, device)
+            fx = heads.predict(batch, device)
             row = {"layer": layer, "device": device_name, "rows": len(y),
                    **_scores("justus", justus.networks[layer](x), y), **_scores("fxcost", fx, y)}  # fmt: skip
             if device_name == holdout:
                 row.update(_scores("justus_unseen", justus_out.networks[layer](x), y))
-                row.update(_scores("fxcost_unseen", _heads_ms(heads_out, layer, batch, device), y))
+                row.update(_scores("fxcost_unseen", heads_out.predict(batch, device), y))
             rows.append(row)
     layers = pd.DataFrame(rows)
     print(layers.to_string(index=False, float_format=lambda v: f"{v:9.2f}"))
@@ -150,12 +151,6 @@ def main() -> int:
           f"fxcost_mape_lattuada_rows={extrapolated['fxcost_err'].abs().mean():.2f} "
           f"protocol={protocol}")  # fmt: skip
     return 0
-
-
-def _heads_ms(heads: dict, layer: str, batch: NodeBatch, device: object) -> np.ndarray:  # type: ignore[type-arg]
-    from fxcost.cost_models.heads import Heads
-
-    return Heads({layer: heads[layer]}).predict(batch, device)  # type: ignore[arg-type]
 
 
 def _scores(prefix: str, predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:

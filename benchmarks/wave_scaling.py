@@ -202,7 +202,8 @@ def _kernel_varying(dirs: list[str]) -> pd.DataFrame:
         nodes = []
         for _, row in group.iterrows():
             b, m, n, k = (int(row[c]) for c in ("B", "M", "N", "K"))
-            traffic = 4 * b * (m * k + k * n), 4 * b * m * n  # fp32 operands read, result written
+            # [M, N] x [N, K], N reduced (datasets.GEMM_COLUMNS): fp32 operands read, result written
+            traffic = 4 * b * (m * n + n * k), 4 * b * m * k
             node = NodeCost(name="gemm", op="aten.gemm_as_kernel_alike", phase="fw", flops=2 * b * m * n * k,
                             bytes_read=traffic[0], bytes_written=traffic[1])  # fmt: skip
             nodes.append(_node_with_kernel(row, node))

@@ -50,8 +50,8 @@ import numpy as np
 
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
 from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_times
-from fxcost.cost_models.heads.tensor_core import pass_ms
 from fxcost.cost_models.heads.tensor_work import layout_pass_bytes
+from fxcost.cost_models.heads.tiling import pass_ms
 from fxcost.cost_models.roofline import Roofline
 from fxcost.execution import EXECUTIONS, Execution, check_execution
 from fxcost.gpus import Device

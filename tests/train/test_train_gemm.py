@@ -7,6 +7,7 @@ import pytest
 
 from fxcost.cost_models.heads.sustained import clock_share
 from fxcost.cost_models.heads.tiling import Tiling
+from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import get_device
 from fxcost.train.gemm import FP32_TILES, GemmRows, fit_gemm, fit_sustained, power_capped, predict_rows
 
@@ -25,7 +26,7 @@ def _rows(devices: list[str], seed: int = 0, count: int = 150) -> GemmRows:
 
 def test_the_fit_recovers_a_model_from_its_own_times() -> None:
     shares = (1.0, 0.7, 0.9, 0.6, 0.35, 0.55, 0.3, 0.35, 0.2)
-    truth = Tiling(FP32_TILES, shares, 8, 12.0, (1, 2, 4, 8, 16, 32), 0.02)
+    truth = Tiling(FP32_TILES, shares, 8, 12.0, (1, 2, 4, 8, 16, 32), LAUNCH_FLOOR_MS)
     rows = _rows(["P4", "T4", "V100-PCIE-32GB"])
     gpu_share = {"P4": 0.6, "T4": 0.5, "V100-PCIE-32GB": 0.9}
     rows.ms = predict_rows(rows, truth, np.array([gpu_share[g] for g in rows.gpus])[rows.gpu_index])

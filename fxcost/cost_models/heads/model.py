@@ -60,10 +60,11 @@ class Heads:
     GEMMs are priced by their tiles and waves at the GPU's sustained rate
     (:mod:`~fxcost.cost_models.heads.tensor_core`): fp32 ones on CUDA cores, with the tiles and
     sustained shares fit to the measurements (``gemm``, :class:`~fxcost.cost_models.heads.sustained.GemmFit`);
-    bf16, fp16 and TF32 ones, and convolutions in those precisions, on tensor cores; on a GPU without
-    tensor cores for them, by the heads as their fp32 twins, and a GPU that beats such a GPU is never
-    priced slower than it. The MLP heads predict the rest: fp32 convolutions, elementwise ops, layer
-    norm and softmax.
+    bf16, fp16 and TF32 ones, and convolutions in those precisions, on tensor cores. A TF32 node on a
+    GPU without TF32 tensor cores runs its fp32 twin (a GEMM on CUDA cores, a convolution by the
+    ``conv`` head), and a GPU that beats such a GPU is never priced slower than it. The MLP heads
+    predict the rest: fp32 convolutions, elementwise ops, layer norm and softmax. A GEMM of another
+    dtype (float64) has no model here (NaN: the next model of the chain prices it).
 
     Each instance keeps its own size tables (elementwise) and axis tables (the other heads);
     :func:`default_heads` is the instance the registered ``mlp`` and ``mlp_ratio`` models share.
@@ -81,7 +82,8 @@ class Heads:
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         # The same heads on the same batch and device give the same answer: computed once, whether
         # ``mlp`` or ``mlp_ratio`` (which shares the shipped instance) asks.
-        return batch.derived(f"heads.ms.{id(self.heads)}.{device.name}", lambda: self._predict(batch, device))
+        key = f"heads.ms.{id(self.heads)}.{id(self.gemm)}.{device.name}"
+        return batch.derived(key, lambda: self._predict(batch, device))
 
     def _predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         out = self._predict_heads(batch, device)
@@ -91,15 +93,19 @@ class Heads:
             # Kept with the batch: pricing it on another GPU reuses every GPU's kernel times.
             kept = batch.derived(f"heads.tensor.{id(self)}", dict)
             ms = self.tiled.predict(works, device, kept)
-            if not np.isfinite(ms).all():  # a GPU without TF32 tensor cores runs the fp32 twin
-                ms = np.where(np.isfinite(ms), ms, self._twins_ms(batch, index, device))
-            ms = self._below_untensored(batch, index, works, kept, ms, device)
+            tf32 = batch.derived("heads.tensor.tf32", lambda: np.array([w.kind == "tf32" for w in works]))
+            lacking = tf32 & ~np.isfinite(ms)
+            if lacking.any():  # a GPU without TF32 tensor cores runs the fp32 twin
+                ms = np.where(lacking, self._twins_ms(batch, index, device), ms)
+            if tf32.any():
+                ms = self._below_untensored(batch, index, works, kept, ms, device)
             out[index] = np.where(np.isfinite(ms), ms, out[index])
         return out
 
     def _twins_ms(self, batch: NodeBatch, index: np.ndarray, device: Device) -> np.ndarray:
         """The times of ``batch``'s nodes at ``index`` as their fp32 twins on ``device`` (TF32 off: a
-        GEMM on CUDA cores, a convolution by the ``conv`` head)."""
+        GEMM on CUDA cores, a convolution by the ``conv`` head; a twin is never TF32, so this does not
+        recurse)."""
         twins = batch.derived(
             "heads.tensor.twins",
             lambda: NodeBatch.of([dataclasses.replace(batch.nodes[i], tf32=False) for i in index]),
@@ -116,10 +122,11 @@ class Heads:
         device: Device,
     ) -> np.ndarray:
         """``ms`` (the tiled times of ``batch``'s nodes at ``index`` on ``device``) never above the time
-        on a GPU it beats that has no tensor cores for a node's kind (a V100's TF32): that GPU runs
-        its fp32 twin, and a GPU that beats it is never slower."""
+        on a GPU it beats that has no TF32 tensor cores (a V100): that GPU runs the fp32 twin of a TF32
+        node, and a GPU that beats it is never slower."""
+        tf32 = np.array([w.kind == "tf32" for w in works])
         for weaker in weaker_than(device):
-            lacking = np.isfinite(ms) & ~np.isfinite(self.tiled.predict(works, weaker, kept))
+            lacking = tf32 & np.isfinite(ms) & ~np.isfinite(self.tiled.predict(works, weaker, kept))
             if lacking.any():
                 ms = np.where(lacking, np.fmin(ms, self._twins_ms(batch, index, weaker)), ms)
         return ms
@@ -133,7 +140,7 @@ class Heads:
         groups, lowered = batch.derived("heads", lambda: _groups(batch))
         for key, group in groups.items():
             head = key.partition(":")[0]
-            if head not in self.heads or head in TILED_HEADS:
+            if head not in self.heads:
                 continue
             if key == "ew":
                 out[group.index] = self.size_tables.ms(self.heads[head], group, device)
@@ -190,7 +197,7 @@ class Heads:
 
 
 def _tensor_works(batch: NodeBatch) -> tuple[np.ndarray, list[TensorWork]] | None:
-    """The positions and tensor-core work of the nodes that run on tensor cores (None if none do)."""
+    """The positions and tiled work of the nodes the tiled GEMM model prices (None if none)."""
     found = [(i, tensor_work(n)) for i, n in enumerate(batch.nodes) if n.has_kernel]
     kept = [(i, w) for i, w in found if w is not None]
     if not kept:
@@ -220,7 +227,7 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
             if runs is not None:  # an empty list: it launches nothing, and costs nothing
                 lowered_nodes.append(i)
                 work.extend((i, *run) for run in runs)
-        elif head is not None:
+        elif head is not None and head not in TILED_HEADS:  # GEMMs: the tiled model's
             try:
                 # The heads learned forward convolutions: a backward runs one per gradient.
                 repeats = conv_gradients(node) if is_conv_backward(node) else 1

@@ -58,7 +58,7 @@ __all__ = ["TiledGemms", "tensor_peak_tflops"]
 def tensor_peak_tflops(device: Device, kind: str) -> float | None:
     """The spec-sheet dense peak ``device`` runs GEMMs of ``kind`` at: its tensor cores', or for a half
     precision it has none for (a V100's bf16) its fp32 CUDA cores' (as :func:`fxcost.gpus.order.strength`
-    ranks it); None for TF32 without TF32 tensor cores (that is fp32 work, the heads')."""
+    ranks it); None for TF32 without TF32 tensor cores (that is fp32 work, its fp32 twin's)."""
     if kind == "tf32":
         return device.tf32_tflops
     peak = device.bf16_tflops if kind == "bfloat16" else device.fp16_tflops if kind == "float16" else None
@@ -152,9 +152,10 @@ class TiledGemms:
         step hides, :func:`~fxcost.cost_models.eager.hidden_overhead_ms`), in GPU order by
         construction: the largest of ``device``'s own and those of every GPU that beats it, each
         GPU's own being its kernel time (the smallest of its own and those of every GPU it beats; a
-        calibrated GPU: its own) plus its hidden overhead. NaN where ``device`` has no tensor cores
-        for a work's kind (the heads price it). ``cache``: a dict kept with ``works`` (the batch's),
-        so that pricing them on another GPU reuses every GPU's kernel times."""
+        calibrated GPU: its own for tensor-core work) plus its hidden overhead. NaN where ``device``
+        has no rate for a work's kind (TF32 without TF32 tensor cores: the fp32 twin prices it).
+        ``cache``: a dict kept with ``works`` (the batch's), so that pricing them on another GPU reuses
+        every GPU's kernel times."""
         state = _State.of(cache, works)
         found = state.isolated.get(device)
         if found is not None:
@@ -200,16 +201,20 @@ class _State:
         return {d: self.raw[d] for d in devices}
 
     def own_isolated(self, cores: TiledGemms, device: Device) -> np.ndarray:
-        """``device``'s kernel times, the smallest of its own and its weaker GPUs' (a calibrated GPU:
-        its own), plus its hidden overhead."""
+        """``device``'s kernel times, the smallest of its own and its weaker GPUs' (on a calibrated GPU
+        its own for tensor-core work, which its measured ``tl.dot`` rate prices), plus its hidden
+        overhead."""
         found = self.own.get(device)
         if found is None:
-            weaker = [] if _is_calibrated(device) else weaker_than(device)
+            weaker = weaker_than(device)
             if device not in self.raw:  # the GPUs near it are likely asked next: every one at once
                 self.kernels(cores, [device, *weaker, *comparable()])
             own = self.raw[device]
             found_below = self.kernels(cores, weaker).values()
             kernel = np.where(np.isfinite(own), np.fmin.reduce([own, *found_below]), np.nan)
+            if _is_calibrated(device):
+                measured = np.array([w.kind != "float32" for w in self.works])
+                kernel = np.where(measured, own, kernel)
             found = self.own[device] = kernel + hidden_overhead_ms(device)
         return found
 

@@ -62,7 +62,7 @@ def work_kind(node: NodeCost) -> str | None:
 
 @dataclass(frozen=True)
 class TensorWork:
-    """What a tensor-core node runs, independent of the GPU: its GEMMs (batch, M, N, K) with the DRAM
+    """What a tiled node runs, independent of the GPU: its GEMMs (batch, M, N, K) with the DRAM
     bytes of each kernel and the share of the rate its operand loads allow (:func:`load_share`), and
     the bytes of each memory pass (layout transposes, a bias gradient)."""
 
