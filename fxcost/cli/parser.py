@@ -200,8 +200,8 @@ def _data_commands(sub: Any) -> None:
 
 COST_MODEL_HELP = (
     "cost model or comma-separated fallback chain (default: auto, the prediction policy: on a GPU wave "
-    "scaling for measured kernel-alike nodes and MLP heads for matmuls/convolutions, elsewhere the heads; "
-    "the roofline for the rest)"
+    "scaling for measured kernel-alike nodes and the origin-free model's ratio for matmuls/convolutions, "
+    "elsewhere the origin-free model (tiled GEMMs and MLP heads); the roofline for the rest)"
 )
 SHOW_MODEL_HELP = (
     "cost model or comma-separated fallback chain (default: the trace's, normally 'auto': a trace "

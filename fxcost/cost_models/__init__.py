@@ -2,7 +2,8 @@
 
 Every model implements :class:`CostModel` and is vectorized over nodes (``interface``); which model
 predicts a node is a policy (``policy``, ``"auto"`` by default). The models: the roofline, Habitat's
-wave scaling, the MLP heads (``heads``), Justus et al.'s per-layer network; Lattuada et al.'s
+wave scaling, the origin-free model (``heads``: GEMMs by their tiles, the rest by MLP heads),
+Justus et al.'s per-layer network; Lattuada et al.'s
 run-level regression predicts whole runs. ``eager`` says what of an isolated-op prediction an eager
 step hides.
 """

@@ -4,11 +4,11 @@ The default, ``"auto"``, is:
 
 - runtime-based, when the nodes were measured on a GPU (the origin): wave scaling for kernel-alike
   ops, which run the same kernels on every GPU, and for kernel-varying ones (matmul, convolution),
-  whose libraries pick other kernels on other GPUs, the MLP heads: their ratio between target and
-  origin scales the measured time (``mlp_ratio``), or they predict alone where a node has no
-  measurement;
-- origin-free, when there is no GPU measurement (a CPU laptop, an AutoML loop): the heads for every
-  op they cover;
+  whose libraries pick other kernels on other GPUs, the origin-free model (``mlp``: tiled GEMMs and
+  the MLP heads): its ratio between target and origin scales the measured time (``mlp_ratio``), or
+  it predicts alone where a node has no measurement;
+- origin-free, when there is no GPU measurement (a CPU laptop, an AutoML loop): that model for every
+  op it covers;
 - the roofline for whatever the others leave, a fallback counted in each node's ``pred_source``.
 
 Any name, comma-separated fallback chain or model replaces the policy, and ``overrides`` gives single

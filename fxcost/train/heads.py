@@ -34,6 +34,7 @@ from fxcost.cost_models.heads import (
     roofline_ms,
     with_device,
 )
+from fxcost.cost_models.heads.sustained import GEMM_FILE
 from fxcost.cost_models.mlp import MLP, save_mlps
 from fxcost.data.datasets import ELEMENTWISE, read_ops, read_ops_test, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
@@ -183,8 +184,8 @@ def train(
     config: TrainConfig = TrainConfig(),
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Train ``heads`` on ``data``; writes ``heads.npz`` and ``manifest.json`` to ``out`` and returns the
-    manifest."""
+    """Train ``heads`` on ``data``; writes ``heads.npz``, ``gemm.json`` (the GEMM classes) and
+    ``manifest.json`` to ``out`` and returns the manifest."""
     unknown = set(heads) - set(HEADS)
     if unknown:
         raise ValueError(f"unknown heads {sorted(unknown)}; heads: {', '.join(HEADS)}")
@@ -194,13 +195,20 @@ def train(
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if manifest.get("feature_version") != FEATURE_VERSION:
         manifest["heads"] = {}  # heads of other features: train again
+    files = _data_files(data)
+    # The GEMM fit on the same data and devices is done; resumed, it is not fit again.
+    tiled_done = (out / GEMM_FILE).exists() and all(
+        manifest.get(k) == v for k, v in (("data", files), ("excluded_devices", sorted(set(exclude))))
+    )
     manifest.update({"config": asdict(config), "excluded_devices": sorted(set(exclude)),
-                     "data": _data_files(data), "feature_version": FEATURE_VERSION})  # fmt: skip
+                     "data": files, "feature_version": FEATURE_VERSION})  # fmt: skip
     manifest.setdefault("heads", {})
+    if not (out / GEMM_FILE).exists():  # MLPs an older fxcost trained for the GEMM classes are gone
+        for head in TILED_HEADS:
+            manifest["heads"].pop(head, None)
     # The GEMM classes are the tiled model's (gemm.json): MLPs an older fxcost trained for them go.
     trained = {h: m for h, m in _load_existing(out).items() if h not in TILED_HEADS}
-    tiled = [h for h in heads if h in TILED_HEADS]
-    if tiled:
+    if any(h in TILED_HEADS for h in heads) and not (tiled_done and set(manifest["heads"]) >= TILED_HEADS):
         _fit_tiled(data, out, exclude, manifest, progress)
         _save(out, trained, manifest)
     for head in (h for h in heads if h not in TILED_HEADS):
