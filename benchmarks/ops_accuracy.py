@@ -115,11 +115,7 @@ def _mape(frame: pd.DataFrame, method: str) -> float:
 
 def _roofline(rows: pd.DataFrame, head: str) -> np.ndarray:
     """fxcost's roofline model on the rows, in the device order :func:`examples` uses."""
-    parts = []
-    for device_name, group in rows.groupby("device", sort=True):
-        nodes = [row_node(r) for r in group.itertuples(index=False)]
-        parts.append(Roofline().predict(NodeBatch.of(nodes), get_device(device_name)))
-    return np.concatenate(parts)
+    return _per_device(rows, Roofline())
 
 
 def _model_ms(heads: dict[str, Any], gemm: GemmFit, head: str, rows: pd.DataFrame, ex: Any) -> np.ndarray:
@@ -127,7 +123,12 @@ def _model_ms(heads: dict[str, Any], gemm: GemmFit, head: str, rows: pd.DataFram
     model (``gemm``) for the GEMM classes, which have no network (``rows`` in ``ex``'s device order)."""
     if head not in TILED_HEADS:
         return ex.reference_ms * np.exp(heads[head](ex.x))
-    model = Heads(heads, gemm)
+    return _per_device(rows, Heads(heads, gemm))
+
+
+def _per_device(rows: pd.DataFrame, model: Any) -> np.ndarray:
+    """``model``'s predictions of the rows' nodes on each row's GPU, in the device order :func:`examples`
+    uses."""
     parts = []
     for device_name, group in rows.groupby("device", sort=True):
         nodes = [row_node(r) for r in group.itertuples(index=False)]

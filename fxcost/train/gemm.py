@@ -23,6 +23,7 @@ GPU's work; fit as a floor, 22 us of it became kernel time in every step's GEMMs
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from fxcost.cost_models.eager import hidden_overhead_ms
-from fxcost.cost_models.heads.sustained import FAMILIES, GemmFit, clock_share, kernel_family
+from fxcost.cost_models.heads.sustained import FAMILIES, GemmFit, base_share, clock_share, kernel_family
 from fxcost.cost_models.heads.tiling import Tiling, gemm_kernel_ms
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.data.datasets import row_node
@@ -89,9 +90,15 @@ def gemm_rows(frame: Any) -> GemmRows:
     )
 
 
-def predict_rows(rows: GemmRows, tiling: Tiling, shares: np.ndarray) -> np.ndarray:
-    """Isolated-op ms of ``rows``, each GPU sustaining its share (``shares[i]``: row i's) of its peak."""
-    kernel = gemm_kernel_ms(rows.dims, rows.nbytes, rows.peak * shares, rows.sms, rows.bandwidth, tiling)
+def predict_rows(
+    rows: GemmRows, tiling: Tiling, shares: np.ndarray, sharpness: float | None = None
+) -> np.ndarray:
+    """Isolated-op ms of ``rows``, each GPU sustaining its share (``shares[i]``: row i's) of its peak
+    (``sharpness``: the smooth minimum over the tiles, as :func:`gemm_kernel_ms` takes it)."""
+    rates = rows.peak * shares
+    kernel = gemm_kernel_ms(
+        rows.dims, rows.nbytes, rates, rows.sms, rows.bandwidth, tiling, sharpness=sharpness
+    )
     return kernel + rows.overhead
 
 
@@ -110,10 +117,7 @@ def fit_gemm(rows: GemmRows, test: GemmRows | None = None) -> GemmFit:
 
     def residuals(p: np.ndarray, sharpness: float | None) -> np.ndarray:
         tiling, scale = unpack(p)
-        rates = rows.peak * scale[rows.gpu_index]
-        kernel = gemm_kernel_ms(rows.dims, rows.nbytes, rates, rows.sms, rows.bandwidth, tiling,
-                                sharpness=sharpness)  # fmt: skip
-        return np.log(kernel + rows.overhead) - np.log(rows.ms)
+        return np.log(predict_rows(rows, tiling, scale[rows.gpu_index], sharpness)) - np.log(rows.ms)
 
     # The fastest tile is a kink in the loss: gradients find a minimum of a smooth stand-in first,
     # sharper and sharper, then the fastest tile itself (from any start, the same minimum).
@@ -122,8 +126,7 @@ def fit_gemm(rows: GemmRows, test: GemmRows | None = None) -> GemmFit:
         found = least_squares(residuals, found, args=(sharpness,), loss="soft_l1", f_scale=0.1).x
     tiling, scale = unpack(found)
     best = max(tiling.shares)  # the best tile's share is 1: the GPU's share says the rest
-    tiling = Tiling(tiling.tiles, tuple(s / best for s in tiling.shares), tiling.k_step, tiling.k_overhead,
-                    tiling.splits, tiling.floor_ms)  # fmt: skip
+    tiling = dataclasses.replace(tiling, shares=tuple(s / best for s in tiling.shares))
     measured = {g: float(s * best) for g, s in zip(rows.gpus, scale, strict=True)}
     capped = power_capped(rows, predict_rows(rows, tiling, (scale * best)[rows.gpu_index]))
     kappa, families = fit_sustained(measured, capped)
@@ -131,7 +134,7 @@ def fit_gemm(rows: GemmRows, test: GemmRows | None = None) -> GemmFit:
     metrics: dict[str, Any] = {"power_capped": capped, "train_mape": _mape_by(rows, fit)}
     if test is not None and len(test):
         metrics["test_mape"] = _mape_by(test, fit)
-    return GemmFit(tiling, kappa, families, measured, tuple(rows.gpus), metrics)
+    return dataclasses.replace(fit, metrics=metrics)
 
 
 def fit_sustained(
@@ -156,8 +159,8 @@ def fit_sustained(
             families[name] = family
     # Where no capped GPU says how deep a cap goes, every kappa explains the shares equally well: the
     # smallest that leaves the GPUs whose rows show no cap at their boost clock is taken.
-    uncapped = [devices[n] for n in families if n not in capped and devices[n].base_clock_mhz]
-    least = max((float(d.boost_clock_mhz or 0) / float(d.base_clock_mhz or 1) for d in uncapped), default=1.0)
+    bases = [base_share(devices[n]) for n in families if n not in capped]
+    least = max((1.0 / b for b in bases if b), default=1.0)
     kappas = sorted(_KAPPAS, key=lambda k: (k < least - 1e-9, k))
     best: tuple[float, float, dict[str, float]] | None = None
     for kappa in kappas:
@@ -193,8 +196,7 @@ def power_capped(rows: GemmRows, predicted: np.ndarray) -> list[str]:
         if not short.any() or not long.any():
             continue
         signature = float(np.median(error[short]) - np.median(error[long]))
-        device = get_device(gpu)
-        floor = (device.base_clock_mhz or 0.0) / (device.boost_clock_mhz or math.inf)
+        floor = base_share(get_device(gpu)) or 0.0
         if signature > _CAP_SIGNATURE and math.exp(-signature) >= floor:
             found.append(gpu)
     return found

@@ -195,18 +195,17 @@ def train(
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if manifest.get("feature_version") != FEATURE_VERSION:
         manifest["heads"] = {}  # heads of other features: train again
-    files = _data_files(data)
+    files, excluded = _data_files(data), sorted(set(exclude))
     # The GEMM fit on the same data and devices is done; resumed, it is not fit again.
-    tiled_done = (out / GEMM_FILE).exists() and all(
-        manifest.get(k) == v for k, v in (("data", files), ("excluded_devices", sorted(set(exclude))))
-    )
-    manifest.update({"config": asdict(config), "excluded_devices": sorted(set(exclude)),
-                     "data": files, "feature_version": FEATURE_VERSION})  # fmt: skip
+    tiled_done = (out / GEMM_FILE).exists() and manifest.get("data") == files
+    tiled_done = tiled_done and manifest.get("excluded_devices") == excluded
+    manifest.update({"config": asdict(config), "excluded_devices": excluded, "data": files,
+                     "feature_version": FEATURE_VERSION})  # fmt: skip
     manifest.setdefault("heads", {})
-    if not (out / GEMM_FILE).exists():  # MLPs an older fxcost trained for the GEMM classes are gone
+    # The GEMM classes are the tiled model's (gemm.json): MLPs an older fxcost trained for them go.
+    if not (out / GEMM_FILE).exists():
         for head in TILED_HEADS:
             manifest["heads"].pop(head, None)
-    # The GEMM classes are the tiled model's (gemm.json): MLPs an older fxcost trained for them go.
     trained = {h: m for h, m in _load_existing(out).items() if h not in TILED_HEADS}
     if any(h in TILED_HEADS for h in heads) and not (tiled_done and set(manifest["heads"]) >= TILED_HEADS):
         _fit_tiled(data, out, exclude, manifest, progress)
@@ -214,7 +213,7 @@ def train(
     for head in (h for h in heads if h not in TILED_HEADS):
         every_row, every_test = split(data, head, exclude=())
         train_rows, test_rows = _without(every_row, exclude), _without(every_test, exclude)
-        left_out = every_row.loc[every_row["device"].isin(set(exclude)), "device"].value_counts()
+        left_out = _left_out(every_row, exclude)
         if train_rows.empty:
             raise ValueError(f"no training rows for head {head!r} in {', '.join(map(str, data))}")
         train_ex = examples(train_rows, head)
@@ -226,7 +225,7 @@ def train(
         manifest["heads"][head] = {
             "config": asdict(config),
             "devices": sorted(set(train_ex.device)),
-            "left_out_rows": {str(device): int(rows) for device, rows in sorted(left_out.items())},
+            "left_out_rows": left_out,
             "train_rows": len(train_ex.y),
             "test_rows": 0 if test_ex is None else len(test_ex.y),
             "train_mape": mape_by_device(model, train_ex),
@@ -255,11 +254,10 @@ def _fit_tiled(
     fit = fit_gemm(gemm_rows(train_rows), gemm_rows(test_rows) if not test_rows.empty else None)
     fit.save(out)
     for head, (rows, test) in frames.items():
-        left_out = rows.loc[rows["device"].isin(excluded), "device"].value_counts()
         manifest["heads"][head] = {
             "model": "tiled GEMM (gemm.json)",
             "devices": list(fit.devices),
-            "left_out_rows": {str(device): int(n) for device, n in sorted(left_out.items())},
+            "left_out_rows": _left_out(rows, excluded),
             "train_rows": int((~rows["device"].isin(excluded)).sum()),
             "test_rows": int((~test["device"].isin(excluded)).sum()),
             "train_mape": fit.metrics["train_mape"].get(head, {}),
@@ -267,6 +265,12 @@ def _fit_tiled(
         }
     if progress is not None:
         progress("gemm", 1, 1)
+
+
+def _left_out(rows: Any, devices: Iterable[str]) -> dict[str, int]:
+    """How many of ``rows`` each of ``devices`` has (the rows a head leaves out)."""
+    counts = rows.loc[rows["device"].isin(set(devices)), "device"].value_counts()
+    return {str(device): int(n) for device, n in sorted(counts.items())}
 
 
 def _data_files(data: Sequence[str | Path]) -> list[dict[str, str]]:

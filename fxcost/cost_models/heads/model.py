@@ -98,7 +98,7 @@ class Heads:
             if lacking.any():  # a GPU without TF32 tensor cores runs the fp32 twin
                 ms = np.where(lacking, self._twins_ms(batch, index, device), ms)
             if tf32.any():
-                ms = self._below_untensored(batch, index, works, kept, ms, device)
+                ms = self._below_untensored(batch, index, works, tf32, kept, ms, device)
             out[index] = np.where(np.isfinite(ms), ms, out[index])
         return out
 
@@ -117,14 +117,14 @@ class Heads:
         batch: NodeBatch,
         index: np.ndarray,
         works: list[TensorWork],
+        tf32: np.ndarray,
         kept: dict[object, object],
         ms: np.ndarray,
         device: Device,
     ) -> np.ndarray:
         """``ms`` (the tiled times of ``batch``'s nodes at ``index`` on ``device``) never above the time
         on a GPU it beats that has no TF32 tensor cores (a V100): that GPU runs the fp32 twin of a TF32
-        node, and a GPU that beats it is never slower."""
-        tf32 = np.array([w.kind == "tf32" for w in works])
+        node (``tf32``: which of ``works`` are), and a GPU that beats it is never slower."""
         for weaker in weaker_than(device):
             lacking = tf32 & np.isfinite(ms) & ~np.isfinite(self.tiled.predict(works, weaker, kept))
             if lacking.any():

@@ -41,6 +41,7 @@ __all__ = [
     "FAMILIES",
     "GEMM_FILE",
     "GemmFit",
+    "base_share",
     "clock_share",
     "kernel_family",
     "load_gemm_fit",
@@ -63,13 +64,18 @@ def kernel_family(device: Device) -> str | None:
     return "maxwell" if major < 7 else "volta" if major == 7 else "ampere"
 
 
+def base_share(device: Device) -> float | None:
+    """``device``'s base clock over its boost clock (None where either is unknown): the clock NVIDIA
+    guarantees at its board power under a heavy load, as a share of the one its peak is quoted at."""
+    base, boost = device.base_clock_mhz, device.boost_clock_mhz
+    return float(base) / float(boost) if base and boost else None
+
+
 def clock_share(device: Device, kappa: float) -> float:
     """The share of its boost clock ``device`` sustains on a large GEMM: ``kappa`` times its base clock
     under its power cap, never above the boost clock; 1 where the base clock is unknown."""
-    base, boost = device.base_clock_mhz, device.boost_clock_mhz
-    if not base or not boost:
-        return 1.0
-    return min(1.0, kappa * float(base) / float(boost))
+    base = base_share(device)
+    return 1.0 if base is None else min(1.0, kappa * base)
 
 
 @dataclass(frozen=True)
