@@ -48,9 +48,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms
+from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.gpus import get_device
 from fxcost.lowering.attention import ATTENTION_OPS
+from fxcost.propagate.eager import eager_kernel_ms
 from fxcost.records import NodeCost
 from fxcost.report import Report
 
@@ -105,7 +106,7 @@ def gpu_ms(report: Report, device: str) -> float:
     target = get_device(device)
     hidden = hidden_overhead_ms(target)
     return sum(
-        kernel_ms(n.pred_ms[target.name], n.pred_source.get(target.name), target, hidden)
+        eager_kernel_ms(n, target, hidden) or 0.0
         for n in report.nodes
         if n.has_kernel and n.pred_ms.get(target.name) is not None
     )
@@ -121,7 +122,7 @@ def node_kernel_ms(report: Report, device: str) -> list[tuple[NodeCost, float]]:
     target = get_device(device)
     hidden = hidden_overhead_ms(target)
     return [
-        (n, kernel_ms(n.pred_ms[target.name], n.pred_source.get(target.name), target, hidden))  # type: ignore[arg-type]
+        (n, eager_kernel_ms(n, target, hidden) or 0.0)
         for n in report.nodes
         if n.has_kernel and n.pred_ms.get(target.name) is not None
     ]

@@ -5,16 +5,28 @@ origin traces were measured): its kernel plus a per-op overhead of launch and ev
 device's ``overhead_ms``, 15-27 us on the calibrated GPUs), never less than a floor. Run back to back
 in an eager iteration, the GPU queue hides that overhead (:func:`kernel_ms`), and the host spends
 :data:`HOST_MS` per op issuing them. :mod:`fxcost.propagate.eager` runs the two as a pipeline.
+
+Taking an overhead off leaves a kernel time that physics still bounds: a kernel that streams its
+tensors cannot beat the GPU's DRAM bandwidth (:func:`dram_floor_ms`). The overhead hidden is that of
+the weakest GPU a device beats (:func:`hidden_overhead_ms`); without the bound, a memory-bound kernel
+of tens of microseconds on an H100 (a bf16 rotary product, 24 MB, recorded 26 us) came out at the
+2 us minimum.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from fxcost.cost_models.interface import NodeBatch
 from fxcost.gpus import Device
 from fxcost.gpus.order import weaker_than
+from fxcost.lowering import is_pointwise
+from fxcost.records import NodeCost
 
-__all__ = ["HOST_MS", "ISOLATED_MODELS", "MIN_KERNEL_MS", "hidden_overhead_ms", "kernel_ms", "kernel_times"]
+__all__ = ["HOST_MS", "ISOLATED_MODELS", "MIN_KERNEL_MS", "dram_floor_ms", "hidden_overhead_ms", "kernel_ms",
+           "kernel_times", "node_dram_floor_ms", "streamed_bytes"]  # fmt: skip
 
 # Host time per launched op in eager PyTorch on a server CPU: the median CUDA-event time of the
 # kernel-free nodes (size, view, getitem) in the shared per-node traces, 9-12 us.
@@ -25,6 +37,14 @@ ISOLATED_MODELS = frozenset({"mlp", "mlp_ratio", "wave_scaling"})
 
 # The shortest time a kernel occupies the GPU between its neighbours.
 MIN_KERNEL_MS = 0.002
+
+# Ops that read every operand whole and write every result, besides PyTorch's pointwise-tagged ones.
+_STREAMING_OPS = frozenset({
+    "aten._to_copy.default", "aten.cat.default", "aten.stack.default",
+    "aten.native_layer_norm.default", "aten.native_layer_norm_backward.default",
+    "aten._softmax.default", "aten._log_softmax.default", "aten._softmax_backward_data.default",
+    "aten._log_softmax_backward_data.default", "aten._safe_softmax.default",
+})  # fmt: skip
 
 
 def hidden_overhead_ms(device: Device) -> float:
@@ -41,25 +61,62 @@ def hidden_overhead_ms(device: Device) -> float:
 
 
 def kernel_ms(
-    predicted_ms: float, source: str | None, device: Device, hidden_ms: float | None = None
+    predicted_ms: float,
+    source: str | None,
+    device: Device,
+    hidden_ms: float | None = None,
+    floor_ms: float = 0.0,
 ) -> float:
     """A node's kernel time from its predicted time by cost model ``source``: an isolated-op
-    prediction less the per-op overhead eager execution hides, never below :data:`MIN_KERNEL_MS`
-    (the heads' own predictions: :func:`hidden_overhead_ms`, pass it as ``hidden_ms`` in a loop;
-    runtime-based ones add ``device``'s overhead to a kernel time and lose it again); other
-    predictions are kernel times already."""
+    prediction less the per-op overhead eager execution hides, never below :data:`MIN_KERNEL_MS` nor
+    the node's ``floor_ms`` (its :func:`dram_floor_ms`) (the heads' own predictions:
+    :func:`hidden_overhead_ms`, pass it as ``hidden_ms`` in a loop; runtime-based ones add ``device``'s
+    overhead to a kernel time and lose it again); other predictions are kernel times already."""
     if source not in ISOLATED_MODELS:
         return predicted_ms
     if source == "mlp":
         overhead = hidden_overhead_ms(device) if hidden_ms is None else hidden_ms
     else:
         overhead = device.overhead_ms
-    return max(predicted_ms - overhead, MIN_KERNEL_MS)
+    return max(predicted_ms - overhead, MIN_KERNEL_MS, floor_ms)
 
 
-def kernel_times(predicted_ms: np.ndarray, sources: np.ndarray, device: Device) -> np.ndarray:
-    """:func:`kernel_ms` of many nodes at once (NaN stays NaN: no prediction)."""
+def kernel_times(
+    predicted_ms: np.ndarray, sources: np.ndarray, device: Device, floor_ms: np.ndarray | float = 0.0
+) -> np.ndarray:
+    """:func:`kernel_ms` of many nodes at once (NaN stays NaN: no prediction); ``floor_ms``: each
+    node's :func:`dram_floor_ms`."""
     sources = sources.astype(str)
     overhead = np.where(sources == "mlp", hidden_overhead_ms(device), device.overhead_ms)
     isolated = np.isin(sources, list(ISOLATED_MODELS))
-    return np.where(isolated, np.maximum(predicted_ms - overhead, MIN_KERNEL_MS), predicted_ms)
+    floor = np.maximum(floor_ms, MIN_KERNEL_MS)
+    return np.where(isolated, np.maximum(predicted_ms - overhead, floor), predicted_ms)
+
+
+def streamed_bytes(node: NodeCost) -> float:
+    """The DRAM bytes ``node``'s kernels move at least: its :attr:`~fxcost.records.NodeCost.bytes`
+    (each operand read once, each result written once) where its kernels do read every operand whole
+    and write every result: PyTorch's pointwise ops, copies and casts, concatenation, layer norm and
+    softmax. 0 for any other op, whose recorded operands may be only partly touched (a gather's table,
+    a fill's template, an in-place scatter's destination) or re-read from caches (GEMMs,
+    convolutions, attention)."""
+    if not node.has_kernel or node.bytes is None:
+        return 0.0
+    whole = node.op in _STREAMING_OPS or is_pointwise(node.op)
+    return float(node.bytes) if whole else 0.0
+
+
+def dram_floor_ms(batch: NodeBatch, device: Device) -> np.ndarray:
+    """Each node's shortest possible kernel time on ``device``: its :func:`streamed_bytes` at the spec
+    sheet's DRAM bandwidth (0 where the GPU has none)."""
+    nbytes = batch.derived("eager.streamed_bytes", lambda: np.array([streamed_bytes(n) for n in batch.nodes]))
+    return nbytes / _bytes_per_ms(device)
+
+
+def node_dram_floor_ms(node: NodeCost, device: Device) -> float:
+    """:func:`dram_floor_ms` of one node."""
+    return streamed_bytes(node) / _bytes_per_ms(device)
+
+
+def _bytes_per_ms(device: Device) -> float:
+    return device.mem_bandwidth_gbps * 1e6 if device.mem_bandwidth_gbps else math.inf

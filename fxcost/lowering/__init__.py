@@ -9,7 +9,7 @@ synthetic nodes cost models price in place of a recorded one (``nodes``).
 
 from fxcost.lowering import batch_norm, composite, max_pool, memory_ops  # noqa: F401  (they register FLOPs and passes)
 from fxcost.lowering.flops import count_flops, is_matmul_class, register_flops
-from fxcost.lowering.kernels import MEMORY_BOUND, KernelSpec, lower, resolve_op
+from fxcost.lowering.kernels import MEMORY_BOUND, KernelSpec, is_pointwise, lower, resolve_op
 from fxcost.lowering.traffic import bound_sizes, has_kernel, recorded_bytes, size_hint, tensor_bytes
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "count_flops",
     "has_kernel",
     "is_matmul_class",
+    "is_pointwise",
     "lower",
     "recorded_bytes",
     "register_flops",

@@ -24,6 +24,7 @@ kernel-varying (cuBLAS/cuDNN pick kernels per GPU) and are not lowered here.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ from fxcost.lowering.flops import is_matmul_class
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["MEMORY_BOUND", "KernelSpec", "lower", "memory_bound", "resolve_op", "tensor_in", "tensor_out"]
+__all__ = ["MEMORY_BOUND", "KernelSpec", "is_pointwise", "lower", "memory_bound", "resolve_op", "tensor_in",
+           "tensor_out"]  # fmt: skip
 
 aten = torch.ops.aten
 
@@ -88,6 +90,14 @@ def resolve_op(name: str) -> torch._ops.OpOverload | None:
         return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
     except (AttributeError, RuntimeError):
         return None
+
+
+@functools.cache
+def is_pointwise(op_name: str) -> bool:
+    """Whether PyTorch tags the ATen op ``op_name`` pointwise (looked up once per op: it is asked for
+    every node each time a step is priced)."""
+    op = resolve_op(op_name)
+    return op is not None and torch.Tag.pointwise in op.tags
 
 
 def lower(node: NodeCost) -> list[KernelSpec] | None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_ms
+from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_ms, node_dram_floor_ms
 from fxcost.gpus import Device
 from fxcost.records import NodeCost
 
@@ -199,13 +199,16 @@ def eager_kernel_ms(
 ) -> float | None:
     """A node's kernel time in an eager step on ``device``: its recorded kernels where ``device`` is
     the origin that timed them, else its prediction less the per-op overhead ``hidden_ms`` an eager
-    step hides (:func:`~fxcost.cost_models.eager.kernel_ms`); None without a prediction there."""
+    step hides (:func:`~fxcost.cost_models.eager.kernel_ms`, never below the node's DRAM floor); None
+    without a prediction there."""
     if on_origin and node.kernel_ms is not None:
         return node.kernel_ms
     predicted = node.pred_ms.get(device.name)
     if predicted is None:
         return None
-    return kernel_ms(predicted, node.pred_source.get(device.name), device, hidden_ms)
+    return kernel_ms(
+        predicted, node.pred_source.get(device.name), device, hidden_ms, node_dram_floor_ms(node, device)
+    )
 
 
 def checked_host_ms(host_ms: float | None, default: float) -> float:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
-from fxcost.cost_models.eager import hidden_overhead_ms, kernel_ms
+from fxcost.cost_models.eager import dram_floor_ms, kernel_times
 from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator import Captured
 from fxcost.gpus import Device
@@ -148,7 +148,7 @@ def compile_plan(
         whole_tokens = _width_and_tokens(batch_nodes.nodes)[1]
         batch_nodes = NodeBatch.of(split_sequence(batch_nodes.nodes, s.cp, seqlen, whole_tokens))
     ms, source = predict_batch(batch_nodes, chain, device)
-    kernel = _kernel_ms(ms, source, device)
+    kernel = _kernels_of(batch_nodes, ms, source, device)
     interval = _interval(batch_nodes.nodes, ms, source, captured.counts.sum(axis=1))
     hidden, tokens = _width_and_tokens(batch_nodes.nodes)
     vocab = _vocab(batch_nodes.nodes)
@@ -158,7 +158,7 @@ def compile_plan(
     ]
     experts = expert_plan(batch_nodes.nodes, forward, s, hidden, tokens, itemsize)
     if experts is not None:
-        experts.price(lambda nodes: _kernel_ms(*predict_batch(NodeBatch.of(nodes), chain, device), device))
+        experts.price(lambda nodes: _kernel_ms(NodeBatch.of(nodes), chain, device))
 
     # Per distinct node, its tensor-parallel shard inside a layer and outside (vocabulary-parallel).
     def in_layer(n: NodeCost) -> NodeCost | None:
@@ -323,8 +323,9 @@ def _shards(
     shards = {i: s for i, n in enumerate(nodes) if (s := shard(n)) is not None}
     if not shards:
         return {}, {}
-    ms, source = predict_batch(NodeBatch.of(list(shards.values())), chain, device)
-    return shards, dict(zip(shards, _kernel_ms(ms, source, device), strict=True))
+    return shards, dict(
+        zip(shards, _kernel_ms(NodeBatch.of(list(shards.values())), chain, device), strict=True)
+    )
 
 
 def _interval(
@@ -347,12 +348,16 @@ def _vocab(nodes: Sequence[NodeCost]) -> int | None:
     return max(tables, default=None)
 
 
-def _kernel_ms(ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
-    """Kernel time per node (:func:`fxcost.cost_models.eager.kernel_ms`), 0 where there is no prediction."""
-    hidden = hidden_overhead_ms(device)
-    return [
-        kernel_ms(m, src, device, hidden) for m, src in zip(np.nan_to_num(ms).tolist(), source, strict=True)
-    ]
+def _kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> list[float]:
+    """Kernel time per node of ``batch`` predicted by ``chain`` (:func:`fxcost.cost_models.eager.kernel_ms`),
+    0 where there is no prediction."""
+    ms, source = predict_batch(batch, chain, device)
+    return _kernels_of(batch, ms, source, device)
+
+
+def _kernels_of(batch: NodeBatch, ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
+    """:func:`_kernel_ms` of predictions made already."""
+    return np.nan_to_num(kernel_times(ms, source, device, dram_floor_ms(batch, device))).tolist()
 
 
 def _stage(layer: str, seen_layer: bool, phase: str, stage_of_layer: Mapping[str, int], pp: int) -> int:

@@ -13,7 +13,6 @@ twin: its features see the bytes the node would move in fp32 (:func:`fp32_bytes`
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from fxcost.cost_models.mlp import Output
 from fxcost.cost_models.roofline import Roofline
 from fxcost.cost_models.wave_scaling import dram_traffic_factor, kernels_of
 from fxcost.gpus import Device
-from fxcost.lowering import MEMORY_BOUND, recorded_bytes, resolve_op
+from fxcost.lowering import MEMORY_BOUND, is_pointwise, recorded_bytes
 from fxcost.lowering.composite import COMPOSITE_OPS
 from fxcost.lowering.nodes import conv_dims, gemm_dims
 from fxcost.precision import HALF_DTYPES
@@ -107,17 +106,7 @@ def head_of(node: NodeCost) -> str | None:
         return head
     if node.op in COMPOSITE_OPS or node.op in MEMORY_BOUND:
         return LOWERED
-    return "ew" if node.out_shapes and _pointwise(node.op) else None
-
-
-@functools.cache
-def _pointwise(op_name: str) -> bool:
-    """Whether PyTorch tags the ATen op pointwise (looked up once per op: ``head_of`` runs for every
-    node each time a step is priced at a new batch)."""
-    import torch
-
-    op = resolve_op(op_name)
-    return op is not None and torch.Tag.pointwise in op.tags
+    return "ew" if node.out_shapes and is_pointwise(node.op) else None
 
 
 def device_features(device: Device) -> list[float]:
