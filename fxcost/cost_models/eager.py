@@ -38,12 +38,16 @@ ISOLATED_MODELS = frozenset({"mlp", "mlp_ratio", "wave_scaling"})
 # The shortest time a kernel occupies the GPU between its neighbours.
 MIN_KERNEL_MS = 0.002
 
-# Ops that read every operand whole and write every result, besides PyTorch's pointwise-tagged ones.
+# Ops that read every operand whole and write every result, besides PyTorch's pointwise-tagged ones:
+# copies and casts, concatenation, row normalizations and softmax, full reductions.
 _STREAMING_OPS = frozenset({
     "aten._to_copy.default", "aten.cat.default", "aten.stack.default",
     "aten.native_layer_norm.default", "aten.native_layer_norm_backward.default",
     "aten._softmax.default", "aten._log_softmax.default", "aten._softmax_backward_data.default",
     "aten._log_softmax_backward_data.default", "aten._safe_softmax.default",
+    "aten.sum.default", "aten.sum.dim_IntList", "aten.mean.default", "aten.mean.dim",
+    "aten.amax.default", "aten.amin.default", "aten.var.correction", "aten.var_mean.correction",
+    "aten.linalg_vector_norm.default",
 })  # fmt: skip
 
 
@@ -96,10 +100,10 @@ def kernel_times(
 def streamed_bytes(node: NodeCost) -> float:
     """The DRAM bytes ``node``'s kernels move at least: its :attr:`~fxcost.records.NodeCost.bytes`
     (each operand read once, each result written once) where its kernels do read every operand whole
-    and write every result: PyTorch's pointwise ops, copies and casts, concatenation, layer norm and
-    softmax. 0 for any other op, whose recorded operands may be only partly touched (a gather's table,
-    a fill's template, an in-place scatter's destination) or re-read from caches (GEMMs,
-    convolutions, attention)."""
+    and write every result: PyTorch's pointwise ops, copies and casts, concatenation, layer norm,
+    softmax and full reductions. 0 for any other op, whose recorded operands may be only partly
+    touched (a gather's table, a fill's template, an in-place scatter's destination) or re-read from
+    caches (GEMMs, convolutions, attention)."""
     if not node.has_kernel or node.bytes is None:
         return 0.0
     whole = node.op in _STREAMING_OPS or is_pointwise(node.op)
