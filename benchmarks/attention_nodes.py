@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from fxcost.cost_models.attention import attention_kind, fused_attention_ms
-from fxcost.cost_models.eager import kernel_ms
+from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import default_heads
 from fxcost.gpus import UnknownDeviceError, get_device
 from fxcost.lowering.attention import (
@@ -43,6 +43,7 @@ from fxcost.lowering.attention import (
     choose_backend,
 )
 from fxcost.lowering.attention_kernels import fused_attention
+from fxcost.propagate.eager import eager_kernel_ms
 from fxcost.report import Report
 
 
@@ -80,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             node, guess = report.nodes[i], blind.nodes[i]
             call = attention_call(guess)
             backend = choose_backend(call, target) if call is not None else "?"
-            ms = guess.pred_ms.get(target.name)
-            predicted = kernel_ms(ms, guess.pred_source.get(target.name), target) if ms is not None else None
+            predicted = eager_kernel_ms(guess, target, hidden_overhead_ms(target))
             recorded = node.kernel_ms if args.device is None else None
             err = None
             if predicted is not None and recorded is not None:

@@ -106,7 +106,7 @@ def gpu_ms(report: Report, device: str) -> float:
     target = get_device(device)
     hidden = hidden_overhead_ms(target)
     return sum(
-        eager_kernel_ms(n, target, hidden) or 0.0
+        eager_kernel_ms(n, target, hidden) or 0.0  # a prediction there: never None
         for n in report.nodes
         if n.has_kernel and n.pred_ms.get(target.name) is not None
     )

@@ -27,10 +27,11 @@ from collections import defaultdict
 from pathlib import Path
 
 from fxcost.cost_models import predict
-from fxcost.cost_models.eager import kernel_ms
+from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import LOWERED, head_of
 from fxcost.gpus import get_device
 from fxcost.lowering import MEMORY_BOUND
+from fxcost.propagate.eager import eager_kernel_ms
 from fxcost.records import NodeCost
 from fxcost.report import Report
 
@@ -57,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                 if ms is None:
                     continue
                 key = truth.op if truth.op in MEMORY_BOUND else "elementwise head"
-                pairs[key][model].append((kernel_ms(ms, node.pred_source[gpu.name], gpu), truth.kernel_ms))
+                pairs[key][model].append(
+                    (eager_kernel_ms(node, gpu, hidden_overhead_ms(gpu)), truth.kernel_ms)
+                )
     if not pairs:
         print(f"no GPU traces under {args.fixtures}")
         print("nodes=0")

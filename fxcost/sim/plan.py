@@ -349,8 +349,9 @@ def _vocab(nodes: Sequence[NodeCost]) -> int | None:
 
 
 def _kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> list[float]:
-    """Kernel time per node of ``batch`` predicted by ``chain`` (:func:`fxcost.cost_models.eager.kernel_ms`),
-    0 where there is no prediction."""
+    """Kernel time per node of ``batch`` predicted by ``chain``
+    (:func:`fxcost.cost_models.eager.kernel_times`, with the nodes' DRAM floors), 0 where there is no
+    prediction."""
     ms, source = predict_batch(batch, chain, device)
     return _kernels_of(batch, ms, source, device)
 

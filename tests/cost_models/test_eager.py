@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -65,3 +67,11 @@ def test_the_floor_leaves_unpredicted_and_measured_times_alone() -> None:
     assert np.isnan(times[0]) and times[1] == 0.5 and times[2] == MIN_KERNEL_MS
     assert kernel_ms(0.5, "origin", H100, floor_ms=1.0) == 0.5
     assert kernel_ms(0.1, "mlp", H100, hidden_ms=0.02, floor_ms=0.2) == 0.2
+
+
+def test_full_reductions_stream_their_input_and_a_gpu_without_bandwidth_has_no_floor() -> None:
+    total = synthetic_node("aten.sum.dim_IntList", [(4, 2048, 2048)], [(4, 2048)])
+    assert streamed_bytes(total) == total.bytes > 0
+    blind = dataclasses.replace(H100, mem_bandwidth_gbps=None)
+    assert node_dram_floor_ms(total, blind) == 0.0
+    assert dram_floor_ms(NodeBatch.of([total]), blind)[0] == 0.0
