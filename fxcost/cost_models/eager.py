@@ -92,14 +92,14 @@ def kernel_ms(
 
 
 def kernel_times(
-    predicted_ms: np.ndarray, sources: np.ndarray, device: Device, floor_ms: np.ndarray | float = 0.0
+    batch: NodeBatch, predicted_ms: np.ndarray, sources: np.ndarray, device: Device
 ) -> np.ndarray:
-    """:func:`kernel_ms` of many nodes at once (NaN stays NaN: no prediction); ``floor_ms``: each
-    node's :func:`dram_floor_ms`."""
+    """:func:`kernel_ms` of ``batch``'s nodes at once, each never below its :func:`dram_floor_ms` (NaN
+    stays NaN: no prediction)."""
     sources = sources.astype(str)
     overhead = np.where(sources == "mlp", hidden_overhead_ms(device), device.overhead_ms)
     isolated = np.isin(sources, list(ISOLATED_MODELS))
-    floor = np.maximum(floor_ms, MIN_KERNEL_MS)
+    floor = np.maximum(dram_floor_ms(batch, device), MIN_KERNEL_MS)
     return np.where(isolated, np.maximum(predicted_ms - overhead, floor), predicted_ms)
 
 

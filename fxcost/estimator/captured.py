@@ -22,7 +22,7 @@ import torch
 from fxcost.capture import FxcostBackend, LossFn, batch_of, captured_report, trace_without_running
 from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
-from fxcost.cost_models.eager import HOST_MS, dram_floor_ms, kernel_times
+from fxcost.cost_models.eager import HOST_MS, kernel_times
 from fxcost.cost_models.heads import spec_sheet_caveat
 from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
@@ -178,7 +178,7 @@ class Captured:
         ms, sources = predict_batch(batch, self.chain, target)
         isolated = sum(phase_totals(ms, self.counts).values())
         # The step (Report.step_ms_in), split where each phase's last kernel ends.
-        per_node = kernel_times(ms, sources, target, dram_floor_ms(batch, target))
+        per_node = kernel_times(batch, ms, sources, target)
         if execution == "compiled":
             kernels, issued_phase = self._compiled(batch, per_node, sources, target)
         else:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
-from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, dram_floor_ms, hidden_overhead_ms, kernel_times
+from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_times
 from fxcost.cost_models.heads.tensor_work import layout_pass_bytes
 from fxcost.cost_models.heads.tiling import pass_ms
 from fxcost.cost_models.roofline import Roofline
@@ -216,7 +216,7 @@ def fused_kernel_ms(
     unknown = ~np.isfinite(ms)
     ms = np.where(unknown, roofline.predict(batch, device), ms)
     sources = np.where(unknown, "roofline", sources)
-    times = kernel_times(ms, sources, device, dram_floor_ms(batch, device))
+    times = kernel_times(batch, ms, sources, device)
     # Not faster than its work at the fp32 peak (a roofline bound without the launch floor).
     compute = batch.flops / (roofline.peak_tflops(batch, device) * 1e9)
     times = np.fmax(times, compute)[work.slot]
@@ -266,7 +266,7 @@ def _padded_ms(
         owner.extend([i] * (1 + len(p.copy_bytes)))
     batch = NodeBatch.of(nodes, origin)
     ms, sources = predict_batch(batch, model_chain(model, origin), device)
-    times = kernel_times(ms, sources, device, dram_floor_ms(batch, device))
+    times = kernel_times(batch, ms, sources, device)
     total = np.zeros(len(padded))
     np.add.at(total, owner, times)  # NaN anywhere makes its GEMM's total NaN
     return total.tolist()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
-from fxcost.cost_models.eager import dram_floor_ms, kernel_times
+from fxcost.cost_models.eager import kernel_times
 from fxcost.cost_models.heads.intervals import node_bounds
 from fxcost.estimator import Captured
 from fxcost.gpus import Device
@@ -323,9 +323,8 @@ def _shards(
     shards = {i: s for i, n in enumerate(nodes) if (s := shard(n)) is not None}
     if not shards:
         return {}, {}
-    return shards, dict(
-        zip(shards, _kernel_ms(NodeBatch.of(list(shards.values())), chain, device), strict=True)
-    )
+    kernel = _kernel_ms(NodeBatch.of(list(shards.values())), chain, device)
+    return shards, dict(zip(shards, kernel, strict=True))
 
 
 def _interval(
@@ -358,7 +357,7 @@ def _kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> 
 
 def _kernels_of(batch: NodeBatch, ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
     """:func:`_kernel_ms` of predictions made already."""
-    return np.nan_to_num(kernel_times(ms, source, device, dram_floor_ms(batch, device))).tolist()
+    return np.nan_to_num(kernel_times(batch, ms, source, device)).tolist()
 
 
 def _stage(layer: str, seen_layer: bool, phase: str, stage_of_layer: Mapping[str, int], pp: int) -> int:

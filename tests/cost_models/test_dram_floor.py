@@ -18,7 +18,7 @@ from fxcost.cost_models.eager import (
     streamed_bytes,
 )
 from fxcost.gpus import get_device
-from fxcost.lowering.nodes import gemm_node, synthetic_node
+from fxcost.lowering.nodes import gemm_node, memory_pass, synthetic_node
 from fxcost.propagate.eager import eager_kernel_ms
 
 H100 = get_device("H100-SXM")
@@ -55,15 +55,18 @@ def test_a_kernel_time_is_never_below_its_dram_floor() -> None:
     ms, sources = predict_batch(batch, model_chain("mlp"), H100)
     # The isolated prediction less the hidden overhead of the weakest GPU the H100 beats: not physical.
     assert ms[0] - hidden_overhead_ms(H100) < floor
-    assert kernel_times(ms, sources, H100, dram_floor_ms(batch, H100))[0] == pytest.approx(floor)
+    assert kernel_times(batch, ms, sources, H100)[0] == pytest.approx(floor)
     node.pred_ms, node.pred_source = {H100.name: float(ms[0])}, {H100.name: str(sources[0])}
     assert eager_kernel_ms(node, H100, hidden_overhead_ms(H100)) == pytest.approx(floor)
 
 
 def test_the_floor_leaves_unpredicted_and_measured_times_alone() -> None:
+    one_ms = memory_pass(H100.mem_bandwidth_gbps * 1e6, "float32")  # a pass whose floor is 1 ms
+    batch = NodeBatch.of([one_ms, one_ms, gemm_node("linear", 1, 64, 64, 64)])  # floors 1, 1 and 0 ms
+    assert dram_floor_ms(batch, H100).tolist() == pytest.approx([1.0, 1.0, 0.0], rel=1e-6)
     ms = np.array([np.nan, 0.5, 0.001])
     sources = np.array(["none", "origin", "mlp"])
-    times = kernel_times(ms, sources, H100, np.array([1.0, 1.0, 0.0]))
+    times = kernel_times(batch, ms, sources, H100)
     assert np.isnan(times[0]) and times[1] == 0.5 and times[2] == MIN_KERNEL_MS
     assert kernel_ms(0.5, "origin", H100, floor_ms=1.0) == 0.5
     assert kernel_ms(0.1, "mlp", H100, hidden_ms=0.02, floor_ms=0.2) == 0.2

@@ -127,17 +127,18 @@ class TiledGemms:
             gemm_kind = work_kind[gemm_owner]
             for k, kind in enumerate(kinds):
                 mine = gemm_kind == k
-                if not mine.any():
+                width = int(mine.sum())
+                if not width:
                     continue
                 gemm[:, mine] = gemm_kernel_ms(
                     np.tile(dims[mine], (count, 1)),
                     np.tile(gemm_bytes[mine], count),
                     rate[:, gemm_owner[mine]].ravel(),
-                    np.broadcast_to(per_gpu[0], (count, int(mine.sum()))).ravel(),
-                    np.broadcast_to(per_gpu[1], (count, int(mine.sum()))).ravel(),
+                    np.broadcast_to(per_gpu[0], (count, width)).ravel(),
+                    np.broadcast_to(per_gpu[1], (count, width)).ravel(),
                     self.tiling(kind),
                     np.tile(shares[mine], count),
-                ).reshape(count, int(mine.sum()))
+                ).reshape(count, width)
             # A GPU without tensor cores for a kind has NaN there: kept out of the other works' sums.
             ms += np.nan_to_num(gemm, nan=0.0) @ _owned_by(gemm_owner, len(works))
         if len(pass_bytes):
