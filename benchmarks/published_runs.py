@@ -12,14 +12,15 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
 - **Model.** GPT-2 blocks (LayerNorm, GELU MLP of ``ffn_hidden``, 4 x ``hidden`` if empty). If the
   row's ``params_b`` is closer to the count of a gated (SwiGLU, three ``hidden x ffn`` matrices, as in
   Llama) MLP, the MLP is a GELU one of width ``1.5 x ffn_hidden``: the same FLOPs and parameters.
-- **Plan.** ``tp``, ``pp``, ``dp`` (``gpus / (tp pp cp)`` if empty), ZeRO stage, full recomputation,
+- **Plan.** ``tp``, ``pp``, ``dp`` (``gpus / (tp pp cp)`` if empty), ZeRO stage, recomputation (full;
+  selective as torchtitan's per-op policy where the source or notes name torchtitan, else as
+  Megatron-LM's core attention: :func:`fxcost.sim.runs.recompute_of`),
   ``global_batch / (dp micro_batch)`` micro-batches under 1F1B (interleaved with ``vpp`` chunks where
   the micro-batches are a multiple of ``pp``, Megatron's rule; plain 1F1B, flagged, where not),
   sequence parallelism where ``sp`` is set (with ``tp > 1``; ignored at ``tp = 1``), in the row's
   precision. Not supported by the simulator, reported as ``unsupported: ...`` and simulated without:
   ``cp`` where the sequence does not split into ``2 cp`` chunks (folded into data parallelism), ``ep``
-  (a dense model),
-  selective recomputation (none). An unstated micro-batch is 1 and an unstated global batch one
+  (a dense model). An unstated micro-batch is 1 and an unstated global batch one
   micro-batch per replica (``assumed: ...``).
 - **GPU and cluster** (:mod:`fxcost.sim.runs`). The ``gpu`` column names a database entry, or one
   followed by a system or power cap in parentheses (``"V100-SXM3-32GB (DGX-2H)"``, ``"(500W)"``).
@@ -68,7 +69,7 @@ from fxcost.gpus import Device
 from fxcost.precision import parse_precision
 from fxcost.sim import Cluster, SimResult, Strategy, simulate
 from fxcost.sim.ranked import peak_tflops
-from fxcost.sim.runs import attention_of, breakdown, cluster_for, read_gpu, sequence_parallel_of
+from fxcost.sim.runs import attention_of, breakdown, cluster_for, read_gpu, recompute_of, sequence_parallel_of
 from fxcost.zoo.decoders import Decoder
 
 TRACED_LAYERS = 2
@@ -91,7 +92,7 @@ class Run:
     pp: int
     dp: int
     zero: int
-    recompute: str
+    recompute: str  # a policy of fxcost.sim.strategy.RECOMPUTE
     micro_batch: int
     global_batch: int
     precision: str
@@ -115,7 +116,7 @@ class Run:
     def strategy(self) -> Strategy:
         micro_batches = self.global_batch // (self.dp * self.micro_batch)
         return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=micro_batches, zero=self.zero,
-                        recompute=self.recompute == "full", sp=self.sp, vpp=self.vpp, cp=self.cp,
+                        recompute=self.recompute, sp=self.sp, vpp=self.vpp, cp=self.cp,
                         overlap_grad_reduce=self.overlap)  # fmt: skip
 
 
@@ -193,11 +194,11 @@ def parse_run(raw: dict[str, str]) -> Run:
         raise RowError(
             f"tp={tp} x pp={pp} x dp={dp} x cp={cp} makes {tp * pp * dp * cp} GPUs, the row has {gpus}"
         )
-    recompute = (raw.get("recompute") or "").strip().lower() or "none"
-    if recompute not in ("none", "selective", "full"):
-        raise RowError(f"recompute must be none, selective or full, got {recompute!r}")
-    if recompute == "selective":
-        flags.append("unsupported: selective recompute (simulated as none)")
+    try:
+        recompute, recompute_read = recompute_of((raw.get("recompute") or "").strip().lower() or "none", text)
+    except ValueError as e:
+        raise RowError(str(e)) from e
+    readings += [recompute_read] if recompute_read else []
     micro = _stated(raw, "micro_batch", 1, flags)
     batch = _stated(raw, "global_batch", micro * dp, flags)
     if micro < 1 or batch < 1 or batch % (dp * micro):

@@ -50,6 +50,8 @@ class _Part:
     compute_ms: float
     comms: tuple[Comm, ...]
     saved_bytes: float
+    rerun_ms: Mapping[str, float]  # by partial recompute policy, as Segment's
+    rerun_bytes: Mapping[str, float]
 
     @classmethod
     def of(cls, segments: Sequence[Segment]) -> _Part:
@@ -57,7 +59,16 @@ class _Part:
             sum(host_bound(seg) for seg in segments),
             tuple(c for seg in segments for c in seg.inside),
             sum(seg.saved_bytes for seg in segments),
+            _summed(segments, "rerun_ms"),
+            _summed(segments, "rerun_bytes"),
         )
+
+
+def _summed(segments: Sequence[Segment], name: str) -> dict[str, float]:
+    total: Counter[str] = Counter()
+    for seg in segments:
+        total.update(getattr(seg, name))
+    return dict(total)
 
 
 @dataclass(frozen=True)
@@ -183,9 +194,10 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         by_stage[stage].append(traced[min(i, len(traced) - 1)])
     for index, mine in enumerate(by_stage):
         outer = ["embed"] * (index == 0) + ["head"] * (index == s.pp - 1)
-        recompute = s.recompute
+        full, policy = s.recompute == "full", s.recompute
         forward = sum(cost[("F", x)] for x in mine + outer)
-        backward = sum(cost[("B", x)] for x in mine + outer) + recompute * sum(cost[("F", x)] for x in mine)
+        backward = sum(cost[("B", x)] for x in mine + outer)
+        backward += sum(cost[("F", x)] if full else pieces.forward[x].rerun_ms.get(policy, 0.0) for x in mine)
         gathered = [*mine, *([""] if outer else [])]  # the part outside the layers is gathered once
         gathers = [gather.get(x, 0.0) for x in gathered]
         if gathers:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
@@ -205,11 +217,13 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
         if s.zero == 3 and s.dp > 1:  # two layers' parameters whole (computing, prefetched), one's gradients
             states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
-        saved = sum(pieces.forward[x].saved_bytes for x in outer)
-        saved += (
-            plan.boundary_bytes * len(mine) if recompute else sum(pieces.forward[x].saved_bytes for x in mine)
-        )
-        again = max((pieces.forward[x].saved_bytes for x in mine), default=0.0) if recompute else 0.0
+        # As fxcost.sim.plan.activations: a layer keeps what it does not rerun, and its input where it
+        # reruns its first ops.
+        rerun = [pieces.forward[x].saved_bytes if full else pieces.forward[x].rerun_bytes.get(policy, 0.0)
+                 for x in mine]  # fmt: skip
+        saved = sum(pieces.forward[x].saved_bytes for x in outer + mine) - sum(rerun)
+        saved += plan.boundary_bytes * len(mine) * (policy in ("full", "ops"))
+        again = max(rerun, default=0.0)
         peak = max(peak, states + in_flight_chunks(s, index) * saved / s.vpp + again)
     # The bubble, the stages' time beyond the slowest one's, shrinks by the chunks per stage (vpp).
     pipe = s.micro_batches * max(times) + (sum(times) - max(times)) / s.vpp + 2 * (s.pp - 1) * send

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from fxcost._checks import positive_int
-from fxcost.sim.plan import Plan, Segment, StagePlan, add_layer_collectives, layer_of
+from fxcost.sim.plan import Plan, Segment, StagePlan, activations, add_layer_collectives, layer_of
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
 
@@ -78,12 +78,6 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
     assign_chunks(stages, {layer: placed[i][1] for i, layer in enumerate(names)}, s.vpp)
     add_layer_collectives(stages, deep, set(names), s, plan.itemsize)
     for st in stages:
-        recomputed = {layer for layer in st.layers if s.recompute_of(layer)}
-        kept = sum(seg.saved_bytes for seg in st.forward if seg.layer not in recomputed)
-        st.activation_bytes = kept + plan.boundary_bytes * len(recomputed)
-        by_layer: dict[str, float] = dict.fromkeys((seg.layer for seg in st.forward), 0.0)
-        for seg in st.forward:
-            by_layer[seg.layer] += seg.saved_bytes
-        st.recompute_bytes = max((by_layer[layer] for layer in recomputed), default=0.0)
+        st.activation_bytes, st.recompute_bytes = activations(st.forward, s, plan.boundary_bytes)
     return Plan(s, stages, plan.boundary_bytes, plan.hidden, plan.tokens, plan.itemsize,
                 plan.compute_interval)  # fmt: skip

@@ -15,9 +15,9 @@ unsharded parameters and gradients). FSDP2 keeps fp32 sharded parameters and gra
 the micro-batches in flight (all of them for GPipe, ``pp - stage`` for 1F1B,
 ``2 (pp - stage - 1) + (vpp - 1) pp + 1`` model chunks of ``1/vpp`` of the stage's for interleaved
 1F1B, on the first stage Korthikanti et al. 2022's ``pp (1 + (pp - 1) / (pp vpp))``
-stage-micro-batches); recomputed layers keep only their inputs, plus, once, the largest recomputed
-layer's activations while it is recomputed. With sequence parallelism the plan keeps the
-activations between the tensor-parallel blocks, and a recomputed layer's input, split over the
+stage-micro-batches); a recomputing layer keeps what it does not run again (its input only, under
+``full``), plus, once, the most a layer writes again while it reruns. With sequence parallelism the
+plan keeps the activations between the tensor-parallel blocks, and a recomputed layer's input, split over the
 ``tp`` ranks (:mod:`fxcost.sim.plan`).
 """
 

@@ -19,8 +19,10 @@ collectives the strategy implies, priced on the cluster's GPU:
   (FSDP) each layer's parameters are all-gathered, one layer ahead, before its forward and backward.
 - **Pipeline**: activations are sent to the next stage after each micro-batch's forward, their
   gradients back after its backward.
-- **Recomputation**: a recomputed layer runs its forward again before its backward; until then it
-  keeps only its input, not its activations.
+- **Recomputation** (:data:`~fxcost.sim.strategy.RECOMPUTE`): a layer runs what it recomputes again
+  before its backward and does not keep it: its whole forward (``full``, keeping only its input), its
+  core attention (``selective``) or all but its attention and every other ``mm`` (``ops``). Each
+  forward segment carries the time and bytes of the nodes the two partial policies run again.
 
 Per-node times are kernel times: the heads' isolated-op predictions less the device's per-op
 overhead, which an eager step hides (:mod:`fxcost.cost_models.eager`); a segment never takes less
@@ -30,7 +32,7 @@ than the host needs to issue its ops (:func:`fxcost.propagate.issue_bound_ms`).
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +60,7 @@ __all__ = [
     "Plan",
     "Segment",
     "StagePlan",
+    "activations",
     "add_layer_collectives",
     "compile_plan",
     "host_bound",
@@ -79,6 +82,10 @@ class Segment:
     inside: list[Comm] = field(default_factory=list)
     after: list[Comm] = field(default_factory=list)
     saved_bytes: float = 0.0  # a forward segment: the bytes its nodes write (kept for the backward)
+    # A forward segment, by partial recompute policy ("selective", "ops"): the kernel ms and the bytes
+    # written of the nodes it runs again (:func:`reruns`).
+    rerun_ms: dict[str, float] = field(default_factory=dict)
+    rerun_bytes: dict[str, float] = field(default_factory=dict)
     chunk: int = 0  # the model chunk of its stage it runs in (interleaved 1F1B, :mod:`fxcost.sim.schedule`)
 
 
@@ -141,7 +148,9 @@ def compile_plan(
     stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(layers)}
 
     batch_nodes = captured.node_batch(micro, precision)
-    seqlen = seqlen_of(batch_nodes.nodes) if s.cp > 1 else None
+    whole_seqlen = seqlen_of(batch_nodes.nodes)
+    attention = attention_nodes(batch_nodes.nodes, whole_seqlen) if whole_seqlen else set()  # by position
+    seqlen = whole_seqlen if s.cp > 1 else None
     if s.cp > 1 and not seqlen:
         raise ValueError(f"cp={s.cp} splits the sequence of attention and this step has none; accepted: cp=1")
     if seqlen:  # context parallelism: every node on the rank's part of the sequence
@@ -179,7 +188,6 @@ def compile_plan(
     layer_by_module = {module: layer_of(module, known) for module in {n.module for n in report.nodes}}
     stages = [StagePlan(i, [x for x in layers if stage_of_layer[x] == i], [], [], 0, 0.0, 0.0)
               for i in range(s.pp)]  # fmt: skip
-    saved: Counter[tuple[int, str]] = Counter()  # forward bytes written by (stage, layer)
     boundary, rows = tokens * hidden * itemsize, [(tokens, hidden)]
     kinds = ("all_reduce", "all_gather", "reduce_scatter")
     all_reduce, gather, scatter = (Comm(kind, boundary, "tp", "feature") for kind in kinds)
@@ -197,6 +205,7 @@ def compile_plan(
             if n.phase == phase and d is not None
         ]
         in_layers = [i for i, (n, _) in enumerate(ordered) if layer_by_module[n.module]]
+        mms: Counter[str] = Counter()  # a layer's forward mm nodes so far (torchtitan's "ops" policy)
         for i, (node, d) in enumerate(ordered):
             layer = layer_by_module[node.module]
             inherited = False
@@ -234,14 +243,17 @@ def compile_plan(
                 shards, shard_ms, sharded = seq_shard, seq_ms, True  # between the regions: split tokens
             if experts is not None:  # entering or leaving the experts: an all-to-all
                 current.inside += experts.crossing(node.module)
-            current.compute_ms += (
+            node_ms = float(
                 shard_ms[d] if sharded else experts.ms_of(d, node.module, kernel) if experts else kernel[d]
             )
+            current.compute_ms += node_ms
             current.ops += 1
             if phase == "fw":
                 written = (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written or 0
-                saved[(plan.index, layer)] += written
                 current.saved_bytes += written
+                for policy in reruns(node, d in attention, mms, layer) if layer else ():
+                    current.rerun_ms[policy] = current.rerun_ms.get(policy, 0.0) + node_ms
+                    current.rerun_bytes[policy] = current.rerun_bytes.get(policy, 0.0) + written
             out = batch_nodes.nodes[d].out_shapes if layer and sharded else None  # a row-parallel output is
             if s.sp and phase == "fw" and region and out == rows == shards[d].out_shapes:  # whole: scattered
                 current.inside.append(scatter)  # at once, so that the bias and dropout after it run split
@@ -253,7 +265,7 @@ def compile_plan(
     assign_chunks(stages, {layer: placed[i][1] for i, layer in enumerate(layers)}, s.vpp)
     add_layer_collectives(stages, params, known, s, itemsize)
     if seqlen:
-        attention, attention_ms = attention_nodes(batch_nodes.nodes, seqlen), dict[tuple[str, str], float]()
+        attention_ms: dict[tuple[str, str], float] = {}
         for n, pos in zip(report.nodes, captured.index, strict=True):
             if pos is not None and pos in attention:
                 key = (layer_by_module[n.module], n.phase)
@@ -262,11 +274,37 @@ def compile_plan(
         add_ring(stages, attention_ms, 2 * tokens * kv * itemsize, s.cp)
     per_rank = boundary / s.tp if s.sp else boundary  # sp: stages send, recomputed layers keep, a part
     for plan in stages:
-        recomputed = {layer for layer in plan.layers if s.recompute_of(layer)}
-        kept = sum(n for (i, layer), n in saved.items() if i == plan.index and layer not in recomputed)
-        plan.activation_bytes = kept + per_rank * len(recomputed)
-        plan.recompute_bytes = max((saved[(plan.index, layer)] for layer in recomputed), default=0)
+        plan.activation_bytes, plan.recompute_bytes = activations(plan.forward, s, per_rank)
     return Plan(s, stages, per_rank, hidden, tokens, itemsize, interval)
+
+
+def reruns(node: NodeCost, scores: bool, mms: Counter[str], layer: str) -> tuple[str, ...]:
+    """The partial recompute policies under which a forward ``node`` of ``layer`` runs again:
+    ``selective`` where it is core attention (``scores``: it reads or writes the ``seq x seq`` scores,
+    or is a fused attention), ``ops`` unless it is a fused attention or an odd-numbered linear product
+    of the layer (``mms`` counts them so far and is updated). torchtitan's list names ``aten.mm``, what
+    its bias-free linears run; a linear with a bias runs the same product as ``addmm``, counted alike."""
+    mm = node.op.removeprefix("aten.") in ("mm.default", "addmm.default")
+    if mm:
+        mms[layer] += 1
+    kept = "scaled_dot_product" in node.op or (mm and mms[layer] % 2 == 1)
+    return (*(("selective",) if scores else ()), *(() if kept else ("ops",)))
+
+
+def activations(forward: Sequence[Segment], s: Strategy, boundary: float) -> tuple[float, float]:
+    """Bytes a stage of these ``forward`` segments keeps for the backward per micro-batch under ``s``'s
+    recomputation, and the most a recomputed layer writes again while it reruns (held until its
+    backward has used it). A layer keeps what it does not rerun, and its input (``boundary`` bytes) where
+    it reruns its first ops (``full``, ``ops``)."""
+    written: defaultdict[str, float] = defaultdict(float)
+    rerun: defaultdict[str, float] = defaultdict(float)
+    for seg in forward:
+        written[seg.layer] += seg.saved_bytes
+        policy = s.recompute_of(seg.layer)
+        rerun[seg.layer] += seg.saved_bytes if policy == "full" else seg.rerun_bytes.get(policy, 0.0)
+    kept = sum(written[layer] - rerun[layer] for layer in written)
+    kept += boundary * sum(s.recompute_of(layer) in ("full", "ops") for layer in written)
+    return kept, max(rerun.values(), default=0.0)
 
 
 def add_layer_collectives(

@@ -120,7 +120,7 @@ class PlanSearch:
                 c.micro_batch,
                 s.micro_batches,
                 s.zero,
-                int(s.recompute),
+                s.recompute,
                 int(s.sp),
                 s.vpp,
                 round(c.iteration_ms, 3),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.sim.cluster import Cluster, default_inter_link
 from fxcost.sim.simulator import SimResult
+from fxcost.sim.strategy import Recompute
 
 __all__ = [
     "SYSTEMS",
@@ -32,6 +33,7 @@ __all__ = [
     "breakdown",
     "cluster_for",
     "read_gpu",
+    "recompute_of",
     "sequence_parallel_of",
 ]
 
@@ -78,6 +80,24 @@ def attention_of(text: str) -> tuple[str, str]:
         if name in low:
             return "sdpa", f"attention: fused (the report names {name})"
     return "eager", "attention: unfused (no fused kernel named)"
+
+
+def recompute_of(stated: str, text: str) -> tuple[Recompute, str | None]:
+    """(the recompute policy of a run whose report states ``stated`` — none, selective or full — how
+    ``selective`` was read): torchtitan's selective checkpointing where the text names torchtitan (its
+    configs' default ``selective_ac_option = "op"``: the per-op policy), else Megatron-LM's (the core
+    attention).
+
+    Raises:
+        ValueError: ``stated`` is none of the three.
+    """
+    if stated not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be none, selective or full, got {stated!r}")
+    if stated != "selective":
+        return stated, None  # type: ignore[return-value]
+    if "torchtitan" in text.lower():
+        return "ops", "recompute: selective read as torchtitan's per-op policy (the report names torchtitan)"
+    return "selective", "recompute: selective read as Megatron-LM's (the core attention)"
 
 
 def read_gpu(text: str) -> tuple[Device, System | None, list[str]]:

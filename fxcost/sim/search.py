@@ -125,7 +125,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("pp", lambda space: _powers_of_two(space.gpus), _pp_rule, splits_gpus=True),
     Dimension("micro_batch", lambda space: space.micro_sizes, _batch_rule),
     Dimension("zero", lambda space: (0, 1, 2, 3), _zero_rule),
-    Dimension("recompute", lambda space: (False, True)),
+    Dimension("recompute", lambda space: ("none", "selective", "full")),
     Dimension("sp", lambda space: (False, True), _sp_rule),
     Dimension("vpp", lambda space: (1, 2), _vpp_rule),
 )

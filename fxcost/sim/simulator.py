@@ -270,12 +270,15 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
     gradients: list[tuple[int, Comm, int]] = []  # (stage, reduction, the backward task it follows)
     last_backward: dict[int, int] = {}
     for st in plan.stages:
-        recomputed = {seg.layer: 0.0 for seg in st.forward if seg.layer and s.recompute_of(seg.layer)}
-        rerun: dict[str, list[Comm]] = {layer: [] for layer in recomputed}  # the forward's TP collectives
+        recomputed: dict[str, float] = {}  # a layer's forward ms it runs again before its backward
+        rerun: dict[str, list[Comm]] = {}  # and the tensor-parallel collectives they issue (full)
         for seg in st.forward:
-            if seg.layer in recomputed:
-                recomputed[seg.layer] += host_bound(seg)
-                rerun[seg.layer] += seg.inside
+            policy = s.recompute_of(seg.layer)
+            if policy == "full":
+                recomputed[seg.layer] = recomputed.get(seg.layer, 0.0) + host_bound(seg)
+                rerun[seg.layer] = rerun.get(seg.layer, []) + seg.inside
+            elif seg.rerun_ms.get(policy):
+                recomputed[seg.layer] = recomputed.get(seg.layer, 0.0) + seg.rerun_ms[policy]
         chunks = chunk_segments(st, s.vpp)
         ahead: list[int] = []  # what the latest compute task waited for: a prefetch may start then
         for direction, chunk, m in run_order(s, st.index):
@@ -295,7 +298,7 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
                 if seg.layer in again:
                     again.discard(seg.layer)
                     duration += recomputed[seg.layer]
-                    inside = rerun[seg.layer] + inside
+                    inside = rerun.get(seg.layer, []) + inside
                 ahead = list(deps)
                 prev = add(Task(f"{direction}{m} {seg.layer or 'outer'}", st.index, "compute", duration, deps,
                                 {"micro_batch": m, "ops": seg.ops, "chunk": chunk}))  # fmt: skip

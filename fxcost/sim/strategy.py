@@ -2,8 +2,9 @@
 
 :class:`Strategy` holds the degrees of data (``dp``), tensor (``tp``, Megatron-style column and row
 parallel linears in attention and MLP blocks) and pipeline (``pp``) parallelism, the micro-batches
-and their schedule (GPipe or 1F1B), the ZeRO stage (1-3; 3 is FSDP), activation recomputation and
-Megatron sequence parallelism (``sp``, with ``tp``: the norms, dropouts and residual adds between
+and their schedule (GPipe or 1F1B), the ZeRO stage (1-3; 3 is FSDP), activation recomputation (whole
+layers, Megatron's selective or torchtitan's per-op policy: :data:`RECOMPUTE`) and Megatron sequence
+parallelism (``sp``, with ``tp``: the norms, dropouts and residual adds between
 the tensor-parallel blocks split along the sequence), expert parallelism (``ep``: a mixture-of-experts
 layer's experts split over ``ep`` of the data-parallel ranks, :mod:`fxcost.sim.moe`), context
 parallelism (``cp``: the sequence split over ``cp`` ranks, ring attention, :mod:`fxcost.sim.context`),
@@ -23,14 +24,14 @@ It is written as ``"dp=2,tp=4,pp=2,mb=8,zero=1"`` on the command line, or as YAM
     micro_batches: 8
     schedule: 1f1b
     zero: 1
-    recompute: false
+    recompute: none      # or selective, ops, full
     sp: false
     ep: 1
     cp: 1
     vpp: 1
     shard: 0
     modules:
-      transformer.h.0: {recompute: true}
+      transformer.h.0: {recompute: full}
       transformer.h.1: {tp: 1}
 """
 
@@ -44,10 +45,26 @@ from typing import Any, Literal
 from fxcost._checks import positive_int
 from fxcost.zoo.routing import Routing
 
-__all__ = ["SCHEDULES", "Strategy"]
+__all__ = ["RECOMPUTE", "SCHEDULES", "Recompute", "Strategy"]
 
 Schedule = Literal["gpipe", "1f1b"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
+
+Recompute = Literal["none", "selective", "ops", "full"]
+RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "ops", "full")
+"""What a layer runs again before its backward instead of keeping (activation checkpointing):
+
+- ``"none"``: nothing; it keeps every activation.
+- ``"selective"``: Megatron-LM's selective recomputation (Korthikanti et al. 2022, §5): the core
+  attention, the ops on the ``seq x seq`` scores (``Q K^T``, mask, softmax, dropout, the product with
+  ``V``) or a fused attention's forward; it keeps the rest.
+- ``"ops"``: torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``): it keeps the
+  outputs of its fused attention and of every other linear product (``mm``, or ``addmm`` with a bias:
+  the first, third, ...) and its input, and runs every other op of its forward again.
+- ``"full"``: its whole forward, tensor-parallel collectives included (Megatron ``full``,
+  ``torch.utils.checkpoint`` of each block); it keeps only its input.
+"""
+_RECOMPUTE_WORDS = {"0": "none", "false": "none", "no": "none", "1": "full", "true": "full", "yes": "full"}
 
 _SHORT = {"mb": "micro_batches", "sched": "schedule", "rc": "recompute", "overlap": "overlap_grad_reduce"}
 _MODULE_SETTINGS = ("recompute", "tp")
@@ -66,14 +83,15 @@ class Strategy:
         schedule: ``"1f1b"`` (PipeDream-flush, the Megatron default) or ``"gpipe"``.
         zero: ZeRO stage: 0 none, 1 optimizer states sharded over ``dp``, 2 also gradients, 3 also
             parameters (FSDP, FSDP2, DeepSpeed ZeRO-3; :mod:`fxcost.sim.zero`).
-        recompute: activation recomputation (checkpointing) of every layer.
+        recompute: what every layer runs again before its backward (:data:`RECOMPUTE`); True and False
+            are read as ``"full"`` and ``"none"``.
         sp: Megatron sequence parallelism (Korthikanti et al. 2022, §4.2.2), needs ``tp > 1``: each
             tensor-parallel block's all-reduce becomes an all-gather before it and a reduce-scatter
             after it, and the layer norms, dropouts and residual adds outside the blocks run on
             ``1/tp`` of the sequence, their activations kept split.
         overlap_grad_reduce: reduce each layer's gradients while the backward goes on (PyTorch DDP,
             FSDP); False reduces them all after the backward, as Megatron-LM does by default.
-        modules: per-module settings by dotted path (``{"transformer.h.0": {"recompute": True}}``),
+        modules: per-module settings by dotted path (``{"transformer.h.0": {"recompute": "full"}}``),
             inherited by the module's children unless they have their own.
         ep: expert-parallel ranks (Megatron-LM, DeepSpeed-MoE): each mixture-of-experts layer's experts
             split over ``ep`` ranks of a data-parallel group (``dp % ep == 0``; the world stays
@@ -97,7 +115,7 @@ class Strategy:
     micro_batches: int = 1
     schedule: Schedule = "1f1b"
     zero: int = 0
-    recompute: bool = False
+    recompute: Recompute = "none"
     sp: bool = False
     overlap_grad_reduce: bool = True
     modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -108,6 +126,7 @@ class Strategy:
     shard: int = 0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", recompute_mode(self.recompute))
         for name in ("dp", "tp", "pp", "micro_batches", "ep", "cp", "vpp"):
             positive_int(f"strategy {name}", getattr(self, name))
         if self.schedule not in SCHEDULES:
@@ -144,6 +163,8 @@ class Strategy:
             if unknown:
                 accepted = ", ".join(_MODULE_SETTINGS)
                 raise ValueError(f"module {path!r} sets {sorted(unknown)}; per-module settings: {accepted}")
+            if "recompute" in settings:
+                recompute_mode(settings["recompute"], f"module {path!r}: recompute")
             if settings.get("tp", self.tp) not in (1, self.tp):
                 raise ValueError(
                     f"module {path!r} sets tp={settings['tp']}; a module is split over the strategy's "
@@ -175,10 +196,10 @@ class Strategy:
             )
         return batch // parts
 
-    def recompute_of(self, module: str) -> bool:
-        """Whether ``module``'s activations are recomputed: the setting of its closest configured
-        ancestor (itself included), else the strategy's."""
-        return bool(self._setting(module, "recompute", self.recompute))
+    def recompute_of(self, module: str) -> Recompute:
+        """What ``module`` recomputes (:data:`RECOMPUTE`): the setting of its closest configured ancestor
+        (itself included), else the strategy's; ``"none"`` outside the layers (``module`` empty)."""
+        return recompute_mode(self._setting(module, "recompute", self.recompute)) if module else "none"
 
     def tp_of(self, module: str) -> int:
         """How many ranks split ``module``: the strategy's ``tp``, or 1 where a module (or an
@@ -236,8 +257,8 @@ class Strategy:
             parts.append(f"schedule={self.schedule}")
         if self.zero:
             parts.append(f"zero={self.zero}")
-        if self.recompute:
-            parts.append("recompute=1")
+        if self.recompute != "none":
+            parts.append("recompute=1" if self.recompute == "full" else f"recompute={self.recompute}")
         if self.sp:
             parts.append("sp=1")
         if not self.overlap_grad_reduce and self.data_ranks > 1:
@@ -255,8 +276,26 @@ class Strategy:
         return ",".join(parts)
 
 
+def recompute_mode(value: Any, what: str = "recompute") -> Recompute:
+    """``value`` as one of :data:`RECOMPUTE`: a mode's name, or a boolean (or ``0``/``1``, ``true``/``false``,
+    ``yes``/``no``) for ``"full"`` and ``"none"``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    word = str(value).strip().lower()
+    mode = _RECOMPUTE_WORDS.get(word, word)
+    if mode not in RECOMPUTE:
+        raise ValueError(f"{what} must be one of {', '.join(RECOMPUTE)} (or true/false), got {value!r}")
+    return mode
+
+
 def _coerce(name: str, value: Any) -> Any:
-    if name in ("recompute", "sp", "overlap_grad_reduce"):
+    if name == "recompute":
+        return recompute_mode(value)
+    if name in ("sp", "overlap_grad_reduce"):
         if isinstance(value, str):
             if value.lower() not in ("0", "1", "true", "false", "yes", "no"):
                 raise ValueError(f"{name} must be true or false, got {value!r}")

@@ -64,9 +64,13 @@ def test_unsupported_settings_and_assumptions_are_flagged(load_script: Any) -> N
         _row(vpp=2, sp=1, cp=2, gpus=8, global_batch=4, micro_batch="", recompute="selective")
     )
     flags = "; ".join(run.flags)
-    for part in ("unsupported: selective", "assumed: micro_batch"):
-        assert part in flags
-    assert (run.dp, run.recompute, run.strategy.recompute) == (1, "selective", False)
+    assert "assumed: micro_batch" in flags and "recompute" not in flags
+    # Selective recomputation is Megatron-LM's unless the row is torchtitan's, whose default is per-op.
+    assert (run.dp, run.recompute, run.strategy.recompute) == (1, "selective", "selective")
+    titan = script.parse_run(_row(recompute="selective", notes="torchtitan benchmark"))
+    assert titan.strategy.recompute == "ops" and any("torchtitan" in r for r in titan.readings)
+    with pytest.raises(script.RowError, match="recompute must be none, selective or full"):
+        script.parse_run(_row(recompute="some"))
     # Context parallelism is simulated where the sequence splits into 2 cp chunks, folded into dp where not.
     assert "cp" not in flags and run.strategy.cp == 2
     odd = script.parse_run(_row(cp=2, gpus=8, seq=30))

@@ -50,7 +50,7 @@ def test_strategy_forms_and_the_module_tree(tmp_path: Path) -> None:
     )
     loaded = Strategy.load(path)
     assert replace(loaded, modules={}) == s
-    assert loaded.recompute_of("blocks.0.attn.qkv") and not loaded.recompute_of("blocks.1.attn")
+    assert [loaded.recompute_of(m) for m in ("blocks.0.attn.qkv", "blocks.1.attn")] == ["full", "none"]
     assert Strategy.parse(str(s)) == s
     with pytest.raises(ValueError, match="unknown strategy key 'dq'"):
         Strategy.parse("dq=2")

@@ -1,0 +1,105 @@
+"""Recomputation policies (``fxcost.sim.strategy.RECOMPUTE``): what a layer keeps and runs again under
+Megatron-LM's selective recomputation and torchtitan's per-op policy, against hand counts on a small
+GPT whose tensors are few and known."""
+
+from __future__ import annotations
+
+import pytest
+
+import fxcost
+from fxcost import zoo
+from fxcost.estimator import default_estimator
+from fxcost.gpus import get_device
+from fxcost.sim import Strategy, simulate
+from fxcost.sim.analytic import Pieces, estimate
+from fxcost.sim.cluster import Cluster
+from fxcost.sim.plan import Plan, compile_plan
+
+# The head width (16) differs from the sequence (32), so only the scores are seq x seq.
+B, T, D, H, LAYERS, VOCAB = 4, 32, 64, 4, 2, 256
+FP32 = 4
+SCORES = B * H * T * T * FP32  # QK^T, its scaling, the causal mask and the softmax each write these
+CONTEXT = B * H * T * (D // H) * FP32  # the product with V
+QKV, FC1 = B * T * 3 * D * FP32, B * T * 4 * D * FP32  # the first and third linear of a block
+INPUT = B * T * D * FP32  # a block's input
+
+
+@pytest.fixture(scope="module")
+def gpt() -> tuple[object, tuple[object, ...]]:
+    return zoo.build("gpt2", B, seq=T, dim=D, heads=H, layers=LAYERS, vocab=VOCAB)
+
+
+def _plan(gpt: tuple[object, tuple[object, ...]], strategy: str) -> Plan:
+    model, inputs = gpt
+    captured = default_estimator().capture(model, inputs, batch_size=B)
+    params = fxcost.sim.simulator._params_by_module(model)
+    return compile_plan(captured, params, Strategy.parse(strategy), get_device("A100-SXM4-40GB"), B)
+
+
+def _layer_bytes(plan: Plan) -> float:
+    """The bytes one block's forward writes (the blocks are alike)."""
+    return sum(seg.saved_bytes for seg in plan.stages[0].forward if seg.layer == "blocks.0")
+
+
+def test_selective_reruns_the_core_attention_and_keeps_the_rest(
+    gpt: tuple[object, tuple[object, ...]],
+) -> None:
+    plain, selective = (_plan(gpt, s).stages[0] for s in ("dp=1", "recompute=selective"))
+    core = 4 * SCORES + CONTEXT
+    assert selective.recompute_bytes == core
+    assert plain.activation_bytes - selective.activation_bytes == LAYERS * core
+    layers = [seg for seg in selective.forward if seg.layer]
+    assert len(layers) == LAYERS and all(0 < seg.rerun_ms["selective"] < seg.compute_ms for seg in layers)
+
+
+def test_ops_keeps_every_other_linear_and_the_input(gpt: tuple[object, tuple[object, ...]]) -> None:
+    plan = _plan(gpt, "recompute=ops")
+    plain, ops = _plan(gpt, "dp=1").stages[0], plan.stages[0]
+    outside = plain.activation_bytes - LAYERS * _layer_bytes(plan)
+    # qkv and fc1 (the first and third of qkv, proj, fc1, fc2) kept, and the block's input
+    assert ops.activation_bytes == outside + LAYERS * (QKV + FC1 + INPUT)
+    assert ops.recompute_bytes == _layer_bytes(plan) - QKV - FC1
+
+
+def test_each_policy_trades_memory_for_time(gpt: tuple[object, tuple[object, ...]]) -> None:
+    model, inputs = gpt
+    policies = ("none", "selective", "ops", "full")
+    results = {p: simulate(model, f"mb=2,recompute={p}", "A100-SXM4-40GB", example_inputs=inputs, batch=2 * B)
+               for p in policies}  # fmt: skip
+    times = [results[p].iteration_ms for p in policies]
+    kept = [results[p].memory[0].activations for p in policies]
+    assert times == sorted(times) and len(set(times)) == 4
+    assert kept == sorted(kept, reverse=True) and len(set(kept)) == 4
+    # One stage, no collectives: each micro-batch's backward runs the rerun forward ops once more.
+    forward = _plan(gpt, "recompute=selective").stages[0].forward
+    rerun = sum(seg.rerun_ms.get("selective", 0.0) for seg in forward)
+    assert times[1] - times[0] == pytest.approx(2 * rerun, rel=1e-9)
+
+
+def test_the_analytic_pass_prices_partial_recompute_as_the_simulator(
+    gpt: tuple[object, tuple[object, ...]],
+) -> None:
+    model, inputs = gpt
+    pieces = Pieces.of(_plan(gpt, "dp=1"), fxcost.sim.simulator._params_by_module(model))
+    cluster = Cluster.parse("A100-SXM4-40GB")
+    for policy in ("none", "selective", "ops", "full"):
+        s = Strategy(recompute=policy)
+        fast = estimate(pieces, s, LAYERS, cluster)
+        exact = simulate(model, s, cluster, example_inputs=inputs, batch=B)
+        assert fast.memory_gib * 2**30 == pytest.approx(exact.memory[0].total, rel=1e-9), policy
+        assert fast.iteration_ms == pytest.approx(exact.iteration_ms, rel=0.02), policy
+
+
+def test_recompute_spellings() -> None:
+    assert Strategy(recompute=True).recompute == "full" and Strategy().recompute == "none"
+    for spec, policy in (("recompute=1", "full"), ("rc=selective", "selective"), ("recompute=ops", "ops")):
+        s = Strategy.parse(spec)
+        assert s.recompute == policy and Strategy.parse(str(s)) == s
+    s = Strategy.from_dict({"modules": {"blocks.0": {"recompute": "selective"}}})
+    assert (s.recompute_of("blocks.0.attn"), s.recompute_of("blocks.1"), s.recompute_of("")) == (
+        "selective", "none", "none",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="recompute must be one of none, selective, ops, full"):
+        Strategy.parse("recompute=attention")
+    with pytest.raises(ValueError, match=r"module 'blocks\.0': recompute must be one of"):
+        Strategy(modules={"blocks.0": {"recompute": "some"}})
