@@ -23,7 +23,7 @@ from fxcost.lowering.nodes import gemm_node, memory_pass
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["FusedAttention", "attention_work", "fused_attention", "math_work"]
+__all__ = ["FusedAttention", "attention_work", "fused_attention", "kernel_head_dim", "math_work"]
 
 
 @dataclass(frozen=True)
@@ -85,21 +85,36 @@ def _tiles(backend: Backend, call: AttentionCall) -> tuple[int, int, int]:
     return (128, 128, 12) if not call.backward else (128, 64, 12)  # cuDNN: three warpgroups
 
 
+def kernel_head_dim(backend: Backend, d: int) -> int:
+    """The head dim a fused kernel's tiles span for a head of ``d``: its products run over all of it,
+    the columns past ``d`` zero. FlashAttention-2 is built for head dims of multiples of 32 up to 256
+    (PyTorch's ``flash_api.cpp`` rounds the head dim up to the next one it instantiates); cuDNN's sm90
+    kernels for 64, 128 and 256, the width their names carry (``..._64x128x64_...`` for a head of 64,
+    ``..._64x128x128_...`` for heads of 80, 96 and 128 in the recorded sweeps). The CUTLASS
+    memory-efficient kernel iterates the head dim in its own steps: ``d``."""
+    if backend == "flash" and d <= 256:
+        return -(-d // 32) * 32
+    if backend == "cudnn":
+        return next((width for width in (64, 128, 256) if d <= width), d)
+    return d
+
+
 def fused_attention(call: AttentionCall, backend: Backend) -> FusedAttention:
     """The structure of ``call`` run by a fused ``backend`` (not ``"math"``)."""
     rows, tile, warps = _tiles(backend, call)
     size = itemsize(call.dtype)
+    d, dv = kernel_head_dim(backend, call.d), kernel_head_dim(backend, call.dv)  # the tiles' head dims
     bh = call.batch * call.heads
     if call.backward:  # blocks own keys, walk the queries that see them
         owned, walked = math.ceil(call.sk / rows), math.ceil(call.sq / tile)
         per_block = [walked - (j * rows // tile if call.causal else 0) for j in range(owned)]
-        flops = 2 * rows * tile * (3 * call.d + 2 * call.dv)
-        smem = (2 * tile * call.d + 2 * rows * call.d + rows * tile) * size  # Q, dO; K, V; P/dS
+        flops = 2 * rows * tile * (3 * d + 2 * dv)
+        smem = (2 * tile * d + 2 * rows * d + rows * tile) * size  # Q, dO; K, V; P/dS
     else:  # blocks own queries, walk the keys they see
         owned, walked = math.ceil(call.sq / rows), math.ceil(call.sk / tile)
         per_block = [min(walked, -(-(i + 1) * rows // tile)) if call.causal else walked for i in range(owned)]
-        flops = 2 * rows * tile * (call.d + call.dv)
-        smem = (rows * call.d + 2 * tile * call.d) * size  # Q; K, V
+        flops = 2 * rows * tile * (d + dv)
+        smem = (rows * d + 2 * tile * d) * size  # Q; K, V
     q = bh * call.sq * call.d * size
     kv = call.batch * call.kv_heads * call.sk * (call.d + call.dv) * size
     o = bh * call.sq * call.dv * size

@@ -27,7 +27,7 @@ from fxcost.lowering.attention import (
     lower_attention,
     priority,
 )
-from fxcost.lowering.attention_kernels import attention_work, fused_attention, math_work
+from fxcost.lowering.attention_kernels import attention_work, fused_attention, kernel_head_dim, math_work
 from fxcost.lowering.experts import grouped_mm_flops, lower_grouped_mm
 from fxcost.records import NodeCost
 
@@ -291,6 +291,26 @@ def test_causal_fused_attention_skips_the_tiles_above_the_diagonal() -> None:
     times = [fused_attention_ms(c, fused_attention(c, "flash"), h100) for c in (_call(s=4096), _call(s=4096,
              causal=True))]  # fmt: skip
     assert 0.45 < times[1] / times[0] < 0.65  # half the work, the diagonal tiles in full
+
+
+@pytest.mark.parametrize(
+    ("backend", "dims"),
+    [("flash", {64: 64, 72: 96, 80: 96, 96: 96, 100: 128, 256: 256}),
+     ("cudnn", {32: 64, 64: 64, 80: 128, 96: 128, 128: 128, 192: 256}),
+     ("efficient", {80: 80, 96: 96})],
+)  # fmt: skip
+def test_a_kernel_runs_its_products_over_the_head_dim_it_was_built_for(
+    backend: Backend, dims: dict[int, int]
+) -> None:
+    for d, width in dims.items():
+        assert kernel_head_dim(backend, d) == width
+        padded, exact = (fused_attention(_call("bfloat16", d=x), backend) for x in (d, width))
+        assert padded.flops_per_tile == exact.flops_per_tile  # the padded columns are multiplied too
+        assert padded.bytes_main <= exact.bytes_main  # but only the head's own are read
+    h100 = get_device("H100-SXM")
+    times = [fused_attention_ms(c, fused_attention(c, "cudnn"), h100) for c in (_call("bfloat16", d=d) for d in
+             (64, 80, 96, 128))]  # fmt: skip
+    assert times[0] < times[1] and times[1:] == sorted(times[1:])  # never faster with a wider head
 
 
 def test_fused_attention_is_never_faster_than_its_flops_or_bytes_allow() -> None:
