@@ -31,7 +31,7 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   How the GPU and network were read is printed after the flags; it does not count as a flag.
 - **Framework.** A row whose source or notes name Megatron(-LM) and no ZeRO stage reduces its
   gradients after the backward (Megatron-LM's default until 2023), any other during it.
-- **Units.** ``s_per_iter``: the simulated iteration (forward and backward, no optimizer step).
+- **Units.** ``s_per_iter``: the simulated iteration (forward, backward and the optimizer step).
   ``tokens_per_s_per_gpu``: ``global_batch x seq`` per iteration second per GPU. ``tflops_per_gpu``:
   Megatron's count (Narayanan et al. eq. 3, generalized to any MLP width) ``B s (k l (8h^2 + 4h f +
   4 s h) + 6 h V)`` with ``k = 4`` (the recomputed forward counted: hardware FLOPs) under full
@@ -42,7 +42,8 @@ A row that cannot run (an unknown GPU, a plan that does not fit the GPUs or the 
 and the rest go on. ``--cache DIR`` keeps each row's simulated iteration so that an interrupted run
 resumes (keyed by the row and the fxcost version; delete the directory after changing the simulator).
 ``--breakdown`` prints, under each row, where the first and last stage's iteration goes (compute,
-tensor-parallel collectives, pipeline sends, exposed data-parallel collectives, idle: the bubble) with
+tensor-parallel collectives, pipeline sends, exposed data-parallel collectives, the optimizer step,
+idle: the bubble) with
 the compute's share of the GPU's peak, and the rank's memory by kind.
 
 Last line: ``mape_published=.. max_err_published=.. rows=N rows_flagged=N rows_failed=N``.
@@ -69,7 +70,15 @@ from fxcost.gpus import Device
 from fxcost.precision import parse_precision
 from fxcost.sim import Cluster, SimResult, Strategy, simulate
 from fxcost.sim.ranked import peak_tflops
-from fxcost.sim.runs import attention_of, breakdown, cluster_for, read_gpu, recompute_of, sequence_parallel_of
+from fxcost.sim.runs import (
+    BREAKDOWN_PARTS,
+    attention_of,
+    breakdown,
+    cluster_for,
+    read_gpu,
+    recompute_of,
+    sequence_parallel_of,
+)
 from fxcost.zoo.decoders import Decoder
 
 TRACED_LAYERS = 2
@@ -291,8 +300,8 @@ def print_breakdown(run: Run, saved: dict[str, Any], device: Device) -> None:
     peak = peak_tflops(device, parse_precision(run.precision)) * 1e12
     for part, memory in zip(saved["breakdown"], saved["memory_gib"], strict=True):
         total = part["iteration"]
-        shares = "  ".join(f"{k} {part[k]:.0f} ms ({part[k] / total:.0%})"
-                           for k in ("compute", "tp", "p2p", "dp_exposed", "idle"))  # fmt: skip
+        shares = "  ".join(f"{k} {part.get(k, 0.0):.0f} ms ({part.get(k, 0.0) / total:.0%})"
+                           for k in BREAKDOWN_PARTS)  # fmt: skip
         at_peak = flops / peak * 1000
         print(f"      iteration {total:.0f} ms: {shares}; dp total {part['dp']:.0f} ms; compute at "
               f"{at_peak / part['compute']:.0%} of peak ({at_peak:.0f} ms at peak)")  # fmt: skip

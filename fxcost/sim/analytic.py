@@ -14,7 +14,8 @@ those layers out in pipeline stages as :func:`fxcost.sim.deepen.deepen` does and
   bubble ``sum - max`` divided by ``vpp``, Narayanan et al. 2021 §2.2.2), plus the activations sent between
   stages on that path, plus the data-parallel gradient reduction that the backward does not hide (with
   ``overlap_grad_reduce``: what remains after the last micro-batch's backward, at least the reduction of
-  the stage's first layer; without: all of it), less the time the stage ends before the first one.
+  the stage's first layer; without: all of it) and the stage's optimizer step after it
+  (:func:`fxcost.sim.memory.optimizer_step_ms`), less the time the stage ends before the first one.
   ZeRO 3's parameter gathers run before every layer's forward and backward, prefetched one layer ahead:
   ``F`` and ``B`` are the first gather and the larger of the compute and the other gathers; ZeRO 2 and 3
   reduce the gradients after every micro-batch.
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from fxcost.sim.cluster import Cluster, link_sharing
-from fxcost.sim.memory import GIB, model_state_bytes
+from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_bytes
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
@@ -187,6 +188,8 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
 
     times: list[float] = []
     backwards: list[float] = []
+    steps: list[float] = []  # each stage's optimizer step, ms (as fxcost.sim.memory.optimizer_step_ms)
+    bandwidth = (cluster.device.mem_bandwidth_gbps or 0.0) * 1e6  # bytes per ms
     exposed: list[float] = []
     peak = 0.0
     by_stage: list[list[str]] = [[] for _ in range(s.pp)]
@@ -215,6 +218,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
             exposed.append(total)
         params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)
         states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
+        steps.append(optimizer_step_bytes(params, 0, s) / bandwidth if bandwidth else 0.0)
         if s.zero == 3 and s.dp > 1:  # two layers' parameters whole (computing, prefetched), one's gradients
             states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
         # As fxcost.sim.plan.activations: a layer keeps what it does not rerun, and its input where it
@@ -228,5 +232,5 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
     # The bubble, the stages' time beyond the slowest one's, shrinks by the chunks per stage (vpp).
     pipe = s.micro_batches * max(times) + (sum(times) - max(times)) / s.vpp + 2 * (s.pp - 1) * send
     # Stage i ends its last backward before the stages ahead of it end theirs.
-    tail = max(exposed[i] - sum(backwards[:i]) for i in range(s.pp))
+    tail = max(exposed[i] + steps[i] - sum(backwards[:i]) for i in range(s.pp))
     return Estimate(pipe + max(tail, 0.0), peak / GIB, capacity / GIB)

@@ -29,9 +29,18 @@ from typing import TYPE_CHECKING
 from fxcost.sim.schedule import in_flight_chunks
 
 if TYPE_CHECKING:
+    from fxcost.gpus import Device
     from fxcost.sim.plan import Plan, StagePlan
+    from fxcost.sim.strategy import Strategy
 
-__all__ = ["Memory", "model_state_bytes", "rank_memory"]
+__all__ = [
+    "ADAM_STEP_BYTES",
+    "Memory",
+    "model_state_bytes",
+    "optimizer_step_bytes",
+    "optimizer_step_ms",
+    "rank_memory",
+]
 
 GIB = 1024**3
 
@@ -71,6 +80,33 @@ def model_state_bytes(params: int, dp: int, zero: int, half: bool = False) -> tu
         params * grads / (dp if zero >= 2 else 1),
         params * optimizer / (dp if zero >= 1 else 1),
     )
+
+
+ADAM_STEP_BYTES = 28
+"""DRAM bytes a fused Adam step moves per parameter it updates (Megatron-LM's, apex's and DeepSpeed's
+multi-tensor Adam, PyTorch's ``fused=True``): in fp32 the parameter, its gradient and both moments read
+(16) and the parameter and moments written (12); in mixed precision the fp32 master weight and moments
+read and written (24), the half gradient read and the half parameter written (4). PyTorch's default
+``foreach`` Adam passes over the states several times: more."""
+
+
+def optimizer_step_bytes(params: int, expert_params: int, s: Strategy) -> float:
+    """DRAM bytes one rank's optimizer step moves for a stage of ``params`` parameters per rank (of them
+    ``expert_params`` experts'): :data:`ADAM_STEP_BYTES` for each parameter it updates, all it holds
+    under ZeRO 0, its ``1 / ranks`` share of them from ZeRO 1 (the ranks its states are sharded over)."""
+    if s.zero == 0:
+        return ADAM_STEP_BYTES * params
+    dense, experts = params - expert_params, expert_params
+    return ADAM_STEP_BYTES * (dense / (s.shard or s.data_ranks) + experts / (s.data_ranks // s.ep))
+
+
+def optimizer_step_ms(plan: Plan, stage: StagePlan, device: Device) -> float:
+    """The optimizer step of one rank of ``stage`` (:func:`optimizer_step_bytes`) at the GPU's memory
+    bandwidth: a floor, as a memory-bound pass at the spec-sheet rate is; 0 where it is unknown."""
+    bandwidth = device.mem_bandwidth_gbps
+    if not bandwidth:
+        return 0.0
+    return optimizer_step_bytes(stage.params, stage.expert_params, plan.strategy) / (bandwidth * 1e6)
 
 
 def rank_memory(plan: Plan, stage: StagePlan, capacity_gb: float) -> Memory:

@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.sim.cluster import Cluster, default_inter_link
-from fxcost.sim.simulator import SimResult
+from fxcost.sim.simulator import OPTIMIZER_STEP, SimResult
 from fxcost.sim.strategy import Recompute
 
 __all__ = [
+    "BREAKDOWN_PARTS",
     "SYSTEMS",
     "System",
     "attention_of",
@@ -156,13 +157,20 @@ def cluster_for(
     return cluster, flags
 
 
+BREAKDOWN_PARTS = ("compute", "tp", "p2p", "dp_exposed", "optimizer", "idle")
+"""The parts of :func:`breakdown` that add up to the iteration."""
+
+
 def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
     """Where the simulated rank of ``stage`` spends the iteration, in ms: ``compute`` (its kernels,
     recomputed forwards included), ``tp`` (tensor-parallel collectives, in the compute's chain),
     ``p2p`` (pipeline sends), ``dp_exposed`` (data-parallel and ZeRO collectives still running after
-    the rank's other work is done; ``dp`` is all of them), and ``idle`` (the rest: the pipeline bubble,
-    waiting for other stages, and the slowdown of compute overlapped with collectives)."""
+    the rank's other work is done; ``dp`` is all of them), ``optimizer`` (its step, after them), and
+    ``idle`` (the rest: the pipeline bubble, waiting for other stages, and the slowdown of compute
+    overlapped with collectives)."""
     mine = [t for t in result.tasks if t.stage == stage]
+    steps = [t for t in mine if t.name == OPTIMIZER_STEP]
+    mine = [t for t in mine if t.name != OPTIMIZER_STEP]
     group: dict[str, float] = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
     for t in mine:
         if t.stream != "compute":
@@ -176,6 +184,7 @@ def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
         "p2p": group["pp"],
         "dp": group["dp"],
         "dp_exposed": max(reduced - others, 0.0),
+        "optimizer": sum(t.duration_ms for t in steps),
     }
-    parts["idle"] = result.iteration_ms - sum(parts[k] for k in ("compute", "tp", "p2p", "dp_exposed"))
+    parts["idle"] = result.iteration_ms - sum(parts[k] for k in BREAKDOWN_PARTS[:-1])
     return parts

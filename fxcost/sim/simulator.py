@@ -35,18 +35,20 @@ from fxcost.propagate import check_execution
 from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.deepen import deepen
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
-from fxcost.sim.memory import Memory, rank_memory
+from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.schedule import chunk_segments, neighbour, run_order, upstream
 from fxcost.sim.strategy import Strategy
 
-__all__ = ["GAMMA", "SimResult", "simulate"]
+__all__ = ["GAMMA", "OPTIMIZER_STEP", "SimResult", "simulate"]
 
 # Proteus §VI-C's overlap factor: how much longer kernels take while gradients are reduced beside
 # them. Proteus profiles it per machine and model; 0.1 is in the middle of the slowdowns it and
 # others report for NCCL sharing SMs and memory bandwidth with compute. Not fitted here.
 GAMMA = 0.1
+
+OPTIMIZER_STEP = "optimizer step"  # the name of each stage's optimizer-step task
 
 
 @dataclass
@@ -54,7 +56,8 @@ class SimResult:
     """A simulated iteration.
 
     Attributes:
-        iteration_ms: forward and backward of one global batch (the optimizer step is not included).
+        iteration_ms: forward and backward of one global batch and the optimizer step after them (a
+            fused Adam's traffic at the memory bandwidth, :func:`fxcost.sim.memory.optimizer_step_ms`).
         batch: the global batch.
         strategy, cluster: what was simulated.
         tasks: every stage's timeline (one representative rank per pipeline stage).
@@ -322,8 +325,16 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
         up = upstream(direction, stage, chunk, s.pp, s.vpp)
         if up is not None and (direction, *up, m) in done:
             tasks[task].deps.append(done[(direction, *up, m)])
+    reduced: dict[int, list[int]] = {}
     for stage, c, after in gradients:
-        communicate(c, stage, [after] if s.overlap_grad_reduce else [last_backward.get(stage, after)])
+        deps = [after] if s.overlap_grad_reduce else [last_backward.get(stage, after)]
+        reduced.setdefault(stage, []).append(communicate(c, stage, deps))
+    # Each rank steps its optimizer once its last backward is done and its gradients are reduced.
+    for st in plan.stages:
+        if st.index in last_backward:
+            ms = optimizer_step_ms(plan, st, cluster.device)
+            deps = [last_backward[st.index], *reduced.get(st.index, [])]
+            add(Task(OPTIMIZER_STEP, st.index, "compute", ms, deps, {"params": st.params}))
     return tasks, collectives
 
 

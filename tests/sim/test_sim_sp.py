@@ -140,7 +140,7 @@ def test_a_tp_heavy_plan_computes_less_and_communicates_as_much_with_sp() -> Non
         simulate(config, spec, "4xA100-SXM4-80GB", batch=8, seqlen=1024) for spec in ("tp=4", "tp=4,sp=1")
     ]
     plain, sp = ({t.name: t.duration_ms for t in r.tasks if t.stream == "compute"} for r in runs)
-    layers = [name for name in plain if "outer" not in name]
+    layers = [name for name in plain if "outer" not in name and name != "optimizer step"]
     assert len(layers) == 4 and all(sp[name] < plain[name] for name in layers)
     assert [plain[name] for name in plain if name not in layers] == [
         sp[name] for name in sp if name not in layers
