@@ -40,6 +40,7 @@ from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
 from fxcost.sim.simulator import _groups, _stage_ranks
 from fxcost.sim.strategy import Strategy
+from fxcost.sim.zero import step_collectives
 
 __all__ = ["Estimate", "Pieces", "estimate"]
 
@@ -218,7 +219,12 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
             exposed.append(total)
         params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)
         states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
-        steps.append(optimizer_step_bytes(params, 0, s) / bandwidth if bandwidth else 0.0)
+        step = optimizer_step_bytes(params, 0, s) / bandwidth if bandwidth else 0.0
+        step += sum(
+            price(Comm(kind, params * itemsize * f, g, "param"))
+            for kind, g, f in step_collectives(s, s.dp, "dp")
+        )
+        steps.append(step)
         if s.zero == 3 and s.dp > 1:  # two layers' parameters whole (computing, prefetched), one's gradients
             states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
         # As fxcost.sim.plan.activations: a layer keeps what it does not rerun, and its input where it

@@ -40,6 +40,7 @@ from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.schedule import chunk_segments, neighbour, run_order, upstream
 from fxcost.sim.strategy import Strategy
+from fxcost.sim.zero import step_collectives
 
 __all__ = ["GAMMA", "OPTIMIZER_STEP", "SimResult", "simulate"]
 
@@ -334,7 +335,14 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
         if st.index in last_backward:
             ms = optimizer_step_ms(plan, st, cluster.device)
             deps = [last_backward[st.index], *reduced.get(st.index, [])]
-            add(Task(OPTIMIZER_STEP, st.index, "compute", ms, deps, {"params": st.params}))
+            step = add(Task(OPTIMIZER_STEP, st.index, "compute", ms, deps, {"params": st.params}))
+            held = (
+                (st.params - st.expert_params, s.data_ranks, "dp"),
+                (st.expert_params, s.data_ranks // s.ep, "edp"),
+            )
+            for count, ranks, group in held:
+                for kind, where, share in step_collectives(s, ranks, group) if count else ():
+                    communicate(Comm(kind, count * plan.itemsize * share, where, "param"), st.index, [step])
     return tasks, collectives
 
 

@@ -7,7 +7,8 @@ Per layer (the unit PyTorch FSDP wraps, DeepSpeed's parameter coordinator fetche
   last micro-batch's backward is done.
 - ZeRO 2: reduce-scattered instead, after every micro-batch (the gradients are sharded, so no rank
   keeps a whole gradient to accumulate into: DeepSpeed refuses ``no_sync`` under ZeRO 2 and 3, and
-  FSDP reduce-scatters each backward unless told not to).
+  FSDP reduce-scatters each backward unless told not to); after the optimizer step each rank's updated
+  shard is all-gathered back into whole parameters (:func:`step_collectives`).
 - ZeRO 3 (FSDP, FSDP2, DeepSpeed ZeRO-3): also the parameters all-gathered before the forward and
   again before the backward (``reshard_after_forward``), prefetched one layer ahead.
 - HSDP (``shard`` < ``dp``, FSDP2's 2-D mesh, FSDP1's ``HYBRID_SHARD``): the ZeRO-3 states are sharded
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fxcost.sim.strategy import Strategy
 
-__all__ = ["zero_collectives"]
+__all__ = ["step_collectives", "zero_collectives"]
 
 Collective = tuple[str, str, float]  # (kind, group, fraction of the layer's bytes)
 
@@ -45,3 +46,11 @@ def zero_collectives(
     gathers = [("all_gather", within, 1.0)] if s.zero == 3 else []
     replicas = [("all_reduce", "replicate", 1.0 / shard)] if shard < ranks else []
     return gathers, [("reduce_scatter", within, 1.0), *replicas]
+
+
+def step_collectives(s: Strategy, ranks: int, group: str) -> list[Collective]:
+    """The collectives after the optimizer step of a parameter reduced over ``ranks`` ranks: ZeRO 2
+    all-gathers the shards each rank updated into whole parameters. ZeRO 3 keeps them sharded (it
+    gathers before each use); ZeRO 0 and 1 reduce whole gradients, the all-reduce standing for the
+    reduce-scatter and the all-gather of the updated shards of Megatron's distributed optimizer."""
+    return [("all_gather", group, 1.0)] if s.zero == 2 and ranks > 1 else []

@@ -41,3 +41,14 @@ def test_each_rank_steps_after_its_gradients_are_reduced(gpt: tuple[object, tupl
         reductions = [t for t in result.tasks if t.args.get("group") == "dp"]
         assert reductions and all(step.start_ms >= t.end_ms for t in reductions)
         assert step.end_ms == pytest.approx(result.iteration_ms)
+
+
+def test_zero_2_gathers_the_updated_shards_after_the_step(gpt: tuple[object, tuple[object, ...]]) -> None:
+    model, inputs = gpt
+    params = sum(p.numel() for p in model.parameters())
+    runs = {z: simulate(model, f"dp=2,zero={z}", f"2x{GPU}", example_inputs=inputs, batch=8) for z in (1, 2)}
+    whole = ("all_gather", "dp", params * 4)  # fp32 parameters, gathered whole
+    assert runs[2].collectives[whole] == 1 and runs[1].collectives[whole] == 0
+    (step,) = [t for t in runs[2].tasks if t.name == OPTIMIZER_STEP]
+    (gather,) = [t for t in runs[2].tasks if t.args.get("kind") == "all_gather"]
+    assert gather.start_ms >= step.end_ms and gather.end_ms == pytest.approx(runs[2].iteration_ms)
