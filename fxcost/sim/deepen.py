@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from fxcost._checks import positive_int
-from fxcost.sim.plan import Plan, Segment, StagePlan, activations, add_layer_collectives, layer_of
+from fxcost.sim.plan import Plan, Segment, StagePlan, add_layer_collectives, layer_of
+from fxcost.sim.recompute import activations
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
 

@@ -19,10 +19,9 @@ collectives the strategy implies, priced on the cluster's GPU:
   (FSDP) each layer's parameters are all-gathered, one layer ahead, before its forward and backward.
 - **Pipeline**: activations are sent to the next stage after each micro-batch's forward, their
   gradients back after its backward.
-- **Recomputation** (:data:`~fxcost.sim.strategy.RECOMPUTE`): a layer runs what it recomputes again
-  before its backward and does not keep it: its whole forward (``full``, keeping only its input), its
-  core attention (``selective``) or all but its attention and every other ``mm`` (``ops``). Each
-  forward segment carries the time and bytes of the nodes the two partial policies run again.
+- **Recomputation** (:mod:`fxcost.sim.recompute`): a layer runs again before its backward, and does
+  not keep, its whole forward (``full``: it keeps its input), its core attention (``selective``) or all
+  but its attention and every other ``mm`` (``ops``).
 
 Per-node times are kernel times: the heads' isolated-op predictions less the device's per-op
 overhead, which an eager step hides (:mod:`fxcost.cost_models.eager`); a segment never takes less
@@ -32,7 +31,7 @@ than the host needs to issue its ops (:func:`fxcost.propagate.issue_bound_ms`).
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +49,7 @@ from fxcost.sim.comm import Comm
 from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
 from fxcost.sim.layers import in_tp_region, layer_of, layers_of, region_of
 from fxcost.sim.moe import expert_plan, is_expert
+from fxcost.sim.recompute import activations, reruns
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_sequence, shard_vocabulary
 from fxcost.sim.strategy import Strategy
@@ -60,7 +60,6 @@ __all__ = [
     "Plan",
     "Segment",
     "StagePlan",
-    "activations",
     "add_layer_collectives",
     "compile_plan",
     "host_bound",
@@ -82,8 +81,7 @@ class Segment:
     inside: list[Comm] = field(default_factory=list)
     after: list[Comm] = field(default_factory=list)
     saved_bytes: float = 0.0  # a forward segment: the bytes its nodes write (kept for the backward)
-    # A forward segment, by partial recompute policy ("selective", "ops"): the kernel ms and the bytes
-    # written of the nodes it runs again (:func:`reruns`).
+    # by partial recompute policy: the kernel ms and bytes written of the forward nodes it reruns
     rerun_ms: dict[str, float] = field(default_factory=dict)
     rerun_bytes: dict[str, float] = field(default_factory=dict)
     chunk: int = 0  # the model chunk of its stage it runs in (interleaved 1F1B, :mod:`fxcost.sim.schedule`)
@@ -276,35 +274,6 @@ def compile_plan(
     for plan in stages:
         plan.activation_bytes, plan.recompute_bytes = activations(plan.forward, s, per_rank)
     return Plan(s, stages, per_rank, hidden, tokens, itemsize, interval)
-
-
-def reruns(node: NodeCost, scores: bool, mms: Counter[str], layer: str) -> tuple[str, ...]:
-    """The partial recompute policies under which a forward ``node`` of ``layer`` runs again:
-    ``selective`` where it is core attention (``scores``: it reads or writes the ``seq x seq`` scores,
-    or is a fused attention), ``ops`` unless it is a fused attention or an odd-numbered linear product
-    of the layer (``mms`` counts them so far and is updated). torchtitan's list names ``aten.mm``, what
-    its bias-free linears run; a linear with a bias runs the same product as ``addmm``, counted alike."""
-    mm = node.op.removeprefix("aten.") in ("mm.default", "addmm.default")
-    if mm:
-        mms[layer] += 1
-    kept = "scaled_dot_product" in node.op or (mm and mms[layer] % 2 == 1)
-    return (*(("selective",) if scores else ()), *(() if kept else ("ops",)))
-
-
-def activations(forward: Sequence[Segment], s: Strategy, boundary: float) -> tuple[float, float]:
-    """Bytes a stage of these ``forward`` segments keeps for the backward per micro-batch under ``s``'s
-    recomputation, and the most a recomputed layer writes again while it reruns (held until its
-    backward has used it). A layer keeps what it does not rerun, and its input (``boundary`` bytes) where
-    it reruns its first ops (``full``, ``ops``)."""
-    written: defaultdict[str, float] = defaultdict(float)
-    rerun: defaultdict[str, float] = defaultdict(float)
-    for seg in forward:
-        written[seg.layer] += seg.saved_bytes
-        policy = s.recompute_of(seg.layer)
-        rerun[seg.layer] += seg.saved_bytes if policy == "full" else seg.rerun_bytes.get(policy, 0.0)
-    kept = sum(written[layer] - rerun[layer] for layer in written)
-    kept += boundary * sum(s.recompute_of(layer) in ("full", "ops") for layer in written)
-    return kept, max(rerun.values(), default=0.0)
 
 
 def add_layer_collectives(
