@@ -217,7 +217,7 @@ MEASURE_CPU_HELP = (
 PRICES_HELP = "USD per hour by GPU name, overriding the database's prices"
 PRICED_DEVICES_HELP = "GPUs to compare (default: every GPU with a price); see 'fxcost devices'"
 STRATEGY_HELP = (
-    "'dp=2,tp=4,pp=2,mb=8,zero=1[,schedule=gpipe][,recompute=1|selective|ops][,sp=1][,overlap=0][,vpp=2][,shard=4]"
+    "'dp=2,tp=4,pp=2,mb=8,zero=1[,schedule=gpipe][,recompute=none|selective|ops|full][,sp=1][,overlap=0][,vpp=2][,shard=4]"
     "[,ep=2][,expert_load=0.4/0.2/0.2/0.2][,cp=2]' "
     "or a YAML file"
 )

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from fxcost.sim.cluster import Cluster, link_sharing
-from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_bytes
+from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
@@ -189,8 +189,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
 
     times: list[float] = []
     backwards: list[float] = []
-    steps: list[float] = []  # each stage's optimizer step, ms (as fxcost.sim.memory.optimizer_step_ms)
-    bandwidth = (cluster.device.mem_bandwidth_gbps or 0.0) * 1e6  # bytes per ms
+    steps: list[float] = []  # each stage's optimizer step and what follows it, ms
     exposed: list[float] = []
     peak = 0.0
     by_stage: list[list[str]] = [[] for _ in range(s.pp)]
@@ -198,10 +197,13 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         by_stage[stage].append(traced[min(i, len(traced) - 1)])
     for index, mine in enumerate(by_stage):
         outer = ["embed"] * (index == 0) + ["head"] * (index == s.pp - 1)
-        full, policy = s.recompute == "full", s.recompute
+        policy = {x: s.recompute_of(x) for x in mine}
         forward = sum(cost[("F", x)] for x in mine + outer)
         backward = sum(cost[("B", x)] for x in mine + outer)
-        backward += sum(cost[("F", x)] if full else pieces.forward[x].rerun_ms.get(policy, 0.0) for x in mine)
+        backward += sum(
+            cost[("F", x)] if policy[x] == "full" else pieces.forward[x].rerun_ms.get(policy[x], 0.0)
+            for x in mine
+        )
         gathered = [*mine, *([""] if outer else [])]  # the part outside the layers is gathered once
         gathers = [gather.get(x, 0.0) for x in gathered]
         if gathers:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
@@ -219,7 +221,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
             exposed.append(total)
         params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)
         states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
-        step = optimizer_step_bytes(params, 0, s) / bandwidth if bandwidth else 0.0
+        step = optimizer_step_ms(params, 0, s, cluster.device)
         step += sum(
             price(Comm(kind, params * itemsize * f, g, "param"))
             for kind, g, f in step_collectives(s, s.dp, "dp")
@@ -227,12 +229,12 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         steps.append(step)
         if s.zero == 3 and s.dp > 1:  # two layers' parameters whole (computing, prefetched), one's gradients
             states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
-        # As fxcost.sim.plan.activations: a layer keeps what it does not rerun, and its input where it
-        # reruns its first ops.
-        rerun = [pieces.forward[x].saved_bytes if full else pieces.forward[x].rerun_bytes.get(policy, 0.0)
-                 for x in mine]  # fmt: skip
+        # As fxcost.sim.recompute.activations: a layer keeps what it does not rerun, and its input where
+        # it reruns its first ops.
+        rerun = [pieces.forward[x].saved_bytes if policy[x] == "full" else
+                 pieces.forward[x].rerun_bytes.get(policy[x], 0.0) for x in mine]  # fmt: skip
         saved = sum(pieces.forward[x].saved_bytes for x in outer + mine) - sum(rerun)
-        saved += plan.boundary_bytes * len(mine) * (policy in ("full", "ops"))
+        saved += plan.boundary_bytes * sum(policy[x] in ("full", "ops") for x in mine)
         again = max(rerun, default=0.0)
         peak = max(peak, states + in_flight_chunks(s, index) * saved / s.vpp + again)
     # The bubble, the stages' time beyond the slowest one's, shrinks by the chunks per stage (vpp).

@@ -1,4 +1,5 @@
-"""Peak memory of one rank: parameters, gradients, optimizer state, activations; the OOM verdict.
+"""Peak memory of one rank: parameters, gradients, optimizer state, activations; the OOM verdict; and
+the optimizer step's memory traffic (:func:`optimizer_step_ms`).
 
 Model states follow the ZeRO paper (Rajbhandari et al. 2020, §5): with ``Ψ`` parameters on a rank,
 fp32 training with Adam holds ``4Ψ`` bytes of parameters, ``4Ψ`` of gradients and ``8Ψ`` of
@@ -100,13 +101,14 @@ def optimizer_step_bytes(params: int, expert_params: int, s: Strategy) -> float:
     return ADAM_STEP_BYTES * (dense / (s.shard or s.data_ranks) + experts / (s.data_ranks // s.ep))
 
 
-def optimizer_step_ms(plan: Plan, stage: StagePlan, device: Device) -> float:
-    """The optimizer step of one rank of ``stage`` (:func:`optimizer_step_bytes`) at the GPU's memory
-    bandwidth: a floor, as a memory-bound pass at the spec-sheet rate is; 0 where it is unknown."""
+def optimizer_step_ms(params: int, expert_params: int, s: Strategy, device: Device) -> float:
+    """The optimizer step of one rank holding ``params`` parameters (:func:`optimizer_step_bytes`) at
+    the GPU's memory bandwidth: a floor, as a memory-bound pass at the spec-sheet rate is; 0 where the
+    bandwidth is unknown (the DRAM floor's convention, :mod:`fxcost.cost_models.eager`)."""
     bandwidth = device.mem_bandwidth_gbps
     if not bandwidth:
         return 0.0
-    return optimizer_step_bytes(stage.params, stage.expert_params, plan.strategy) / (bandwidth * 1e6)
+    return optimizer_step_bytes(params, expert_params, s) / (bandwidth * 1e6)
 
 
 def rank_memory(plan: Plan, stage: StagePlan, capacity_gb: float) -> Memory:

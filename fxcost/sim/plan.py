@@ -49,7 +49,7 @@ from fxcost.sim.comm import Comm
 from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
 from fxcost.sim.layers import in_tp_region, layer_of, layers_of, region_of
 from fxcost.sim.moe import expert_plan, is_expert
-from fxcost.sim.recompute import activations, reruns
+from fxcost.sim.recompute import activations, core_attention, reruns
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_sequence, shard_vocabulary
 from fxcost.sim.strategy import Strategy
@@ -96,7 +96,7 @@ class StagePlan:
     forward: list[Segment]
     backward: list[Segment]
     params: int  # parameters held by one rank of this stage (after tensor parallelism)
-    activation_bytes: float  # saved for backward per micro-batch on one rank (a recomputed layer: its input)
+    activation_bytes: float  # kept for the backward per micro-batch on one rank (fxcost.sim.recompute)
     recompute_bytes: float  # the largest recomputed layer's activations, held while it runs again
     expert_params: int = 0  # of ``params``, the experts' (split over ``ep``; their states over dp*cp/ep)
 
@@ -146,9 +146,8 @@ def compile_plan(
     stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(layers)}
 
     batch_nodes = captured.node_batch(micro, precision)
-    whole_seqlen = seqlen_of(batch_nodes.nodes)
-    attention = attention_nodes(batch_nodes.nodes, whole_seqlen) if whole_seqlen else set()  # by position
-    seqlen = whole_seqlen if s.cp > 1 else None
+    core = core_attention(report.nodes)  # the nodes selective recomputation reruns, by name
+    seqlen = seqlen_of(batch_nodes.nodes) if s.cp > 1 else None
     if s.cp > 1 and not seqlen:
         raise ValueError(f"cp={s.cp} splits the sequence of attention and this step has none; accepted: cp=1")
     if seqlen:  # context parallelism: every node on the rank's part of the sequence
@@ -203,7 +202,7 @@ def compile_plan(
             if n.phase == phase and d is not None
         ]
         in_layers = [i for i, (n, _) in enumerate(ordered) if layer_by_module[n.module]]
-        mms: Counter[str] = Counter()  # a layer's forward mm nodes so far (torchtitan's "ops" policy)
+        linears: Counter[str] = Counter()  # a layer's forward linear products so far (the "ops" policy)
         for i, (node, d) in enumerate(ordered):
             layer = layer_by_module[node.module]
             inherited = False
@@ -249,7 +248,7 @@ def compile_plan(
             if phase == "fw":
                 written = (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written or 0
                 current.saved_bytes += written
-                for policy in reruns(node, d in attention, mms, layer) if layer else ():
+                for policy in reruns(node, (node.graph, node.name) in core, linears, layer) if layer else ():
                     current.rerun_ms[policy] = current.rerun_ms.get(policy, 0.0) + node_ms
                     current.rerun_bytes[policy] = current.rerun_bytes.get(policy, 0.0) + written
             out = batch_nodes.nodes[d].out_shapes if layer and sharded else None  # a row-parallel output is
@@ -263,7 +262,7 @@ def compile_plan(
     assign_chunks(stages, {layer: placed[i][1] for i, layer in enumerate(layers)}, s.vpp)
     add_layer_collectives(stages, params, known, s, itemsize)
     if seqlen:
-        attention_ms: dict[tuple[str, str], float] = {}
+        attention, attention_ms = attention_nodes(batch_nodes.nodes, seqlen), dict[tuple[str, str], float]()
         for n, pos in zip(report.nodes, captured.index, strict=True):
             if pos is not None and pos in attention:
                 key = (layer_by_module[n.module], n.phase)

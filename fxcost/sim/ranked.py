@@ -147,7 +147,7 @@ class PlanSearch:
     def table(self, top: int = 10) -> str:
         """The ``top`` plans as a text table, with the search's counts and times under it."""
         head = (
-            f"{'#':>3} {'plan':54} {'iter ms':>10} {'tokens/s':>10} {'/GPU':>8} {'MFU %':>6} "
+            f"{'#':>3} {'plan':72} {'iter ms':>10} {'tokens/s':>10} {'/GPU':>8} {'MFU %':>6} "
             f"{'GiB/GPU':>8}  verdict"
         )
         lines = [
@@ -159,7 +159,7 @@ class PlanSearch:
             plan = f"{c.strategy},mbs={c.micro_batch}"
             verdict = ("OUT OF MEMORY" if c.oom else "fits") + ("" if c.exact else " (analytic)")
             lines.append(
-                f"{rank:3d} {plan[:54]:54} {c.iteration_ms:10.1f} {c.tokens_per_s:10.0f} "
+                f"{rank:3d} {plan[:72]:72} {c.iteration_ms:10.1f} {c.tokens_per_s:10.0f} "
                 f"{c.tokens_per_s_per_gpu:8.1f} {c.mfu_pct:6.1f} {c.memory_gib:8.1f}  {verdict}"
             )
         fits = sum(not c.oom for c in self.candidates)

@@ -14,26 +14,67 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from fxcost.lowering.attention import ATTENTION_OPS
+from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost
 
 if TYPE_CHECKING:
     from fxcost.sim.plan import Segment
     from fxcost.sim.strategy import Strategy
 
-__all__ = ["activations", "reruns"]
+__all__ = ["FUSED_FORWARD", "LINEAR", "SOFTMAX", "activations", "core_attention", "reruns"]
 
 
-def reruns(node: NodeCost, scores: bool, mms: Counter[str], layer: str) -> tuple[str, ...]:
+FUSED_FORWARD = frozenset(op for op in ATTENTION_OPS if not op.endswith("_backward.default"))
+SOFTMAX = ("aten._softmax.default", "aten._safe_softmax.default")
+LINEAR = ("aten.mm.default", "aten.addmm.default")
+"""A linear layer's product: torchtitan's per-op policy names ``aten.mm``, what its bias-free linears
+run; with a bias the same product is ``addmm``, counted alike."""
+
+
+def core_attention(nodes: Sequence[NodeCost]) -> set[tuple[int, str]]:
+    """The forward nodes of Megatron-LM's core attention, as ``(graph, name)``: each fused attention,
+    and around each softmax over the ``seq x seq`` scores the ops connected to it through tensors of
+    that shape (scaling, masking, dropout, views) up to and including the products that make the scores
+    (``Q K^T``) and use them (``· V``). Followed along the graph's edges, not by shape alone: where the
+    sequence is as long as the width, the hidden states have the scores' trailing shape too."""
+    forward = {(n.graph, n.name): n for n in nodes if n.phase == "fw"}
+    users: defaultdict[tuple[int, str], list[tuple[int, str]]] = defaultdict(list)
+    for key, n in forward.items():
+        for name in n.inputs:
+            users[(n.graph, name)].append(key)
+    core = {key for key, n in forward.items() if n.op in FUSED_FORWARD}
+    for key, n in forward.items():
+        if n.op not in SOFTMAX or not n.in_shapes or len(n.in_shapes[0]) < 2:
+            continue
+        seq = n.in_shapes[0][-1]
+        if n.in_shapes[0][-2] != seq:
+            continue
+        stack = [key]
+        while stack:
+            here = stack.pop()
+            if here in core:
+                continue
+            core.add(here)
+            if forward[here].op in MATMULS and here != key:
+                continue  # a product bounds the scores
+            for near in [*((here[0], name) for name in forward[here].inputs), *users[here]]:
+                m = forward.get(near)
+                if m is not None and (m.op in MATMULS or any(x[-2:] == (seq, seq) for x in m.out_shapes)):
+                    stack.append(near)
+    return core
+
+
+def reruns(node: NodeCost, core: bool, linears: Counter[str], layer: str) -> tuple[str, ...]:
     """The partial recompute policies under which a forward ``node`` of ``layer`` runs again:
-    ``selective`` where it is core attention (``scores``: it reads or writes the ``seq x seq`` scores,
-    or is a fused attention), ``ops`` unless it is a fused attention or an odd-numbered linear product
-    of the layer (``mms`` counts them so far and is updated). torchtitan's list names ``aten.mm``, what
-    its bias-free linears run; a linear with a bias runs the same product as ``addmm``, counted alike."""
-    mm = node.op.removeprefix("aten.") in ("mm.default", "addmm.default")
-    if mm:
-        mms[layer] += 1
-    kept = "scaled_dot_product" in node.op or (mm and mms[layer] % 2 == 1)
-    return (*(("selective",) if scores else ()), *(() if kept else ("ops",)))
+    ``selective`` where it is ``core`` attention (:func:`core_attention`), ``ops`` unless it is a fused
+    attention or an odd-numbered :data:`LINEAR` product of the layer (``linears`` counts them so far and
+    is updated)."""
+    linear = node.op in LINEAR
+    if linear:
+        linears[layer] += 1
+    kept = node.op in FUSED_FORWARD or (linear and linears[layer] % 2 == 1)
+    return (*(("selective",) if core else ()), *(() if kept else ("ops",)))
 
 
 def activations(forward: Sequence[Segment], s: Strategy, boundary: float) -> tuple[float, float]:

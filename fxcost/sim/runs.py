@@ -175,16 +175,18 @@ def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
     for t in mine:
         if t.stream != "compute":
             group[t.args.get("group", "dp")] = group.get(t.args.get("group", "dp"), 0.0) + t.duration_ms
+    # The tail after the rank's other work: its data-parallel collectives and the step between them.
     others = max((t.end_ms for t in mine if t.args.get("group") != "dp"), default=0.0)
-    reduced = max((t.end_ms for t in mine if t.args.get("group") == "dp"), default=0.0)
+    last = max((t.end_ms for t in [*mine, *steps] if t.args.get("group") == "dp" or t in steps), default=0.0)
+    optimizer = sum(t.duration_ms for t in steps)
     parts = {
         "iteration": result.iteration_ms,
         "compute": sum(t.duration_ms for t in mine if t.stream == "compute"),
         "tp": group["tp"],
         "p2p": group["pp"],
         "dp": group["dp"],
-        "dp_exposed": max(reduced - others, 0.0),
-        "optimizer": sum(t.duration_ms for t in steps),
+        "dp_exposed": max(last - others - optimizer, 0.0),
+        "optimizer": optimizer,
     }
     parts["idle"] = result.iteration_ms - sum(parts[k] for k in BREAKDOWN_PARTS[:-1])
     return parts

@@ -186,9 +186,11 @@ def _scaled_iteration(tasks: list[Task], factor: float, gamma: float) -> float:
 
 
 def _scaled(tasks: list[Task], factor: float) -> list[Task]:
-    """Copies of ``tasks`` with every compute task ``factor`` times as long."""
-    return [dataclasses.replace(t, duration_ms=t.duration_ms * (factor if t.stream == "compute" else 1.0),
-                                deps=list(t.deps), args=dict(t.args)) for t in tasks]  # fmt: skip
+    """Copies of ``tasks`` with every compute task ``factor`` times as long, but the optimizer step: a
+    memory pass at the bandwidth, not a kernel the cost models predict."""
+    scaled = [t.stream == "compute" and t.name != OPTIMIZER_STEP for t in tasks]
+    return [dataclasses.replace(t, duration_ms=t.duration_ms * (factor if s else 1.0), deps=list(t.deps),
+                                args=dict(t.args)) for t, s in zip(tasks, scaled, strict=True)]  # fmt: skip
 
 
 def _traced(
@@ -333,7 +335,7 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
     # Each rank steps its optimizer once its last backward is done and its gradients are reduced.
     for st in plan.stages:
         if st.index in last_backward:
-            ms = optimizer_step_ms(plan, st, cluster.device)
+            ms = optimizer_step_ms(st.params, st.expert_params, s, cluster.device)
             deps = [last_backward[st.index], *reduced.get(st.index, [])]
             step = add(Task(OPTIMIZER_STEP, st.index, "compute", ms, deps, {"params": st.params}))
             held = (

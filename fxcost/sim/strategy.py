@@ -115,7 +115,7 @@ class Strategy:
     micro_batches: int = 1
     schedule: Schedule = "1f1b"
     zero: int = 0
-    recompute: Recompute = "none"
+    recompute: Recompute | bool = "none"
     sp: bool = False
     overlap_grad_reduce: bool = True
     modules: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -127,6 +127,16 @@ class Strategy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", recompute_mode(self.recompute))
+        modules = {
+            path: {
+                **settings,
+                "recompute": recompute_mode(settings["recompute"], f"module {path!r}: recompute"),
+            }
+            if "recompute" in settings
+            else dict(settings)
+            for path, settings in self.modules.items()
+        }
+        object.__setattr__(self, "modules", modules)
         for name in ("dp", "tp", "pp", "micro_batches", "ep", "cp", "vpp"):
             positive_int(f"strategy {name}", getattr(self, name))
         if self.schedule not in SCHEDULES:
@@ -163,8 +173,6 @@ class Strategy:
             if unknown:
                 accepted = ", ".join(_MODULE_SETTINGS)
                 raise ValueError(f"module {path!r} sets {sorted(unknown)}; per-module settings: {accepted}")
-            if "recompute" in settings:
-                recompute_mode(settings["recompute"], f"module {path!r}: recompute")
             if settings.get("tp", self.tp) not in (1, self.tp):
                 raise ValueError(
                     f"module {path!r} sets tp={settings['tp']}; a module is split over the strategy's "
@@ -285,6 +293,8 @@ def recompute_mode(value: Any, what: str = "recompute") -> Recompute:
     """
     if isinstance(value, bool):
         return "full" if value else "none"
+    if not isinstance(value, (str, int)):
+        raise ValueError(f"{what} must be one of {', '.join(RECOMPUTE)} (or true/false), got {value!r}")
     word = str(value).strip().lower()
     mode = _RECOMPUTE_WORDS.get(word, word)
     if mode not in RECOMPUTE:

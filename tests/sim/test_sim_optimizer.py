@@ -9,7 +9,7 @@ from fxcost import zoo
 from fxcost.gpus import get_device
 from fxcost.sim import Strategy, simulate
 from fxcost.sim.memory import ADAM_STEP_BYTES, optimizer_step_bytes
-from fxcost.sim.simulator import OPTIMIZER_STEP
+from fxcost.sim.simulator import OPTIMIZER_STEP, _scaled
 
 GPU = "A100-SXM4-40GB"
 
@@ -52,3 +52,15 @@ def test_zero_2_gathers_the_updated_shards_after_the_step(gpt: tuple[object, tup
     (step,) = [t for t in runs[2].tasks if t.name == OPTIMIZER_STEP]
     (gather,) = [t for t in runs[2].tasks if t.args.get("kind") == "all_gather"]
     assert gather.start_ms >= step.end_ms and gather.end_ms == pytest.approx(runs[2].iteration_ms)
+
+
+def test_a_compiled_or_interval_rescaling_leaves_the_step_alone(
+    gpt: tuple[object, tuple[object, ...]],
+) -> None:
+    """The compiled/eager ratio and the interval's factors rescale predicted kernels; the step is a
+    memory pass at the bandwidth, priced apart from them."""
+    model, inputs = gpt
+    result = simulate(model, "dp=1", GPU, example_inputs=inputs, batch=4)
+    for before, after in zip(result.tasks, _scaled(result.tasks, 2.0), strict=True):
+        kernels = before.stream == "compute" and before.name != OPTIMIZER_STEP
+        assert after.duration_ms == before.duration_ms * (2.0 if kernels else 1.0)

@@ -14,12 +14,13 @@ from fxcost.sim import Strategy, simulate
 from fxcost.sim.analytic import Pieces, estimate
 from fxcost.sim.cluster import Cluster
 from fxcost.sim.plan import Plan, compile_plan
+from fxcost.sim.recompute import core_attention
 
-# The head width (16) differs from the sequence (32), so only the scores are seq x seq.
 B, T, D, H, LAYERS, VOCAB = 4, 32, 64, 4, 2, 256
 FP32 = 4
 SCORES = B * H * T * T * FP32  # QK^T, its scaling, the causal mask and the softmax each write these
 CONTEXT = B * H * T * (D // H) * FP32  # the product with V
+MASK = 2 * T * T  # the causal mask built (ones, triu: bool)
 QKV, FC1 = B * T * 3 * D * FP32, B * T * 4 * D * FP32  # the first and third linear of a block
 INPUT = B * T * D * FP32  # a block's input
 
@@ -45,11 +46,20 @@ def test_selective_reruns_the_core_attention_and_keeps_the_rest(
     gpt: tuple[object, tuple[object, ...]],
 ) -> None:
     plain, selective = (_plan(gpt, s).stages[0] for s in ("dp=1", "recompute=selective"))
-    core = 4 * SCORES + CONTEXT
+    core = 4 * SCORES + CONTEXT + MASK
     assert selective.recompute_bytes == core
     assert plain.activation_bytes - selective.activation_bytes == LAYERS * core
     layers = [seg for seg in selective.forward if seg.layer]
     assert len(layers) == LAYERS and all(0 < seg.rerun_ms["selective"] < seg.compute_ms for seg in layers)
+
+
+def test_the_core_attention_is_found_where_the_sequence_is_as_long_as_the_width() -> None:
+    model, inputs = zoo.build("gpt2", B, seq=D, dim=D, heads=H, layers=1, vocab=VOCAB)
+    captured = default_estimator().capture(model, inputs, batch_size=B)
+    core = [n for n in captured.report.nodes if (n.graph, n.name) in core_attention(captured.report.nodes)]
+    scores, context = B * H * D * D * FP32, B * H * D * (D // H) * FP32
+    assert sum(n.bytes_written or 0 for n in core) == 4 * scores + context + 2 * D * D
+    assert {n.module for n in core} == {"blocks.0.attn"}  # no norm, residual or MLP tensor of [B, T, D]
 
 
 def test_ops_keeps_every_other_linear_and_the_input(gpt: tuple[object, tuple[object, ...]]) -> None:
@@ -99,6 +109,11 @@ def test_recompute_spellings() -> None:
     assert (s.recompute_of("blocks.0.attn"), s.recompute_of("blocks.1"), s.recompute_of("")) == (
         "selective", "none", "none",
     )  # fmt: skip
+    assert Strategy(modules={"blocks.0": {"recompute": True}}) == Strategy(
+        modules={"blocks.0": {"recompute": "full"}}
+    )
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        Strategy(recompute=None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="recompute must be one of none, selective, ops, full"):
         Strategy.parse("recompute=attention")
     with pytest.raises(ValueError, match=r"module 'blocks\.0': recompute must be one of"):

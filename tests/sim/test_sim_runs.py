@@ -86,3 +86,14 @@ def test_the_breakdown_adds_up_to_the_iteration(gpt: tuple[Any, Captured]) -> No
         assert parts["optimizer"] > 0
         assert sum(parts[k] for k in BREAKDOWN_PARTS) == pytest.approx(result.iteration_ms)
     assert breakdown(result, 0)["idle"] > 0  # the 1F1B bubble: stage 0 waits for stage 1's backward
+    # ZeRO 2: the step sits between the reduce-scatters and the gather; it counts once, not as dp too.
+    sharded = simulate(model, "dp=2,zero=2", "2xA100-SXM4-80GB", example_inputs=inputs)
+    parts = breakdown(sharded)
+    tasks = {t.name: t for t in sharded.tasks}
+    step = tasks["optimizer step"]
+    after = [t for t in sharded.tasks if t.args.get("group") == "dp" and t.start_ms >= step.end_ms]
+    last_backward = max(t.end_ms for t in sharded.tasks if t.stream == "compute" and t is not step)
+    assert after and parts["optimizer"] == step.duration_ms
+    exposed = (step.start_ms - last_backward) + (after[-1].end_ms - step.end_ms)  # around the step
+    assert parts["dp_exposed"] == pytest.approx(exposed)
+    assert parts["idle"] >= 0

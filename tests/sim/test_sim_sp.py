@@ -13,6 +13,7 @@ from fxcost.gpus import get_device
 from fxcost.sim import Cluster, SimResult, Strategy, collective_ms, simulate
 from fxcost.sim.plan import Plan, compile_plan
 from fxcost.sim.shard import shard_sequence
+from fxcost.sim.simulator import OPTIMIZER_STEP
 
 LAYERS, DIM, SEQ, VOCAB, BATCH = 2, 64, 16, 256, 8
 TOKENS = BATCH * SEQ
@@ -140,7 +141,7 @@ def test_a_tp_heavy_plan_computes_less_and_communicates_as_much_with_sp() -> Non
         simulate(config, spec, "4xA100-SXM4-80GB", batch=8, seqlen=1024) for spec in ("tp=4", "tp=4,sp=1")
     ]
     plain, sp = ({t.name: t.duration_ms for t in r.tasks if t.stream == "compute"} for r in runs)
-    layers = [name for name in plain if "outer" not in name and name != "optimizer step"]
+    layers = [name for name in plain if "outer" not in name and name != OPTIMIZER_STEP]
     assert len(layers) == 4 and all(sp[name] < plain[name] for name in layers)
     assert [plain[name] for name in plain if name not in layers] == [
         sp[name] for name in sp if name not in layers
