@@ -53,7 +53,7 @@ from fxcost.sim.memory import GIB, rank_memory
 from fxcost.sim.plan import compile_plan
 from fxcost.sim.ranked import Candidate, PlanSearch, peak_tflops, spearman
 from fxcost.sim.simulator import GAMMA, _tasks, _traced
-from fxcost.sim.strategy import Strategy
+from fxcost.sim.strategy import RECOMPUTE, Strategy
 from fxcost.zoo.decoders import Decoder, decoder
 
 __all__ = ["DIMENSIONS", "MICRO_SIZES", "Dimension", "Space", "candidates", "plan", "simulate_pieces"]
@@ -125,7 +125,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("pp", lambda space: _powers_of_two(space.gpus), _pp_rule, splits_gpus=True),
     Dimension("micro_batch", lambda space: space.micro_sizes, _batch_rule),
     Dimension("zero", lambda space: (0, 1, 2, 3), _zero_rule),
-    Dimension("recompute", lambda space: ("none", "selective", "full")),
+    Dimension("recompute", lambda space: RECOMPUTE),
     Dimension("sp", lambda space: (False, True), _sp_rule),
     Dimension("vpp", lambda space: (1, 2), _vpp_rule),
 )
