@@ -42,7 +42,7 @@ from fxcost.sim.schedule import chunk_segments, neighbour, run_order, upstream
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import step_collectives
 
-__all__ = ["GAMMA", "OPTIMIZER_STEP", "SimResult", "simulate"]
+__all__ = ["AFTER_STEP", "GAMMA", "OPTIMIZER_STEP", "SimResult", "simulate"]
 
 # Proteus §VI-C's overlap factor: how much longer kernels take while gradients are reduced beside
 # them. Proteus profiles it per machine and model; 0.1 is in the middle of the slowdowns it and
@@ -50,6 +50,7 @@ __all__ = ["GAMMA", "OPTIMIZER_STEP", "SimResult", "simulate"]
 GAMMA = 0.1
 
 OPTIMIZER_STEP = "optimizer step"  # the name of each stage's optimizer-step task
+AFTER_STEP = "gather updated shards"  # and of ZeRO 2's all-gathers after it
 
 
 @dataclass
@@ -59,6 +60,8 @@ class SimResult:
     Attributes:
         iteration_ms: forward and backward of one global batch and the optimizer step after them (a
             fused Adam's traffic at the memory bandwidth, :func:`fxcost.sim.memory.optimizer_step_ms`).
+        forward_backward_ms: the iteration without the optimizer step (and ZeRO 2's gathers after it):
+            what a timer around the forward and backward alone measures.
         batch: the global batch.
         strategy, cluster: what was simulated.
         tasks: every stage's timeline (one representative rank per pipeline stage).
@@ -77,6 +80,7 @@ class SimResult:
     memory: list[Memory]
     collectives: Counter[tuple[str, str, float]] = field(default_factory=Counter)
     interval_ms: tuple[float, float] = (math.nan, math.nan)
+    forward_backward_ms: float = math.nan
 
     @property
     def samples_per_s(self) -> float:
@@ -174,10 +178,14 @@ def simulate(
         eager = captured.cost(cluster.device, micro, parsed).ms
         tasks = _scaled(tasks, step / eager if eager > 0 else 1.0)
     iteration = simulate_tasks(tasks, gamma)
+    forward_backward = max(
+        (t.end_ms for t in tasks if t.name not in (OPTIMIZER_STEP, AFTER_STEP)), default=0.0
+    )
     interval = tuple(_scaled_iteration(tasks, factor, gamma) for factor in plan.compute_interval)
     capacity = cluster.device.memory_gb or float("inf")
     memory = [rank_memory(plan, st, capacity) for st in plan.stages]
-    return SimResult(iteration, batch, strategy, cluster, tasks, memory, collectives, interval)  # type: ignore[arg-type]
+    return SimResult(iteration, batch, strategy, cluster, tasks, memory, collectives, interval,  # type: ignore[arg-type]
+                     forward_backward)  # fmt: skip
 
 
 def _scaled_iteration(tasks: list[Task], factor: float, gamma: float) -> float:
@@ -344,7 +352,8 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
             )
             for count, ranks, group in held:
                 for kind, where, share in step_collectives(s, ranks, group) if count else ():
-                    communicate(Comm(kind, count * plan.itemsize * share, where, "param"), st.index, [step])
+                    c = Comm(kind, count * plan.itemsize * share, where, "param")
+                    communicate(c, st.index, [step], AFTER_STEP)
     return tasks, collectives
 
 

@@ -41,6 +41,7 @@ def test_each_rank_steps_after_its_gradients_are_reduced(gpt: tuple[object, tupl
         reductions = [t for t in result.tasks if t.args.get("group") == "dp"]
         assert reductions and all(step.start_ms >= t.end_ms for t in reductions)
         assert step.end_ms == pytest.approx(result.iteration_ms)
+        assert result.forward_backward_ms == pytest.approx(step.start_ms)  # what a timer of both sees
 
 
 def test_zero_2_gathers_the_updated_shards_after_the_step(gpt: tuple[object, tuple[object, ...]]) -> None:
@@ -52,6 +53,7 @@ def test_zero_2_gathers_the_updated_shards_after_the_step(gpt: tuple[object, tup
     (step,) = [t for t in runs[2].tasks if t.name == OPTIMIZER_STEP]
     (gather,) = [t for t in runs[2].tasks if t.args.get("kind") == "all_gather"]
     assert gather.start_ms >= step.end_ms and gather.end_ms == pytest.approx(runs[2].iteration_ms)
+    assert runs[2].forward_backward_ms == pytest.approx(step.start_ms)
 
 
 def test_a_compiled_or_interval_rescaling_leaves_the_step_alone(
