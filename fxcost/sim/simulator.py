@@ -101,7 +101,8 @@ class SimResult:
         lines = [
             f"{self.strategy} on {c.nodes}x{c.gpus_per_node}x{c.device.name}: "
             f"{self.iteration_ms:.1f} ms per iteration (80% interval {self.interval_ms[0]:.1f}-"
-            f"{self.interval_ms[1]:.1f}), {self.samples_per_s:.1f} samples/s",
+            f"{self.interval_ms[1]:.1f}), {self.samples_per_s:.1f} samples/s; "
+            f"{self.forward_backward_ms:.1f} ms before the optimizer step",
         ]
         lines += [f"  stage {i} memory: {m}" for i, m in enumerate(self.memory)]
         caveat = spec_sheet_caveat(c.device)

@@ -42,6 +42,7 @@ def test_each_rank_steps_after_its_gradients_are_reduced(gpt: tuple[object, tupl
         assert reductions and all(step.start_ms >= t.end_ms for t in reductions)
         assert step.end_ms == pytest.approx(result.iteration_ms)
         assert result.forward_backward_ms == pytest.approx(step.start_ms)  # what a timer of both sees
+        assert f"{result.forward_backward_ms:.1f} ms before the optimizer step" in result.summary()
 
 
 def test_zero_2_gathers_the_updated_shards_after_the_step(gpt: tuple[object, tuple[object, ...]]) -> None:
