@@ -37,8 +37,8 @@ from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
+from fxcost.sim.ranks import groups_of, stage_ranks
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
-from fxcost.sim.simulator import _groups, _stage_ranks
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import step_collectives
 
@@ -137,10 +137,10 @@ def _prices(cluster: Cluster, dp: int, tp: int, pp: int) -> dict[str, tuple[list
     s = Strategy(dp=dp, tp=tp, pp=pp)
     prices = {
         kind: (by_stage[0][0], max(link_sharing([g for stage in by_stage for g in stage], cluster)))
-        for kind, by_stage in _groups(s).items()
+        for kind, by_stage in groups_of(s).items()
         if kind in ("tp", "dp")
     }
-    pairs = [[a, b] for a, b in zip(_stage_ranks(s, 0), _stage_ranks(s, 1), strict=True)] if pp > 1 else [[0]]
+    pairs = [[a, b] for a, b in zip(stage_ranks(s, 0), stage_ranks(s, 1), strict=True)] if pp > 1 else [[0]]
     prices["pp"] = (pairs[0], max(link_sharing(pairs, cluster)))
     return prices
 

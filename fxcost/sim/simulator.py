@@ -38,6 +38,7 @@ from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
+from fxcost.sim.ranks import groups_of, stage_ranks
 from fxcost.sim.schedule import chunk_segments, neighbour, run_order, upstream
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import step_collectives
@@ -239,7 +240,7 @@ def _params_by_module(model: Any) -> dict[str, int]:
 def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str, str, float]]]:
     """The plan as simulator tasks, in each stage's schedule order, and the collectives issued."""
     s = plan.strategy
-    groups = _groups(s)
+    groups = groups_of(s)
     # Groups of one kind run the same collectives at the same time; a stage's simulated group shares
     # its links as the most crowded of the stage's groups does.
     sharing = {kind: link_sharing([g for stage in by_stage for g in stage], cluster)
@@ -256,7 +257,7 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
         """The simulated rank's group for a collective of ``stage`` (with ``peer`` for a pipeline
         send), and how many groups share its links."""
         if group == "pp":  # every rank of the stage sends to its counterpart on the peer stage at once
-            pairs = [[a, b] for a, b in zip(_stage_ranks(s, stage), _stage_ranks(s, peer), strict=True)]
+            pairs = [[a, b] for a, b in zip(stage_ranks(s, stage), stage_ranks(s, peer), strict=True)]
             return pairs[0], max(link_sharing(pairs, cluster))
         if (
             group == "cp"
@@ -356,48 +357,3 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
                     c = Comm(kind, count * plan.itemsize * share, where, "param")
                     communicate(c, st.index, [step], AFTER_STEP)
     return tasks, collectives
-
-
-def _rank(s: Strategy, p: int, d: int, t: int, c: int = 0) -> int:
-    """The rank of stage ``p``, data-parallel replica ``d``, context-parallel rank ``c``, tensor-parallel
-    rank ``t``: Megatron's order (tensor-parallel ranks adjacent, then context-, then data-parallel, then
-    pipeline stages)."""
-    return ((p * s.dp + d) * s.cp + c) * s.tp + t
-
-
-def _stage_ranks(s: Strategy, p: int) -> list[int]:
-    """The ranks of stage ``p``, replica by replica."""
-    return [_rank(s, p, d, t, c) for d in range(s.dp) for c in range(s.cp) for t in range(s.tp)]
-
-
-def _groups(s: Strategy) -> dict[str, list[list[list[int]]]]:
-    """Each stage's groups by kind (``groups[kind][stage]``): tensor-parallel, data-parallel (the ``dp * cp``
-    ranks reducing a gradient), context-parallel rings, expert-parallel (``ep`` consecutive replicas),
-    expert-data-parallel (the replicas holding the same experts), and HSDP's shard and replicate groups;
-    a stage's first group of each kind is its simulated rank's (rank ``_rank(s, stage, 0, 0)``)."""
-    dp, cp, tp, ep = range(s.dp), range(s.cp), range(s.tp), s.ep
-    groups = {
-        "tp": [[[_rank(s, p, d, t, c) for t in tp] for d in dp for c in cp] for p in range(s.pp)],
-        "dp": [[[_rank(s, p, d, t, c) for d in dp for c in cp] for t in tp] for p in range(s.pp)],
-        "cp": [[[_rank(s, p, d, t, c) for c in cp] for d in dp for t in tp] for p in range(s.pp)],
-        "ep": [
-            [
-                [_rank(s, p, g * ep + e, t, c) for e in range(ep)]
-                for g in range(s.dp // ep)
-                for c in cp
-                for t in tp
-            ]
-            for p in range(s.pp)
-        ],
-        "edp": [
-            [[_rank(s, p, d, t, c) for d in dp[e::ep] for c in cp] for e in range(ep) for t in tp]
-            for p in range(s.pp)
-        ],
-    }
-    if s.shard and s.shard < s.dp:  # HSDP: groups of consecutive replicas, and their counterparts across
-        blocks = [range(b, b + s.shard) for b in range(0, s.dp, s.shard)]
-        groups["shard"] = [[[_rank(s, p, d, t) for d in block] for t in range(s.tp) for block in blocks]
-                           for p in range(s.pp)]  # fmt: skip
-        groups["replicate"] = [[[_rank(s, p, block[j], t) for block in blocks] for t in range(s.tp)
-                                for j in range(s.shard)] for p in range(s.pp)]  # fmt: skip
-    return groups

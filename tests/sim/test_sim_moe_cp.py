@@ -13,7 +13,7 @@ from fxcost.estimator import Captured, default_estimator
 from fxcost.gpus import get_device
 from fxcost.sim import Strategy
 from fxcost.sim.plan import Plan, compile_plan
-from fxcost.sim.simulator import _groups
+from fxcost.sim.ranks import groups_of
 from fxcost.zoo.hf import hf_step
 
 FP32 = 4
@@ -140,9 +140,9 @@ def test_context_parallelism_splits_matmuls_on_the_tokens_never_a_weight(gpt: tu
 
 
 def test_gradients_reduce_over_dp_times_cp_and_experts_over_their_replicas() -> None:
-    g = _groups(Strategy(dp=2, cp=2))
+    g = groups_of(Strategy(dp=2, cp=2))
     assert g["dp"] == [[[0, 1, 2, 3]]] and g["cp"] == [[[0, 1], [2, 3]]]
-    g = _groups(Strategy(dp=4, ep=2))
+    g = groups_of(Strategy(dp=4, ep=2))
     assert g["ep"] == [[[0, 1], [2, 3]]] and g["edp"] == [[[0, 2], [1, 3]]]
     mem = fxcost.sim.memory.model_state_bytes(1000, Strategy(dp=2, cp=2).data_ranks, 1)
     assert mem == (4000, 4000, 8000 / 4)
