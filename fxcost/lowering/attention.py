@@ -37,8 +37,8 @@ from fxcost.lowering.nodes import gemm_node
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost, Shape
 
-__all__ = ["ATTENTION_OPS", "AttentionCall", "Backend", "attention_call", "attention_flops", "choose_backend",
-           "lower_attention", "priority"]  # fmt: skip
+__all__ = ["ATTENTION_BACKWARD_OPS", "ATTENTION_OPS", "FLEX_OPS", "AttentionCall", "Backend",
+           "attention_call", "attention_flops", "choose_backend", "lower_attention", "priority"]  # fmt: skip
 
 aten = torch.ops.aten
 
@@ -92,8 +92,14 @@ _FORWARD = _packets(*_KERNELS)
 _BACKWARD = _packets(*(f"{k}_backward" for k in _KERNELS))
 _BACKWARD_NAMES = frozenset(f"{p}.default" for p in _BACKWARD)
 
-ATTENTION_OPS = frozenset(f"{p}.default" for p in (*_FORWARD, *_BACKWARD))
-"""The fused attention ops (canonical names), forward and backward."""
+FLEX_OPS = ("torch.ops.higher_order.flex_attention", "torch.ops.higher_order.flex_attention_backward")
+"""FlexAttention's higher-order ops (``torch.nn.attention.flex_attention``), forward and backward: one
+generated Triton kernel each, FlashAttention-2's tiled online softmax with the user's score and mask
+functions inlined."""
+
+ATTENTION_BACKWARD_OPS = frozenset({*_BACKWARD_NAMES, FLEX_OPS[1]})
+ATTENTION_OPS = frozenset({*(f"{p}.default" for p in (*_FORWARD, *_BACKWARD)), *FLEX_OPS})
+"""The fused attention ops (canonical names), forward and backward (:data:`ATTENTION_BACKWARD_OPS`)."""
 
 # Per op: the kernel it records (None: a CPU kernel, the target chooses), and where its attention
 # mask sits among its tensor inputs with how many tensors it has without one (None: it takes none).
@@ -144,6 +150,20 @@ def _formula(packet: Any, backward: bool) -> Any:
     return formula
 
 
+def _flex_formula(backward: bool) -> Any:
+    """FLOPs of a FlexAttention call, counted dense: a capture's tensors carry no values, so the block
+    mask's skipped blocks are unknown and the count is an upper bound. Queries, keys and values are the
+    op's first three arguments, forward and backward alike."""
+
+    def formula(args: Any, kwargs: Any, out: Any) -> int:
+        q, k, v = (tuple(t.shape) for t in args[:3])
+        return attention_flops(q, k, v, causal=False, backward=backward)
+
+    return formula
+
+
+for _name, _backward in zip(FLEX_OPS, (False, True), strict=True):
+    register_flops(_name, matmul=True)(_flex_formula(_backward))
 for _packet in _FORWARD:
     register_flops(_packet, replace_torch=True, matmul=True)(_formula(_packet, backward=False))
 for _packet in _BACKWARD:
@@ -187,7 +207,9 @@ def attention_call(node: NodeCost) -> AttentionCall | None:
     """The problem of an attention node; None for other ops or inputs of other ranks."""
     if node.op not in ATTENTION_OPS:
         return None
-    backward = node.op in _BACKWARD_NAMES
+    backward = node.op in ATTENTION_BACKWARD_OPS
+    if node.op in FLEX_OPS:
+        return _flex_call(node, backward)
     packet = node.op.split(".")[1]
     forward_name = packet.removesuffix("_backward")
     first = 1 if backward else 0
@@ -208,6 +230,18 @@ def attention_call(node: NodeCost) -> AttentionCall | None:
         dropout=float(node.args.get("dropout_p") or 0.0), backward=backward,
         recorded=_RECORDED.get(forward_name), mask_bytes=mask_bytes,
         mask_heads=mask_heads,
+    )  # fmt: skip
+
+
+def _flex_call(node: NodeCost, backward: bool) -> AttentionCall | None:
+    """A FlexAttention node as the call of the FlashAttention-2 kernel its Triton kernel follows:
+    dense (as its FLOPs are counted), its score and mask functions' own work not counted."""
+    q, k, v = [*node.in_shapes, (), (), ()][:3]
+    if len(q) < 3 or len(k) != len(q) or len(v) != len(q):
+        return None
+    return AttentionCall(
+        batch=math.prod(q[:-3]), heads=q[-3], kv_heads=k[-3], sq=q[-2], sk=k[-2], d=q[-1], dv=v[-1],
+        dtype=node.in_dtypes[0], causal=False, masked=False, dropout=0.0, backward=backward, recorded="flash",
     )  # fmt: skip
 
 

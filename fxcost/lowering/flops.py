@@ -78,6 +78,8 @@ def count_flops(
     symbolic: converting it to an int would add a guard that specializes the graph).
     """
     packet = getattr(op, "overloadpacket", None)
+    if isinstance(op, torch._ops.HigherOrderOperator):  # named as a capture names it
+        packet = f"torch.ops.higher_order.{op}"
     formula = _FORMULAS.get(str(packet)) if packet is not None else None
     if formula is not None:
         return formula(args, kwargs, out)
@@ -99,7 +101,7 @@ def is_matmul_class(op: str) -> bool:
     These are the ops PyTorch's own FLOP registry covers, and the ones tensor cores run.
     """
     packet = op.rsplit(".", 1)[0]
-    return packet in _MATMUL_CLASS or packet in _MATMUL_EXTRA
+    return packet in _MATMUL_CLASS or packet in _MATMUL_EXTRA or op in _MATMUL_EXTRA  # or a higher-order op
 
 
 _MATMUL_CLASS = frozenset(str(packet) for packet in flop_registry)

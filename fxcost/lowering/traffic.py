@@ -18,6 +18,9 @@ __all__ = ["bound_sizes", "has_kernel", "recorded_bytes", "size_hint", "tensor_b
 
 aten = torch.ops.aten
 
+# Higher-order ops that run one generated kernel (FlexAttention's forward and backward).
+_KERNEL_HOPS = frozenset({"flex_attention", "flex_attention_backward"})
+
 # Ops that allocate or alias without running a kernel. Views are found from their schema instead.
 _NO_KERNEL: frozenset[Any] = frozenset(
     {
@@ -48,7 +51,7 @@ def has_kernel(target: Any) -> bool:
         return False
     if isinstance(target, torch._ops.OpOverload):
         return not target.is_view
-    return False
+    return isinstance(target, torch._ops.HigherOrderOperator) and str(target) in _KERNEL_HOPS
 
 
 def tensor_bytes(t: torch.Tensor) -> int | torch.SymInt:

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from fxcost.lowering.attention import ATTENTION_OPS
+from fxcost.lowering.attention import ATTENTION_BACKWARD_OPS, ATTENTION_OPS
 from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["FUSED_FORWARD", "LINEAR", "SOFTMAX", "activations", "core_attention", "reruns"]
 
 
-FUSED_FORWARD = frozenset(op for op in ATTENTION_OPS if not op.endswith("_backward.default"))
+FUSED_FORWARD = ATTENTION_OPS - ATTENTION_BACKWARD_OPS
 SOFTMAX = ("aten._softmax.default", "aten._safe_softmax.default")
 LINEAR = ("aten.mm.default", "aten.addmm.default")
 """A linear layer's product: torchtitan's per-op policy names ``aten.mm``, what its bias-free linears

@@ -18,6 +18,7 @@ from fxcost.cost_models.heads import LOWERED, Heads, default_heads, head_of
 from fxcost.gpus import get_device
 from fxcost.lowering import count_flops, is_matmul_class
 from fxcost.lowering.attention import (
+    ATTENTION_BACKWARD_OPS,
     ATTENTION_OPS,
     AttentionCall,
     Backend,
@@ -67,7 +68,7 @@ def test_every_attention_op_is_matmul_class_and_lowered(op: str) -> None:
     work = lower_attention(node)
     assert all(n.op == "aten.bmm.default" and count == 1 for n, count in work)
     flops = sum(n.flops or 0 for n, _ in work)
-    backward = op.endswith("backward.default")
+    backward = op in ATTENTION_BACKWARD_OPS
     assert len(work) == (5 if backward else 2)
     assert flops == attention_flops((B, H, SQ, D), (B, H, SK, D), (B, H, SK, D), False, backward)
 
@@ -502,3 +503,24 @@ def test_fused_attention_is_priced_in_gpu_order(load_script) -> None:
             kernel_a = a[known] - hidden_overhead_ms(strong)
             kernel_b = b[known] - hidden_overhead_ms(weak)
             assert (kernel_a <= kernel_b * (1 + 1e-9) + 1e-12).all(), (strong.name, weak.name)
+
+
+def test_flex_attention_is_priced_as_the_flash_kernel_its_triton_kernel_follows() -> None:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.randn(2, 8, 512, 64, dtype=torch.bfloat16)
+    flex, sdpa = (
+        fxcost.profile(f, (q,), train=False, devices=["A100-SXM4-80GB"])
+        for f in (lambda x: flex_attention(x, x, x), lambda x: F.scaled_dot_product_attention(x, x, x))
+    )
+    (node,) = [n for n in flex.nodes if n.op == "torch.ops.higher_order.flex_attention"]
+    assert node.has_kernel and is_matmul_class(node.op)
+    assert node.flops == attention_flops(q.shape, q.shape, q.shape, causal=False, backward=False)  # dense
+    (fused,) = [n for n in sdpa.nodes if n.op in ATTENTION_OPS]
+    assert node.pred_ms["A100-SXM4-80GB"] == pytest.approx(fused.pred_ms["A100-SXM4-80GB"])  # both flash
+    assert flex.coverage("A100-SXM4-80GB") == 1.0
+    backward = NodeCost("bw", "torch.ops.higher_order.flex_attention_backward", "bw",
+                        in_shapes=[(2, 8, 512, 64)] * 3 + [(2, 8, 512, 64), (2, 8, 512)],
+                        in_dtypes=["bfloat16"] * 5)  # fmt: skip
+    call = attention_call(backward)
+    assert call is not None and (call.backward, call.recorded, call.sq, call.d) == (True, "flash", 512, 64)
