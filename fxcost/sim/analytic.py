@@ -38,6 +38,7 @@ from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.ranks import groups_of, stage_ranks
+from fxcost.sim.recompute import KEEPS_INPUT, rerun_bytes
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import step_collectives
@@ -231,10 +232,11 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
             states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
         # As fxcost.sim.recompute.activations: a layer keeps what it does not rerun, and its input where
         # it reruns its first ops.
-        rerun = [pieces.forward[x].saved_bytes if policy[x] == "full" else
-                 pieces.forward[x].rerun_bytes.get(policy[x], 0.0) for x in mine]  # fmt: skip
+        rerun = [
+            rerun_bytes(policy[x], pieces.forward[x].saved_bytes, pieces.forward[x].rerun_bytes) for x in mine
+        ]
         saved = sum(pieces.forward[x].saved_bytes for x in outer + mine) - sum(rerun)
-        saved += plan.boundary_bytes * sum(policy[x] in ("full", "ops") for x in mine)
+        saved += plan.boundary_bytes * sum(policy[x] in KEEPS_INPUT for x in mine)
         again = max(rerun, default=0.0)
         peak = max(peak, states + in_flight_chunks(s, index) * saved / s.vpp + again)
     # The bubble, the stages' time beyond the slowest one's, shrinks by the chunks per stage (vpp).

@@ -41,6 +41,7 @@ __all__ = [
     "optimizer_step_bytes",
     "optimizer_step_ms",
     "rank_memory",
+    "state_groups",
 ]
 
 GIB = 1024**3
@@ -91,14 +92,25 @@ read and written (24), the half gradient read and the half parameter written (4)
 ``foreach`` Adam passes over the states several times: more."""
 
 
+def state_groups(s: Strategy, params: int, expert_params: int) -> tuple[tuple[int, int, str], ...]:
+    """A rank's ``params`` parameters (of them ``expert_params`` experts') by how their states are
+    held: (parameters, the ranks their ZeRO states are sharded over, the group reducing their
+    gradients), dense ones first (over ``dp * cp``, or HSDP's ``shard``), then the experts' (over the
+    ``dp * cp / ep`` replicas holding the same experts)."""
+    return (
+        (params - expert_params, s.shard or s.data_ranks, "dp"),
+        (expert_params, s.data_ranks // s.ep, "edp"),
+    )
+
+
 def optimizer_step_bytes(params: int, expert_params: int, s: Strategy) -> float:
     """DRAM bytes one rank's optimizer step moves for a stage of ``params`` parameters per rank (of them
     ``expert_params`` experts'): :data:`ADAM_STEP_BYTES` for each parameter it updates, all it holds
-    under ZeRO 0, its ``1 / ranks`` share of them from ZeRO 1 (the ranks its states are sharded over)."""
-    if s.zero == 0:
-        return ADAM_STEP_BYTES * params
-    dense, experts = params - expert_params, expert_params
-    return ADAM_STEP_BYTES * (dense / (s.shard or s.data_ranks) + experts / (s.data_ranks // s.ep))
+    under ZeRO 0, its ``1 / ranks`` share of them from ZeRO 1 (:func:`state_groups`)."""
+    return sum(
+        ADAM_STEP_BYTES * count / (ranks if s.zero else 1)
+        for count, ranks, _ in state_groups(s, params, expert_params)
+    )
 
 
 def optimizer_step_ms(params: int, expert_params: int, s: Strategy, device: Device) -> float:
@@ -118,9 +130,9 @@ def rank_memory(plan: Plan, stage: StagePlan, capacity_gb: float) -> Memory:
     two layers' parameters are held whole (the one computing and the one prefetched) and one layer's
     gradients before they are reduce-scattered."""
     s = plan.strategy
-    half = plan.itemsize == 2  # expert parameters' states are sharded over the ranks holding the same experts
-    dense = model_state_bytes(stage.params - stage.expert_params, s.shard or s.data_ranks, s.zero, half)
-    experts = model_state_bytes(stage.expert_params, s.data_ranks // s.ep, s.zero, half)
+    half = plan.itemsize == 2
+    dense, experts = (model_state_bytes(count, ranks, s.zero, half)
+                      for count, ranks, _ in state_groups(s, stage.params, stage.expert_params))  # fmt: skip
     p, g, o = (a + b for a, b in zip(dense, experts, strict=True))
     activations = in_flight_chunks(s, stage.index) * stage.activation_bytes / s.vpp + stage.recompute_bytes
     segments = stage.forward + stage.backward

@@ -11,7 +11,7 @@ for :mod:`fxcost.sim.memory`.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fxcost.lowering.attention import ATTENTION_BACKWARD_OPS, ATTENTION_OPS
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from fxcost.sim.plan import Segment
     from fxcost.sim.strategy import Strategy
 
-__all__ = ["FUSED_FORWARD", "LINEAR", "SOFTMAX", "activations", "core_attention", "reruns"]
+__all__ = ["FUSED_FORWARD", "KEEPS_INPUT", "LINEAR", "SOFTMAX", "activations", "core_attention",
+           "rerun_bytes", "reruns"]  # fmt: skip
 
 
 FUSED_FORWARD = ATTENTION_OPS - ATTENTION_BACKWARD_OPS
@@ -77,17 +78,26 @@ def reruns(node: NodeCost, core: bool, linears: Counter[str], layer: str) -> tup
     return (*(("selective",) if core else ()), *(() if kept else ("ops",)))
 
 
+KEEPS_INPUT = frozenset({"full", "ops"})
+"""The policies that rerun a layer's first ops, so that it keeps its input."""
+
+
+def rerun_bytes(policy: str, written: float, partial: Mapping[str, float]) -> float:
+    """What a layer (or part of one) that wrote ``written`` bytes writes again under ``policy``: all of
+    it (``full``), its partial policy's share (``partial``: ``Segment.rerun_bytes``), or nothing."""
+    return written if policy == "full" else partial.get(policy, 0.0)
+
+
 def activations(forward: Sequence[Segment], s: Strategy, boundary: float) -> tuple[float, float]:
     """Bytes a stage of these ``forward`` segments keeps for the backward per micro-batch under ``s``'s
     recomputation, and the most a recomputed layer writes again while it reruns (held until its
     backward has used it). A layer keeps what it does not rerun, and its input (``boundary`` bytes) where
-    it reruns its first ops (``full``, ``ops``)."""
+    it reruns its first ops (:data:`KEEPS_INPUT`)."""
     written: defaultdict[str, float] = defaultdict(float)
     rerun: defaultdict[str, float] = defaultdict(float)
     for seg in forward:
         written[seg.layer] += seg.saved_bytes
-        policy = s.recompute_of(seg.layer)
-        rerun[seg.layer] += seg.saved_bytes if policy == "full" else seg.rerun_bytes.get(policy, 0.0)
+        rerun[seg.layer] += rerun_bytes(s.recompute_of(seg.layer), seg.saved_bytes, seg.rerun_bytes)
     kept = sum(written[layer] - rerun[layer] for layer in written)
-    kept += boundary * sum(s.recompute_of(layer) in ("full", "ops") for layer in written)
+    kept += boundary * sum(s.recompute_of(layer) in KEEPS_INPUT for layer in written)
     return kept, max(rerun.values(), default=0.0)

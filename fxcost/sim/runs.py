@@ -177,7 +177,8 @@ def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
             group[t.args.get("group", "dp")] = group.get(t.args.get("group", "dp"), 0.0) + t.duration_ms
     # The tail after the rank's other work: its data-parallel collectives and the step between them.
     others = max((t.end_ms for t in mine if t.args.get("group") != "dp"), default=0.0)
-    last = max((t.end_ms for t in [*mine, *steps] if t.args.get("group") == "dp" or t in steps), default=0.0)
+    reduced = [t for t in mine if t.args.get("group") == "dp"]
+    last = max((t.end_ms for t in (*reduced, *steps)), default=0.0)
     optimizer = sum(t.duration_ms for t in steps)
     parts = {
         "iteration": result.iteration_ms,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ from fxcost.propagate import check_execution
 from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.deepen import deepen
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
-from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory
+from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory, state_groups
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.ranks import groups_of, stage_ranks
@@ -286,15 +286,15 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
     gradients: list[tuple[int, Comm, int]] = []  # (stage, reduction, the backward task it follows)
     last_backward: dict[int, int] = {}
     for st in plan.stages:
-        recomputed: dict[str, float] = {}  # a layer's forward ms it runs again before its backward
-        rerun: dict[str, list[Comm]] = {}  # and the tensor-parallel collectives they issue (full)
+        recomputed: defaultdict[str, float] = defaultdict(float)  # the forward ms a layer runs again
+        rerun: defaultdict[str, list[Comm]] = defaultdict(list)  # and its tensor-parallel collectives (full)
         for seg in st.forward:
             policy = s.recompute_of(seg.layer)
             if policy == "full":
-                recomputed[seg.layer] = recomputed.get(seg.layer, 0.0) + host_bound(seg)
-                rerun[seg.layer] = rerun.get(seg.layer, []) + seg.inside
+                recomputed[seg.layer] += host_bound(seg)
+                rerun[seg.layer] += seg.inside
             elif seg.rerun_ms.get(policy):
-                recomputed[seg.layer] = recomputed.get(seg.layer, 0.0) + seg.rerun_ms[policy]
+                recomputed[seg.layer] += seg.rerun_ms[policy]
         chunks = chunk_segments(st, s.vpp)
         ahead: list[int] = []  # what the latest compute task waited for: a prefetch may start then
         for direction, chunk, m in run_order(s, st.index):
@@ -314,7 +314,7 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
                 if seg.layer in again:
                     again.discard(seg.layer)
                     duration += recomputed[seg.layer]
-                    inside = rerun.get(seg.layer, []) + inside
+                    inside = rerun[seg.layer] + inside
                 ahead = list(deps)
                 prev = add(Task(f"{direction}{m} {seg.layer or 'outer'}", st.index, "compute", duration, deps,
                                 {"micro_batch": m, "ops": seg.ops, "chunk": chunk}))  # fmt: skip
@@ -348,11 +348,7 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
             ms = optimizer_step_ms(st.params, st.expert_params, s, cluster.device)
             deps = [last_backward[st.index], *reduced.get(st.index, [])]
             step = add(Task(OPTIMIZER_STEP, st.index, "compute", ms, deps, {"params": st.params}))
-            held = (
-                (st.params - st.expert_params, s.data_ranks, "dp"),
-                (st.expert_params, s.data_ranks // s.ep, "edp"),
-            )
-            for count, ranks, group in held:
+            for count, ranks, group in state_groups(s, st.params, st.expert_params):
                 for kind, where, share in step_collectives(s, ranks, group) if count else ():
                     c = Comm(kind, count * plan.itemsize * share, where, "param")
                     communicate(c, st.index, [step], AFTER_STEP)

@@ -127,15 +127,10 @@ class Strategy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", recompute_mode(self.recompute))
-        modules = {
-            path: {
-                **settings,
-                "recompute": recompute_mode(settings["recompute"], f"module {path!r}: recompute"),
-            }
-            if "recompute" in settings
-            else dict(settings)
-            for path, settings in self.modules.items()
-        }
+        modules = {path: dict(settings) for path, settings in self.modules.items()}
+        for path, own in modules.items():
+            if "recompute" in own:
+                own["recompute"] = recompute_mode(own["recompute"], f"module {path!r}: recompute")
         object.__setattr__(self, "modules", modules)
         for name in ("dp", "tp", "pp", "micro_batches", "ep", "cp", "vpp"):
             positive_int(f"strategy {name}", getattr(self, name))
@@ -207,7 +202,7 @@ class Strategy:
     def recompute_of(self, module: str) -> Recompute:
         """What ``module`` recomputes (:data:`RECOMPUTE`): the setting of its closest configured ancestor
         (itself included), else the strategy's; ``"none"`` outside the layers (``module`` empty)."""
-        return recompute_mode(self._setting(module, "recompute", self.recompute)) if module else "none"
+        return self._setting(module, "recompute", self.recompute) if module else "none"  # normalized
 
     def tp_of(self, module: str) -> int:
         """How many ranks split ``module``: the strategy's ``tp``, or 1 where a module (or an
