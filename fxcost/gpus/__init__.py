@@ -32,16 +32,29 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from fxcost.gpus.fallbacks import (
+    BANDWIDTH_FRACTIONS,
+    DEFAULT_FLOOR_MS,
+    DEFAULT_OVERHEAD_MS,
+    FALLBACK_SOURCES,
+    bandwidth_fraction,
+    bandwidth_source,
+    memory_family,
+)
+
 __all__ = [
+    "BANDWIDTH_FRACTIONS",
     "DEFAULT_DEVICES",
     "HELD_OUT_DEVICES",
     "Device",
     "DeviceFileError",
     "UnknownDeviceError",
     "all_devices",
+    "bandwidth_fraction",
     "device_names",
     "get_device",
     "load_devices",
+    "memory_family",
 ]
 
 DEFAULT_DEVICES: tuple[str, ...] = ("H100-SXM", "A100-SXM4-80GB", "L4")
@@ -110,6 +123,7 @@ class Device:
     # 2 for bridged pairs of PCIe cards, None where every GPU of a node has a switched port.
     nvlink_domain: int | None = None
     calibration_source: str = ""
+    memory_type: str = ""  # HBM2e, GDDR6X...: what a GPU never calibrated achieves of its spec follows it
     aliases: tuple[str, ...] = ()
     sources: str = ""
     uncertain: frozenset[str] = field(default_factory=frozenset)
@@ -118,12 +132,13 @@ class Device:
 
     @property
     def bandwidth_gbps(self) -> float | None:
-        """Achieved DRAM bandwidth: calibrated where measured, else the spec times a typical fraction."""
+        """Achieved DRAM bandwidth: calibrated where measured, else the spec times the share the
+        calibrated GPUs of its memory technology achieve (:func:`bandwidth_fraction`)."""
         if self.achieved_bandwidth_gbps is not None:
             return self.achieved_bandwidth_gbps
         if self.mem_bandwidth_gbps is None:
             return None
-        return self.mem_bandwidth_gbps * DEFAULT_BANDWIDTH_FRACTION
+        return self.mem_bandwidth_gbps * bandwidth_fraction(self.memory_type)
 
     @property
     def l2_bytes(self) -> float | None:
@@ -148,29 +163,14 @@ class Device:
                       "floor_ms": "launch_floor_ms"}.get(name, name)  # fmt: skip
             if getattr(self, stored) is not None:
                 return self.calibration_source
-            return _FALLBACK_SOURCES[stored]
+            if stored == "achieved_bandwidth_gbps":
+                return bandwidth_source(self.memory_type)
+            return FALLBACK_SOURCES[stored]
         if name in _OCCUPANCY_FIELDS:
             return f"CUDA occupancy calculator, compute capability {self.compute_capability}"
         if name not in {f.name for f in dataclasses.fields(self)}:
             raise ValueError(f"Device has no field {name!r}")
         return self.sources + (" (unconfirmed)" if name in self.uncertain else "")
-
-
-# Fallbacks for GPUs never calibrated; the calibrated values come from
-# `python benchmarks/calibrate_devices.py --data ../shared/data --write` (training GPUs only).
-# The fraction is the mean of achieved/spec over the calibrated GPUs (0.76-0.95); overhead and floor
-# are their medians.
-DEFAULT_BANDWIDTH_FRACTION = 0.83
-DEFAULT_OVERHEAD_MS = 0.018
-DEFAULT_FLOOR_MS = 0.030
-_FALLBACK_SOURCES = {
-    "achieved_bandwidth_gbps": f"default: {DEFAULT_BANDWIDTH_FRACTION} x spec bandwidth "
-    "(mean achieved/spec of the calibrated GPUs)",
-    "kernel_overhead_ms": f"default: {DEFAULT_OVERHEAD_MS} ms (median of the calibrated GPUs)",
-    "launch_floor_ms": f"default: {DEFAULT_FLOOR_MS} ms (median of the calibrated GPUs)",
-    "dot_bf16_tflops": "not calibrated: the bf16 peak times the share of its peaks the GPU sustains",
-    "dot_fp16_tflops": "not calibrated: the fp16 peak times the share of its peaks the GPU sustains",
-}
 
 
 # CSV column -> Device field, for the columns whose names differ.
@@ -181,9 +181,8 @@ _RENAMED = {
     "bf16_tensor_tflops_dense": "bf16_tflops",
     "cloud_price_usd_per_hr": "price_usd_per_hr",
 }
-_TEXT_FIELDS = {
-    "name", "full_name", "vendor", "architecture", "compute_capability", "sources", "calibration_source"
-}  # fmt: skip
+_TEXT_FIELDS = {"name", "full_name", "vendor", "architecture", "compute_capability", "sources",
+                "calibration_source", "memory_type"}  # fmt: skip
 _OCCUPANCY_FIELDS = {
     "max_threads_per_block", "reg_alloc_unit", "smem_alloc_unit_bytes", "smem_reserved_per_block_bytes",
 }  # fmt: skip
@@ -214,7 +213,7 @@ def _row_to_device(row: dict[str, str]) -> Device:
     values: dict[str, object] = {}
     uncertain = set()
     for column, text in row.items():
-        if column in {"key", "aliases", "memory_type"}:
+        if column in {"key", "aliases"}:
             continue
         name = _RENAMED.get(column, column)
         if name in _TEXT_FIELDS:

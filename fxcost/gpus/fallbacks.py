@@ -1,0 +1,42 @@
+"""What fxcost takes for a GPU nobody calibrated: the fallbacks of the calibration columns.
+
+The calibrated values come from ``python benchmarks/calibrate_devices.py --data ../shared/data
+--write`` (training GPUs only). Overhead and floor are the calibrated GPUs' medians; the bandwidth
+fractions their mean achieved over spec DRAM bandwidth, by memory technology: stacked HBM beside the
+die reaches more of its spec than GDDR's board-level channels (HBM: P100 0.76, V100 0.95, A100 0.92;
+GDDR: P4 and T4 0.75; ``tests/gpus/test_gpus_fallbacks.py`` checks them against the table), and a GPU
+of another technology takes all five's mean. On the lent GPUs' own measurements (held out, not fit):
+an H100 SXM achieved 0.89 of its spec and an H200 0.85 (``benchmarks/fixtures/gpu/*/calibration.yaml``).
+"""
+
+from __future__ import annotations
+
+BANDWIDTH_FRACTIONS = {"HBM": 0.873, "GDDR": 0.754}
+DEFAULT_BANDWIDTH_FRACTION = 0.826
+DEFAULT_OVERHEAD_MS = 0.018
+DEFAULT_FLOOR_MS = 0.030
+
+
+def memory_family(memory_type: str | None) -> str | None:
+    """``"HBM"`` or ``"GDDR"`` for a memory type of the table (``HBM2e``, ``GDDR6X``...), else None."""
+    return next((f for f in BANDWIDTH_FRACTIONS if (memory_type or "").upper().startswith(f)), None)
+
+
+def bandwidth_fraction(memory_type: str | None) -> float:
+    """The share of its spec DRAM bandwidth a GPU nobody calibrated is taken to achieve."""
+    return BANDWIDTH_FRACTIONS.get(memory_family(memory_type) or "", DEFAULT_BANDWIDTH_FRACTION)
+
+
+def bandwidth_source(memory_type: str | None) -> str:
+    """Where the bandwidth of a GPU nobody calibrated comes from."""
+    family = memory_family(memory_type)
+    return (f"default: {bandwidth_fraction(memory_type):.3f} x spec bandwidth (mean achieved/spec of the "
+            f"calibrated {family or 'all'} GPUs)")  # fmt: skip
+
+
+FALLBACK_SOURCES = {
+    "kernel_overhead_ms": f"default: {DEFAULT_OVERHEAD_MS} ms (median of the calibrated GPUs)",
+    "launch_floor_ms": f"default: {DEFAULT_FLOOR_MS} ms (median of the calibrated GPUs)",
+    "dot_bf16_tflops": "not calibrated: the bf16 peak times the share of its peaks the GPU sustains",
+    "dot_fp16_tflops": "not calibrated: the fp16 peak times the share of its peaks the GPU sustains",
+}
