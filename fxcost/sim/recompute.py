@@ -11,7 +11,7 @@ for :mod:`fxcost.sim.memory`.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fxcost.lowering.attention import ATTENTION_BACKWARD_OPS, ATTENTION_OPS
@@ -19,11 +19,11 @@ from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost
 
 if TYPE_CHECKING:
-    from fxcost.sim.plan import Segment
+    from fxcost.sim.plan import Comm, Segment
     from fxcost.sim.strategy import Strategy
 
 __all__ = ["FUSED_FORWARD", "KEEPS_INPUT", "LINEAR", "SOFTMAX", "activations", "core_attention",
-           "rerun_bytes", "reruns"]  # fmt: skip
+           "rerun_bytes", "rerun_collectives", "reruns"]  # fmt: skip
 
 
 FUSED_FORWARD = ATTENTION_OPS - ATTENTION_BACKWARD_OPS
@@ -80,6 +80,19 @@ def reruns(node: NodeCost, core: bool, linears: Counter[str], layer: str) -> tup
 
 KEEPS_INPUT = frozenset({"full", "ops"})
 """The policies that rerun a layer's first ops, so that it keeps its input."""
+
+
+def rerun_collectives(policy: str, inside: Iterable[Comm]) -> list[Comm]:
+    """The collectives of a layer's forward (``inside``: ``Segment.inside``) that run again with it under
+    ``policy``: all of them (``full``); under ``ops`` the tensor-parallel all-gathers of sequence
+    parallelism, whose outputs torchtitan's per-op policy does not save (it saves reduce-scatters') and
+    each linear it feeds needs again for its weight's gradient; none under ``selective``, whose core
+    attention runs between the collectives."""
+    if policy == "full":
+        return list(inside)
+    if policy == "ops":
+        return [c for c in inside if c.kind == "all_gather" and c.group == "tp"]
+    return []
 
 
 def rerun_bytes(policy: str, written: float, partial: Mapping[str, float]) -> float:

@@ -39,6 +39,7 @@ from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory, state_grou
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.ranks import groups_of, stage_ranks
+from fxcost.sim.recompute import rerun_collectives
 from fxcost.sim.schedule import chunk_segments, neighbour, run_order, upstream
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import step_collectives
@@ -287,14 +288,13 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
     last_backward: dict[int, int] = {}
     for st in plan.stages:
         recomputed: defaultdict[str, float] = defaultdict(float)  # the forward ms a layer runs again
-        rerun: defaultdict[str, list[Comm]] = defaultdict(list)  # and its tensor-parallel collectives (full)
+        rerun: defaultdict[str, list[Comm]] = defaultdict(list)  # and the collectives it runs again
         for seg in st.forward:
             policy = s.recompute_of(seg.layer)
-            if policy == "full":
-                recomputed[seg.layer] += host_bound(seg)
-                rerun[seg.layer] += seg.inside
-            elif seg.rerun_ms.get(policy):
-                recomputed[seg.layer] += seg.rerun_ms[policy]
+            if policy == "none":
+                continue
+            recomputed[seg.layer] += host_bound(seg) if policy == "full" else seg.rerun_ms.get(policy, 0.0)
+            rerun[seg.layer] += rerun_collectives(policy, seg.inside)
         chunks = chunk_segments(st, s.vpp)
         ahead: list[int] = []  # what the latest compute task waited for: a prefetch may start then
         for direction, chunk, m in run_order(s, st.index):

@@ -118,3 +118,27 @@ def test_recompute_spellings() -> None:
         Strategy.parse("recompute=attention")
     with pytest.raises(ValueError, match=r"module 'blocks\.0': recompute must be one of"):
         Strategy(modules={"blocks.0": {"recompute": "some"}})
+
+
+def _gathers(result: fxcost.sim.SimResult) -> int:
+    return sum(t.name == "all_gather tp" for t in result.tasks)
+
+
+def test_ops_gathers_the_sequence_again_under_sequence_parallelism(
+    gpt: tuple[object, tuple[object, ...]],
+) -> None:
+    """torchtitan's per-op policy saves the reduce-scatters' outputs, not the all-gathers': each linear a
+    gather feeds (qkv, fc1) needs the whole sequence again for its weight's gradient, so the gathers run
+    again; Megatron's selective recomputation reruns none (its core attention runs between them)."""
+    model, inputs = gpt
+    cluster = Cluster.parse("2xA100-SXM4-40GB")
+    pieces = Pieces.of(_plan(gpt, "tp=2,sp=1"), fxcost.sim.simulator._params_by_module(model))
+    results = {}
+    for policy in ("none", "selective", "ops", "full"):
+        s = Strategy.parse(f"tp=2,sp=1,recompute={policy}")
+        results[policy] = simulate(model, s, cluster, example_inputs=inputs, batch=B)
+        fast = estimate(pieces, s, LAYERS, cluster)
+        assert fast.iteration_ms == pytest.approx(results[policy].iteration_ms, rel=0.02), policy
+    gathers = {policy: _gathers(result) for policy, result in results.items()}
+    assert gathers["selective"] == gathers["none"]
+    assert gathers["ops"] == gathers["full"] == gathers["none"] + 2 * LAYERS  # one before qkv, one before fc1
