@@ -15,7 +15,9 @@ grid search on cross-GPU pairs of the training rows with many waves (B >= 8192, 
     python benchmarks/calibrate_devices.py --data ../shared/data [--write]
 
 With ``--write`` the values go into fxcost/gpus/gpus.csv with their source.
-Last line: ``calibrated=N bandwidth_fraction_mean=..``
+Last line: ``calibrated=N bandwidth_fraction_mean=.. bandwidth_fraction_hbm=.. bandwidth_fraction_gddr=..``
+(the fallbacks of :mod:`fxcost.gpus.fallbacks`, which are these means over the table's whole GB/s, and
+may differ in the third decimal from the unrounded fits printed here)
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from fxcost.data.datasets import ELEMENTWISE, read_ops
-from fxcost.gpus import HELD_OUT_DEVICES, get_device
+from fxcost.gpus import BANDWIDTH_FRACTIONS, HELD_OUT_DEVICES, get_device, memory_family
 
 LARGE, TINY = 2**20, 4096
 TABLE = Path(__file__).resolve().parents[1] / "fxcost" / "gpus" / "gpus.csv"
@@ -63,8 +65,14 @@ def main() -> int:
     if args.write:
         _write(fits, args.data)
     print(f"L2 ramp fit on training rows: {_fit_l2_ramp(args.data)} (wave_scaling.L2_RAMP)")
-    fractions = [fits[d][0] / get_device(d).mem_bandwidth_gbps for d in fits]
-    print(f"calibrated={len(fits)} bandwidth_fraction_mean={np.mean(fractions):.3f} "
+    fractions = {d: fits[d][0] / get_device(d).mem_bandwidth_gbps for d in fits}
+    family_of = {d: memory_family(get_device(d).memory_type) for d in fits}
+    by_family = {  # fxcost.gpus.BANDWIDTH_FRACTIONS: a GPU nobody calibrated takes its technology's
+        family: np.mean([f for d, f in fractions.items() if family_of[d] == family])
+        for family in BANDWIDTH_FRACTIONS
+    }
+    print(f"calibrated={len(fits)} bandwidth_fraction_mean={np.mean(list(fractions.values())):.3f} "
+          + " ".join(f"bandwidth_fraction_{family.lower()}={f:.3f}" for family, f in by_family.items()) + " "
           f"overhead_median_ms={np.median([f[1] for f in fits.values()]):.4f} "
           f"floor_median_ms={np.median([f[2] for f in fits.values()]):.4f}")  # fmt: skip
     return 0
