@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from fxcost.data.datasets import ELEMENTWISE, read_ops
-from fxcost.gpus import BANDWIDTH_FRACTIONS, HELD_OUT_DEVICES, get_device, memory_family
+from fxcost.gpus import HELD_OUT_DEVICES, get_device
+from fxcost.gpus.fallbacks import BANDWIDTH_FRACTIONS, memory_family
 
 LARGE, TINY = 2**20, 4096
 TABLE = Path(__file__).resolve().parents[1] / "fxcost" / "gpus" / "gpus.csv"

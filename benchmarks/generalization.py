@@ -50,7 +50,7 @@ from fxcost.cost_models.heads.sustained import load_gemm_fit
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import data_root, read_model_runs, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
-from fxcost.gpus.calibration import uncalibrated
+from fxcost.gpus.holdout import uncalibrated
 from fxcost.train.heads import TrainConfig, split, train
 
 NAMES = {"linear": "fc", "bmm": "bmm", "conv": "conv", "ew": "ew", "ln": "ln", "softmax": "softmax"}

@@ -7,8 +7,9 @@ and kernel metadata (the row's grid and block) with, in the same run:
 - ``fxcost``: Equation 1 on the part above the origin's per-op overhead, plus the destination's
   overhead, at least its launch floor (fxcost's default wave scaling);
 - ``fxcost_heldout``: the same with the destination's calibration (achieved bandwidth, per-op
-  overhead, launch floor) taken from the *other* calibrated GPUs, as for a GPU nobody measured: the
-  mean achieved/spec bandwidth fraction and the median overhead and floor, without the destination's;
+  overhead, launch floor) taken from the *other* calibrated GPUs, as for a GPU nobody measured
+  (:func:`fxcost.gpus.holdout.uncalibrated_device`: the achieved/spec bandwidth fraction of those of
+  its memory technology, the median overhead and floor), without the destination's;
 - ``habitat_eq1`` / ``habitat_eq2``: Habitat's equations alone (achieved bandwidth, occupancy waves);
 - ``bw_ratio``: origin time x spec bandwidth ratio; ``flops_ratio``: x peak FP32 ratio (Habitat §2.3).
 
@@ -25,7 +26,6 @@ mape_bw_ratio=.. mape_linear_bmm=.. pairs=N rows=N``; MAPEs are means over GPU p
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 import time
@@ -36,7 +36,8 @@ import pandas as pd
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.wave_scaling import WaveScaling
 from fxcost.data.datasets import KERNEL_ALIKE, kernel_alike_node, op_class, read_ops, read_ops_test
-from fxcost.gpus import Device, device_names, get_device
+from fxcost.gpus import get_device
+from fxcost.gpus.holdout import uncalibrated_device
 from fxcost.lowering import lower
 from fxcost.records import KernelRecord, NodeCost
 
@@ -145,25 +146,11 @@ def _predict_kernel_alike(pairs: pd.DataFrame) -> pd.DataFrame:
         batch = NodeBatch.of(batch_nodes, origin=o)
         for name, model in MODELS.items():
             out.loc[group.index, name] = model.predict(batch, d)
-        out.loc[group.index, "fxcost_heldout"] = MODELS["fxcost"].predict(batch, _uncalibrated(d))
+        out.loc[group.index, "fxcost_heldout"] = MODELS["fxcost"].predict(batch, uncalibrated_device(d))
         latency = group["Latency_o"].to_numpy()
         out.loc[group.index, "bw_ratio"] = latency * o.mem_bandwidth_gbps / d.mem_bandwidth_gbps
         out.loc[group.index, "flops_ratio"] = latency * o.fp32_tflops / d.fp32_tflops
     return out
-
-
-def _uncalibrated(device: Device) -> Device:
-    """``device`` with the calibration a GPU nobody measured gets, from the other calibrated GPUs."""
-    others = [get_device(n) for n in device_names()]
-    others = [g for g in others if g.name != device.name and g.achieved_bandwidth_gbps is not None
-              and g.kernel_overhead_ms is not None and g.launch_floor_ms is not None]  # fmt: skip
-    fraction = float(np.mean([g.achieved_bandwidth_gbps / g.mem_bandwidth_gbps for g in others]))  # type: ignore[operator]
-    return dataclasses.replace(
-        device,
-        achieved_bandwidth_gbps=fraction * device.mem_bandwidth_gbps,  # type: ignore[operator]
-        kernel_overhead_ms=float(np.median([g.kernel_overhead_ms for g in others])),
-        launch_floor_ms=float(np.median([g.launch_floor_ms for g in others])),
-    )
 
 
 def _copy(node: NodeCost) -> NodeCost:

@@ -8,7 +8,7 @@ The built-in models register when ``fxcost.cost_models`` is imported.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -50,7 +50,7 @@ class NodeBatch:
     itemsize: np.ndarray
     tf32: np.ndarray
     origin: Device | None = None
-    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _derived: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, nodes: Sequence[NodeCost], origin: Device | None = None) -> NodeBatch:
@@ -73,7 +73,7 @@ class NodeBatch:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def derived(self, key: str, compute: Callable[[], Any]) -> Any:
+    def derived(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """Device-independent data a model derives from the nodes, computed once per batch and reused
         for every device the batch is predicted on (``predict`` calls models once per device)."""
         if key not in self._derived:

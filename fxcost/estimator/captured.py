@@ -121,7 +121,7 @@ class Captured:
         self.graph_hash = hashlib.sha256(repr(sorted(distinct.items())).encode()).hexdigest()[:16]
         self._polys = _PolyTable(kept)
         self._batches: OrderedDict[tuple[int | None, Precision | None], NodeBatch] = OrderedDict()
-        self._costs: dict[tuple[int | None, Precision | None, str, str], Cost] = {}
+        self._costs: dict[tuple[int | None, Precision | None, Device, str], Cost] = {}
         self._fused: tuple[list[FusedKernel], np.ndarray, bool] | None = None  # kernels, phases, layout
         self._lock = threading.Lock()
 
@@ -169,7 +169,7 @@ class Captured:
         precision = parse_precision(precision)
         check_execution(execution)
         batch_size = self._relative(batch_size)
-        key = (batch_size, precision, target.name, execution)
+        key = (batch_size, precision, target, execution)  # the Device: a GPU changed in place is priced anew
         with self._lock:
             known = self._costs.get(key)
         if known is not None:

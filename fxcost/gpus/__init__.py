@@ -33,28 +33,24 @@ from importlib import resources
 from pathlib import Path
 
 from fxcost.gpus.fallbacks import (
-    BANDWIDTH_FRACTIONS,
     DEFAULT_FLOOR_MS,
     DEFAULT_OVERHEAD_MS,
     FALLBACK_SOURCES,
     bandwidth_fraction,
     bandwidth_source,
-    memory_family,
 )
 
 __all__ = [
-    "BANDWIDTH_FRACTIONS",
     "DEFAULT_DEVICES",
     "HELD_OUT_DEVICES",
     "Device",
     "DeviceFileError",
     "UnknownDeviceError",
     "all_devices",
-    "bandwidth_fraction",
     "device_names",
     "get_device",
     "load_devices",
-    "memory_family",
+    "shipped_devices",
 ]
 
 DEFAULT_DEVICES: tuple[str, ...] = ("H100-SXM", "A100-SXM4-80GB", "L4")
@@ -230,17 +226,22 @@ def _row_to_device(row: dict[str, str]) -> Device:
 
 
 @functools.cache
+def shipped_devices() -> tuple[Device, ...]:
+    """The GPUs of ``gpus.csv`` as fxcost ships them, before any device file is applied."""
+    text = resources.files(__package__).joinpath("gpus.csv").read_text(encoding="utf-8")
+    return tuple(_row_to_device(row) for row in csv.DictReader(text.splitlines()))
+
+
+@functools.cache
 def _database() -> tuple[dict[str, Device], dict[str, str]]:
     """The device table, loaded once: (devices by canonical name, normalized alias -> canonical name).
 
     Files named in the ``FXCOST_DEVICES`` environment variable (separated by ``os.pathsep``) are
     applied on top, as by :func:`load_devices`.
     """
-    text = resources.files(__package__).joinpath("gpus.csv").read_text(encoding="utf-8")
     devices: dict[str, Device] = {}
     index: dict[str, str] = {}
-    for row in csv.DictReader(text.splitlines()):
-        device = _row_to_device(row)
+    for device in shipped_devices():
         if device.name in devices:
             raise ValueError(f"gpus.csv lists {device.name!r} twice")
         _add(devices, index, device)

@@ -82,7 +82,8 @@ class Heads:
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         # The same heads on the same batch and device give the same answer: computed once, whether
         # ``mlp`` or ``mlp_ratio`` (which shares the shipped instance) asks.
-        key = f"heads.ms.{id(self.heads)}.{id(self.gemm)}.{device.name}"
+        key = ("heads.ms", id(self.heads), id(self.gemm), device)  # the Device, not its name: one changed
+        # in place (fxcost.gpus.holdout.uncalibrated) is priced anew
         return batch.derived(key, lambda: self._predict(batch, device))
 
     def _predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
