@@ -38,7 +38,7 @@ from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.ranks import groups_of, stage_ranks
-from fxcost.sim.recompute import KEEPS_INPUT, rerun_bytes, rerun_collectives
+from fxcost.sim.recompute import KEEPS_INPUT, rerun_bytes, rerun_collectives, rerun_ms
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import step_collectives
@@ -203,7 +203,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         backward = sum(cost[("B", x)] for x in mine + outer)
         for x in mine:  # a recomputed layer runs its forward again, with the collectives it reruns
             part = pieces.forward[x]
-            backward += part.compute_ms if policy[x] == "full" else part.rerun_ms.get(policy[x], 0.0)
+            backward += rerun_ms(policy[x], part.compute_ms, part.rerun_ms)
             backward += sum(price(c) for c in rerun_collectives(policy[x], part.comms))
         gathered = [*mine, *([""] if outer else [])]  # the part outside the layers is gathered once
         gathers = [gather.get(x, 0.0) for x in gathered]

@@ -20,8 +20,9 @@ collectives the strategy implies, priced on the cluster's GPU:
 - **Pipeline**: activations are sent to the next stage after each micro-batch's forward, their
   gradients back after its backward.
 - **Recomputation** (:mod:`fxcost.sim.recompute`): a layer runs again before its backward, and does
-  not keep, its whole forward (``full``: it keeps its input), its core attention (``selective``) or all
-  but its attention and every other ``mm`` (``ops``).
+  not keep, its whole forward with its collectives (``full``: it keeps its input), its core attention
+  (``selective``) or all but its attention and every other ``mm``, with the tensor-parallel
+  collectives whose outputs it drops (``ops``).
 
 Per-node times are kernel times: the heads' isolated-op predictions less the device's per-op
 overhead, which an eager step hides (:mod:`fxcost.cost_models.eager`); a segment never takes less

@@ -11,7 +11,7 @@ for :mod:`fxcost.sim.memory`.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fxcost.lowering.attention import ATTENTION_BACKWARD_OPS, ATTENTION_OPS
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from fxcost.sim.strategy import Strategy
 
 __all__ = ["FUSED_FORWARD", "KEEPS_INPUT", "LINEAR", "SOFTMAX", "activations", "core_attention",
-           "rerun_bytes", "rerun_collectives", "reruns"]  # fmt: skip
+           "rerun_bytes", "rerun_collectives", "rerun_ms", "reruns"]  # fmt: skip
 
 
 FUSED_FORWARD = ATTENTION_OPS - ATTENTION_BACKWARD_OPS
@@ -82,17 +82,33 @@ KEEPS_INPUT = frozenset({"full", "ops"})
 """The policies that rerun a layer's first ops, so that it keeps its input."""
 
 
-def rerun_collectives(policy: str, inside: Iterable[Comm]) -> list[Comm]:
-    """The collectives of a layer's forward (``inside``: ``Segment.inside``) that run again with it under
-    ``policy``: all of them (``full``); under ``ops`` the tensor-parallel all-gathers of sequence
-    parallelism, whose outputs torchtitan's per-op policy does not save (it saves reduce-scatters') and
-    each linear it feeds needs again for its weight's gradient; none under ``selective``, whose core
-    attention runs between the collectives."""
+def rerun_collectives(policy: str, inside: Sequence[Comm]) -> list[Comm]:
+    """The collectives of a layer's forward (``inside``: ``Segment.inside``, in order) that run again
+    with it under ``policy``:
+
+    - ``full``: all of them (tensor-parallel, and the expert and context ones inside the layer).
+    - ``ops``: the tensor-parallel collectives whose outputs torchtitan's per-op policy does not save
+      (it saves reduce-scatters', not all-gathers' or all-reduces') and that the rerun needs: with
+      sequence parallelism each all-gather, whose output the linears it feeds need again for their
+      weights' gradients; without, each all-reduce but the layer's last, whose output feeds the next
+      norm (``torch.utils.checkpoint`` stops rerunning once the tensors the backward needs are back,
+      and the last reduction's output leaves the layer). Expert all-to-alls are not rerun.
+    - ``selective``: none; its core attention runs between the collectives.
+    """
     if policy == "full":
         return list(inside)
-    if policy == "ops":
-        return [c for c in inside if c.kind == "all_gather" and c.group == "tp"]
-    return []
+    if policy != "ops":
+        return []
+    reductions = [i for i, c in enumerate(inside) if c.kind == "all_reduce" and c.group == "tp"]
+    rerun = {i for i, c in enumerate(inside) if c.kind == "all_gather" and c.group == "tp"}
+    rerun |= set(reductions[:-1])
+    return [c for i, c in enumerate(inside) if i in rerun]
+
+
+def rerun_ms(policy: str, whole_ms: float, partial: Mapping[str, float]) -> float:
+    """The compute a layer (or part of one) whose forward takes ``whole_ms`` runs again under ``policy``:
+    all of it (``full``), its partial policy's share (``partial``: ``Segment.rerun_ms``), or none."""
+    return whole_ms if policy == "full" else partial.get(policy, 0.0)
 
 
 def rerun_bytes(policy: str, written: float, partial: Mapping[str, float]) -> float:

@@ -39,7 +39,7 @@ from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory, state_grou
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.ranks import groups_of, stage_ranks
-from fxcost.sim.recompute import rerun_collectives
+from fxcost.sim.recompute import rerun_collectives, rerun_ms
 from fxcost.sim.schedule import chunk_segments, neighbour, run_order, upstream
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import step_collectives
@@ -288,12 +288,12 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
     last_backward: dict[int, int] = {}
     for st in plan.stages:
         recomputed: defaultdict[str, float] = defaultdict(float)  # the forward ms a layer runs again
-        rerun: defaultdict[str, list[Comm]] = defaultdict(list)  # and the collectives it runs again
+        rerun: defaultdict[str, list[Comm]] = defaultdict(list)  # and the collectives it reruns
         for seg in st.forward:
             policy = s.recompute_of(seg.layer)
             if policy == "none":
                 continue
-            recomputed[seg.layer] += host_bound(seg) if policy == "full" else seg.rerun_ms.get(policy, 0.0)
+            recomputed[seg.layer] += rerun_ms(policy, host_bound(seg), seg.rerun_ms)
             rerun[seg.layer] += rerun_collectives(policy, seg.inside)
         chunks = chunk_segments(st, s.vpp)
         ahead: list[int] = []  # what the latest compute task waited for: a prefetch may start then
@@ -309,7 +309,7 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
                 for c in seg.before:  # a prefetched gather starts as the compute before it does
                     deps = [communicate(c, st.index, ahead if c.stream == "param" else deps), *deps]
                 duration = host_bound(seg)
-                # A recomputed layer runs its forward again first, with its tensor-parallel collectives.
+                # A recomputed layer runs (part of) its forward again first, with the collectives it reruns.
                 inside = list(seg.inside)
                 if seg.layer in again:
                     again.discard(seg.layer)

@@ -60,8 +60,9 @@ RECOMPUTE: tuple[Recompute, ...] = ("none", "selective", "ops", "full")
   ``V``) or a fused attention's forward; it keeps the rest.
 - ``"ops"``: torchtitan's per-op selective checkpointing (``selective_ac_option = "op"``): it keeps the
   outputs of its fused attention and of every other linear product (``mm``, or ``addmm`` with a bias:
-  the first, third, ...) and its input, and runs every other op of its forward again.
-- ``"full"``: its whole forward, tensor-parallel collectives included (Megatron ``full``,
+  the first, third, ...) and its input, and runs every other op of its forward again, with the
+  tensor-parallel collectives whose outputs it does not keep (:func:`fxcost.sim.recompute.rerun_collectives`).
+- ``"full"``: its whole forward, every collective inside it included (Megatron ``full``,
   ``torch.utils.checkpoint`` of each block); it keeps only its input.
 """
 _RECOMPUTE_WORDS = {"0": "none", "false": "none", "no": "none", "1": "full", "true": "full", "yes": "full"}

@@ -13,8 +13,8 @@ from fxcost.gpus import get_device
 from fxcost.sim import Strategy, simulate
 from fxcost.sim.analytic import Pieces, estimate
 from fxcost.sim.cluster import Cluster
-from fxcost.sim.plan import Plan, compile_plan
-from fxcost.sim.recompute import core_attention
+from fxcost.sim.plan import Comm, Plan, compile_plan
+from fxcost.sim.recompute import core_attention, rerun_collectives
 
 B, T, D, H, LAYERS, VOCAB = 4, 32, 64, 4, 2, 256
 FP32 = 4
@@ -120,25 +120,48 @@ def test_recompute_spellings() -> None:
         Strategy(modules={"blocks.0": {"recompute": "some"}})
 
 
-def _gathers(result: fxcost.sim.SimResult) -> int:
-    return sum(t.name == "all_gather tp" for t in result.tasks)
+def _count(result: fxcost.sim.SimResult, kind: str) -> int:
+    return sum(t.name == f"{kind} tp" for t in result.tasks)
 
 
-def test_ops_gathers_the_sequence_again_under_sequence_parallelism(
-    gpt: tuple[object, tuple[object, ...]],
+@pytest.mark.parametrize("sp", [1, 0])
+def test_ops_reruns_the_tensor_parallel_collectives_it_does_not_save(
+    gpt: tuple[object, tuple[object, ...]], sp: int
 ) -> None:
-    """torchtitan's per-op policy saves the reduce-scatters' outputs, not the all-gathers': each linear a
-    gather feeds (qkv, fc1) needs the whole sequence again for its weight's gradient, so the gathers run
-    again; Megatron's selective recomputation reruns none (its core attention runs between them)."""
+    """torchtitan's per-op policy saves the reduce-scatters' outputs, not the all-gathers' or all-reduces'.
+    With sequence parallelism each linear a gather feeds (qkv, fc1) needs the whole sequence again for
+    its weight's gradient: the gathers run again. Without, the attention's all-reduce feeds the MLP's
+    norm, which runs again: it runs again too; the MLP's, the layer's last, is not needed. Megatron's
+    selective recomputation reruns none (its core attention runs between them); full reruns all."""
     model, inputs = gpt
     cluster = Cluster.parse("2xA100-SXM4-40GB")
-    pieces = Pieces.of(_plan(gpt, "tp=2,sp=1"), fxcost.sim.simulator._params_by_module(model))
-    results = {}
+    pieces = Pieces.of(_plan(gpt, f"tp=2,sp={sp}"), fxcost.sim.simulator._params_by_module(model))
+    counts = {}
     for policy in ("none", "selective", "ops", "full"):
-        s = Strategy.parse(f"tp=2,sp=1,recompute={policy}")
-        results[policy] = simulate(model, s, cluster, example_inputs=inputs, batch=B)
+        s = Strategy.parse(f"tp=2,sp={sp},recompute={policy}")
+        result = simulate(model, s, cluster, example_inputs=inputs, batch=B)
         fast = estimate(pieces, s, LAYERS, cluster)
-        assert fast.iteration_ms == pytest.approx(results[policy].iteration_ms, rel=0.02), policy
-    gathers = {policy: _gathers(result) for policy, result in results.items()}
-    assert gathers["selective"] == gathers["none"]
-    assert gathers["ops"] == gathers["full"] == gathers["none"] + 2 * LAYERS  # one before qkv, one before fc1
+        assert fast.iteration_ms == pytest.approx(result.iteration_ms, rel=1e-9), policy
+        counts[policy] = {k: _count(result, k) for k in ("all_gather", "reduce_scatter", "all_reduce")}
+    assert counts["selective"] == counts["none"]
+    rerun = {k: counts["ops"][k] - counts["none"][k] for k in counts["none"]}
+    whole = {k: counts["full"][k] - counts["none"][k] for k in counts["none"]}
+    if sp:  # one gather before qkv, one before fc1; the scatters' outputs kept
+        assert rerun == {"all_gather": 2 * LAYERS, "reduce_scatter": 0, "all_reduce": 0}
+        assert whole == {"all_gather": 2 * LAYERS, "reduce_scatter": 2 * LAYERS, "all_reduce": 0}
+    else:  # the attention's all-reduce; full reruns the MLP's too
+        assert rerun == {"all_gather": 0, "reduce_scatter": 0, "all_reduce": LAYERS}
+        assert whole == {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 2 * LAYERS}
+
+
+def test_rerun_collectives_by_policy() -> None:
+    gather, scatter, reduce = (
+        Comm(kind, 1024, "tp", "feature") for kind in ("all_gather", "reduce_scatter", "all_reduce")
+    )
+    experts, ring = Comm("all_to_all", 1024, "ep", "feature"), Comm("send_recv", 1024, "cp", "feature")
+    sequence_parallel = [gather, scatter, experts, gather, scatter, ring]
+    plain = [reduce, experts, reduce]
+    assert rerun_collectives("full", sequence_parallel) == sequence_parallel
+    assert rerun_collectives("ops", sequence_parallel) == [gather, gather]
+    assert rerun_collectives("ops", plain) == [reduce]  # not the layer's last reduction
+    assert rerun_collectives("selective", plain) == rerun_collectives("none", plain) == []
