@@ -5,12 +5,13 @@ The calibrated values come from ``python benchmarks/calibrate_devices.py --data 
 fractions their mean achieved over spec DRAM bandwidth, by memory technology: stacked HBM beside the
 die reaches more of its spec than GDDR's board-level channels (HBM: P100 0.76, V100 0.95, A100 0.92;
 GDDR: P4 and T4 0.75; ``tests/gpus/test_gpus_fallbacks.py`` checks them against the table), and a GPU
-of another technology takes all five's mean. The training GPUs alone decided it: a memory-bound op's
-time on each, from the share of the other four, is 8.0% off on average by technology, 12.9% from one
-mean. Checked
-since on the lent GPUs' own measurements (held out, not fit): an H100 SXM achieved 0.89 of its spec
-and an H200 0.85 (``benchmarks/fixtures/gpu/*/calibration.yaml``): the HBM fallback is 2.2% below the
-one and 2.3% above the other, where one 0.83 for all was 7.0% and 2.7% below.
+of another technology takes all five's mean.
+
+The training GPUs alone decided it: a memory-bound op's time on each, from the share of the other
+four, is 8.0% off on average by technology, 12.9% from one mean. Checked since on the lent GPUs' own
+measurements (held out, not fit: ``benchmarks/fixtures/gpu/*/calibration.yaml``), an H100 SXM
+achieved 0.89 of its spec and an H200 0.85: the HBM fallback is 2.2% below the one and 2.3% above the
+other, where one 0.83 for all was 7.0% and 2.7% below.
 """
 
 from __future__ import annotations
