@@ -9,7 +9,10 @@ hides taken off) with the recorded one (``NodeCost.kernel_ms``). It also prints 
 chose for that GPU against the names of the kernels that ran. Recordings validate; nothing is fit on
 them (DESIGN.md).
 
-    python benchmarks/attention_nodes.py [--fixtures benchmarks/fixtures/gpu] [--rows 20] [--sweeps]
+    python benchmarks/attention_nodes.py [--fixtures DIR] [--rows 20] [--sweeps [--sweep-rows]]
+
+(``--fixtures`` defaults to ``benchmarks/fixtures/gpu``; ``--sweep-rows`` lists every sweep row with its
+recorded and predicted TFLOP/s.)
 
 With ``--sweeps`` it also reads the op sweeps ``collect`` recorded beside the traces
 (``<gpu>/collect/[<precision>/]ops/sdpa{,_bwd}/*.csv``: one row per unmasked call without dropout,
@@ -40,6 +43,7 @@ from fxcost.lowering.attention import (
     AttentionCall,
     Backend,
     attention_call,
+    attention_flops,
     choose_backend,
 )
 from fxcost.lowering.attention_kernels import fused_attention
@@ -53,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=20, help="node rows printed per trace")
     parser.add_argument("--device", help="predict on this GPU instead of each trace's origin (a CPU trace)")
     parser.add_argument("--sweeps", action="store_true", help="also compare the collect sweeps' SDPA rows")
+    parser.add_argument("--sweep-rows", action="store_true", help="with --sweeps: every row and its TFLOP/s")
     args = parser.parse_args(argv)
     if args.sweeps:
-        sweeps(args.fixtures)
+        sweeps(args.fixtures, args.sweep_rows)
     errors: list[float] = []
     predicted_sum = recorded_sum = 0.0
     traces = (p for p in args.fixtures.rglob("*.json.gz") if not p.name.endswith("-kernels.json.gz"))
@@ -120,8 +125,10 @@ def sweep_call(row: dict[str, str]) -> AttentionCall:
                          row["OPName"].endswith("_bwd"), _recorded(kernels))  # fmt: skip
 
 
-def sweeps(fixtures: Path) -> None:
-    """Print predicted against recorded latency of every SDPA sweep row under ``fixtures``."""
+def sweeps(fixtures: Path, every_row: bool = False) -> None:
+    """Print predicted against recorded latency of every SDPA sweep row under ``fixtures``; with
+    ``every_row``, each row too (sorted by its recorded rate; FLOPs as fxcost counts them,
+    :func:`fxcost.lowering.attention.attention_flops`: a causal call's half)."""
     heads = default_heads()
     errors: list[float] = []
     predicted_sum = recorded_sum = 0.0
@@ -129,6 +136,7 @@ def sweeps(fixtures: Path) -> None:
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
         file_errors: list[float] = []
+        listed: list[tuple[float, AttentionCall, Backend, float, float]] = []
         for row in rows:
             try:
                 device = get_device(row["Device"])
@@ -146,7 +154,15 @@ def sweeps(fixtures: Path) -> None:
             file_errors.append((ms - recorded) / recorded * 100)
             predicted_sum += ms
             recorded_sum += recorded
+            listed.append((_flops(call) / recorded / 1e9, call, backend, recorded, ms))
         errors += [abs(e) for e in file_errors]
+        if every_row and listed:
+            print(f"  {'B*H':>5s} {'S_q':>5s} {'S_k':>5s} {'D':>4s} causal {'backend':9s} {'rec ms':>8s} "
+                  f"{'pred ms':>8s} {'rec TF/s':>8s} {'pred TF/s':>9s}")  # fmt: skip
+            for rate, c, chosen, recorded, ms in sorted(listed, key=lambda x: x[0]):
+                shape = f"{c.batch * c.heads:5d} {c.sq:5d} {c.sk:5d} {c.d:4d} {int(c.causal):6d}"
+                predicted_rate = _flops(c) / ms / 1e9
+                print(f"  {shape} {chosen:9s} {recorded:8.3f} {ms:8.3f} {rate:8.0f} {predicted_rate:9.0f}")
         if file_errors:
             print(f"sweep {path.relative_to(fixtures)}: rows={len(file_errors)} "
                   f"median_err={statistics.median(abs(e) for e in file_errors):.1f} "
@@ -155,6 +171,12 @@ def sweeps(fixtures: Path) -> None:
     median = statistics.median(errors) if errors else float("nan")
     total = (predicted_sum - recorded_sum) / recorded_sum * 100 if recorded_sum else float("nan")
     print(f"sweep_median_err={median:.1f} sweep_sum_err={total:.1f} sweep_rows={len(errors)}")
+
+
+def _flops(call: AttentionCall) -> int:
+    q = (call.batch, call.heads, call.sq, call.d)
+    k, v = (call.batch, call.kv_heads, call.sk, call.d), (call.batch, call.kv_heads, call.sk, call.dv)
+    return attention_flops(q, k, v, call.causal, call.backward)
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
