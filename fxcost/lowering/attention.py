@@ -34,6 +34,7 @@ from fxcost.gpus import Device
 from fxcost.gpus.occupancy import sm_version
 from fxcost.lowering.flops import register_flops
 from fxcost.lowering.nodes import gemm_node
+from fxcost.lowering.traffic import FLEX_OPS
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost, Shape
 
@@ -91,11 +92,6 @@ _KERNELS = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_
 _FORWARD = _packets(*_KERNELS)
 _BACKWARD = _packets(*(f"{k}_backward" for k in _KERNELS))
 _BACKWARD_NAMES = frozenset(f"{p}.default" for p in _BACKWARD)
-
-FLEX_OPS = ("torch.ops.higher_order.flex_attention", "torch.ops.higher_order.flex_attention_backward")
-"""FlexAttention's higher-order ops (``torch.nn.attention.flex_attention``), forward and backward: one
-generated Triton kernel each, FlashAttention-2's tiled online softmax with the user's score and mask
-functions inlined."""
 
 ATTENTION_BACKWARD_OPS = frozenset({*_BACKWARD_NAMES, FLEX_OPS[1]})
 ATTENTION_OPS = frozenset({*(f"{p}.default" for p in (*_FORWARD, *_BACKWARD)), *FLEX_OPS})

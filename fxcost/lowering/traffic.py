@@ -14,12 +14,15 @@ import torch
 
 from fxcost.precision import itemsize
 
-__all__ = ["bound_sizes", "has_kernel", "recorded_bytes", "size_hint", "tensor_bytes"]
+__all__ = ["FLEX_OPS", "bound_sizes", "has_kernel", "recorded_bytes", "size_hint", "tensor_bytes"]
 
 aten = torch.ops.aten
 
-# Higher-order ops that run one generated kernel (FlexAttention's forward and backward).
-_KERNEL_HOPS = frozenset({"flex_attention", "flex_attention_backward"})
+FLEX_OPS = ("torch.ops.higher_order.flex_attention", "torch.ops.higher_order.flex_attention_backward")
+"""FlexAttention's higher-order ops (``torch.nn.attention.flex_attention``), forward and backward, as a
+capture names them: the higher-order ops that run a kernel, one generated Triton kernel each,
+FlashAttention-2's tiled online softmax with the user's score and mask functions inlined
+(:mod:`fxcost.lowering.attention` prices them)."""
 
 # Ops that allocate or alias without running a kernel. Views are found from their schema instead.
 _NO_KERNEL: frozenset[Any] = frozenset(
@@ -51,7 +54,8 @@ def has_kernel(target: Any) -> bool:
         return False
     if isinstance(target, torch._ops.OpOverload):
         return not target.is_view
-    return isinstance(target, torch._ops.HigherOrderOperator) and str(target) in _KERNEL_HOPS
+    higher_order = isinstance(target, torch._ops.HigherOrderOperator)
+    return higher_order and f"torch.ops.higher_order.{target}" in FLEX_OPS
 
 
 def tensor_bytes(t: torch.Tensor) -> int | torch.SymInt:

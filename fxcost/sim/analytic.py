@@ -41,7 +41,7 @@ from fxcost.sim.ranks import groups_of, stage_ranks
 from fxcost.sim.recompute import KEEPS_INPUT, rerun_bytes, rerun_collectives, rerun_ms
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
-from fxcost.sim.zero import step_collectives
+from fxcost.sim.zero import step_comms
 
 __all__ = ["Estimate", "Pieces", "estimate"]
 
@@ -223,11 +223,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
         params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)
         states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
         step = optimizer_step_ms(params, 0, s, cluster.device)
-        step += sum(
-            price(Comm(kind, params * itemsize * f, g, "param"))
-            for kind, g, f in step_collectives(s, s.dp, "dp")
-        )
-        steps.append(step)
+        steps.append(step + sum(price(c) for c in step_comms(s, params, 0, itemsize)))
         if s.zero == 3 and s.dp > 1:  # two layers' parameters whole (computing, prefetched), one's gradients
             states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
         # As fxcost.sim.recompute.activations: a layer keeps what it does not rerun, and its input where

@@ -35,14 +35,14 @@ from fxcost.propagate import check_execution
 from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.deepen import deepen
 from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
-from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory, state_groups
+from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.ranks import groups_of, stage_ranks
 from fxcost.sim.recompute import rerun_collectives, rerun_ms
 from fxcost.sim.schedule import chunk_segments, neighbour, run_order, upstream
 from fxcost.sim.strategy import Strategy
-from fxcost.sim.zero import step_collectives
+from fxcost.sim.zero import step_comms
 
 __all__ = ["AFTER_STEP", "GAMMA", "OPTIMIZER_STEP", "SimResult", "simulate"]
 
@@ -348,8 +348,6 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
             ms = optimizer_step_ms(st.params, st.expert_params, s, cluster.device)
             deps = [last_backward[st.index], *reduced.get(st.index, [])]
             step = add(Task(OPTIMIZER_STEP, st.index, "compute", ms, deps, {"params": st.params}))
-            for count, ranks, group in state_groups(s, st.params, st.expert_params):
-                for kind, where, share in step_collectives(s, ranks, group) if count else ():
-                    c = Comm(kind, count * plan.itemsize * share, where, "param")
-                    communicate(c, st.index, [step], AFTER_STEP)
+            for c in step_comms(s, st.params, st.expert_params, plan.itemsize):
+                communicate(c, st.index, [step], AFTER_STEP)
     return tasks, collectives

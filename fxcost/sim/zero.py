@@ -8,7 +8,7 @@ Per layer (the unit PyTorch FSDP wraps, DeepSpeed's parameter coordinator fetche
 - ZeRO 2: reduce-scattered instead, after every micro-batch (the gradients are sharded, so no rank
   keeps a whole gradient to accumulate into: DeepSpeed refuses ``no_sync`` under ZeRO 2 and 3, and
   FSDP reduce-scatters each backward unless told not to); after the optimizer step each rank's updated
-  shard is all-gathered back into whole parameters (:func:`step_collectives`).
+  shard is all-gathered back into whole parameters (:func:`step_comms`).
 - ZeRO 3 (FSDP, FSDP2, DeepSpeed ZeRO-3): also the parameters all-gathered before the forward and
   again before the backward (``reshard_after_forward``), prefetched one layer ahead.
 - HSDP (``shard`` < ``dp``, FSDP2's 2-D mesh, FSDP1's ``HYBRID_SHARD``): the ZeRO-3 states are sharded
@@ -25,10 +25,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fxcost.sim.comm import Comm
+from fxcost.sim.memory import state_groups
+
 if TYPE_CHECKING:
     from fxcost.sim.strategy import Strategy
 
-__all__ = ["step_collectives", "zero_collectives"]
+__all__ = ["step_comms", "zero_collectives"]
 
 Collective = tuple[str, str, float]  # (kind, group, fraction of the layer's bytes)
 
@@ -48,9 +51,15 @@ def zero_collectives(
     return gathers, [("reduce_scatter", within, 1.0), *replicas]
 
 
-def step_collectives(s: Strategy, ranks: int, group: str) -> list[Collective]:
-    """The collectives after the optimizer step of a parameter reduced over ``ranks`` ranks: ZeRO 2
-    all-gathers the shards each rank updated into whole parameters. ZeRO 3 keeps them sharded (it
-    gathers before each use); ZeRO 0 and 1 reduce whole gradients, the all-reduce standing for the
-    reduce-scatter and the all-gather of the updated shards of Megatron's distributed optimizer."""
-    return [("all_gather", group, 1.0)] if s.zero == 2 and ranks > 1 else []
+def step_comms(s: Strategy, params: int, expert_params: int, itemsize: int) -> list[Comm]:
+    """The collectives after the optimizer step of a rank holding ``params`` parameters (of them
+    ``expert_params`` experts', :func:`~fxcost.sim.memory.state_groups`) of ``itemsize`` bytes: ZeRO 2
+    all-gathers the shards each rank updated into whole parameters, over the ranks that reduced their
+    gradients. ZeRO 3 keeps them sharded (it gathers before each use); ZeRO 0 and 1 reduce whole
+    gradients, the all-reduce standing for the reduce-scatter and the all-gather of the updated shards
+    of Megatron's distributed optimizer."""
+    if s.zero != 2:
+        return []
+    groups = state_groups(s, params, expert_params)
+    return [Comm("all_gather", count * itemsize, group, "param") for count, ranks, group in groups
+            if count and ranks > 1]  # fmt: skip
