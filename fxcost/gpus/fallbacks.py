@@ -16,6 +16,8 @@ other, where one 0.83 for all was 7.0% and 2.7% below.
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
     "BANDWIDTH_FRACTIONS",
     "DEFAULT_BANDWIDTH_FRACTION",
@@ -38,6 +40,7 @@ def memory_family(memory_type: str | None) -> str | None:
     return next((f for f in BANDWIDTH_FRACTIONS if (memory_type or "").upper().startswith(f)), None)
 
 
+@functools.cache  # read by Device.bandwidth_gbps, on every price of a GPU nobody calibrated
 def bandwidth_fraction(memory_type: str | None) -> float:
     """The share of its spec DRAM bandwidth a GPU nobody calibrated is taken to achieve."""
     return BANDWIDTH_FRACTIONS.get(memory_family(memory_type) or "", DEFAULT_BANDWIDTH_FRACTION)
