@@ -67,8 +67,8 @@ def main() -> int:
         _write(fits, args.data)
     print(f"L2 ramp fit on training rows: {_fit_l2_ramp(args.data)} (wave_scaling.L2_RAMP)")
     fractions = {d: fits[d][0] / get_device(d).mem_bandwidth_gbps for d in fits}
-    family_of = {d: memory_family(get_device(d).memory_type) for d in fits}
-    by_family = {  # fxcost.gpus.BANDWIDTH_FRACTIONS: a GPU nobody calibrated takes its technology's
+    family_of = {d: memory_family(get_device(d).memory_type, get_device(d).compute_capability) for d in fits}
+    by_family = {  # fxcost.gpus.BANDWIDTH_FRACTIONS: a GPU nobody calibrated takes its class's
         family: np.mean([f for d, f in fractions.items() if family_of[d] == family])
         for family in BANDWIDTH_FRACTIONS
     }

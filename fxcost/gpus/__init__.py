@@ -129,12 +129,12 @@ class Device:
     @property
     def bandwidth_gbps(self) -> float | None:
         """Achieved DRAM bandwidth: calibrated where measured, else the spec times the share the
-        calibrated GPUs of its memory technology achieve (:func:`bandwidth_fraction`)."""
+        calibrated GPUs of its memory controller class achieve (:func:`bandwidth_fraction`)."""
         if self.achieved_bandwidth_gbps is not None:
             return self.achieved_bandwidth_gbps
         if self.mem_bandwidth_gbps is None:
             return None
-        return self.mem_bandwidth_gbps * bandwidth_fraction(self.memory_type)
+        return self.mem_bandwidth_gbps * bandwidth_fraction(self.memory_type, self.compute_capability)
 
     @property
     def l2_bytes(self) -> float | None:
@@ -160,7 +160,7 @@ class Device:
             if getattr(self, stored) is not None:
                 return self.calibration_source
             if stored == "achieved_bandwidth_gbps":
-                return bandwidth_source(self.memory_type)
+                return bandwidth_source(self.memory_type, self.compute_capability)
             return FALLBACK_SOURCES[stored]
         if name in _OCCUPANCY_FIELDS:
             return f"CUDA occupancy calculator, compute capability {self.compute_capability}"

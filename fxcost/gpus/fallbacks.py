@@ -2,16 +2,25 @@
 
 The calibrated values come from ``python benchmarks/calibrate_devices.py --data ../shared/data
 --write`` (training GPUs only). Overhead and floor are the calibrated GPUs' medians; the bandwidth
-fractions their mean achieved over spec DRAM bandwidth, by memory technology: stacked HBM beside the
-die reaches more of its spec than GDDR's board-level channels (HBM: P100 0.76, V100 0.95, A100 0.92;
-GDDR: P4 and T4 0.75; ``tests/gpus/test_gpus_fallbacks.py`` checks them against the table), and a GPU
-of another technology takes all five's mean.
+fractions their mean achieved over spec DRAM bandwidth, by memory controller (:func:`memory_family`):
 
-The training GPUs alone decided it: a memory-bound op's time on each, from the share of the other
-four, is 8.0% off on average by technology, 12.9% from one mean. Checked since on the lent GPUs' own
-measurements (held out, not fit: ``benchmarks/fixtures/gpu/*/calibration.yaml``), an H100 SXM
-achieved 0.89 of its spec and an H200 0.85: the HBM fallback is 2.2% below the one and 2.3% above the
-other, where one 0.83 for all was 7.0% and 2.7% below.
+- ``"HBM"``: stacked HBM behind NVIDIA's memory controller of Volta and later, or any other vendor's.
+  NVIDIA's Volta whitepaper (WP-08608-001, "HBM2 Memory Architecture") credits Volta's new controller
+  with over 95% of the spec bandwidth delivered on many workloads, against Pascal GP100's 76%:
+  V100 0.95, A100 0.92.
+- ``"HBM-Pascal"``: Pascal's first HBM2 controller (the P100: 0.76, as the whitepaper says).
+- ``"GDDR"``: board-level GDDR channels (P4 and T4: 0.75).
+
+``tests/gpus/test_gpus_fallbacks.py`` checks them against the table; a GPU of another technology takes
+all five's mean.
+
+The training GPUs alone decided it: a memory-bound op's time on each, from the share of the other four
+of its class (all four's mean where none is), is off by 3.5% on average by controller, 8.0% by
+memory technology alone (HBM, GDDR), 12.9% from one mean. Checked since on the lent GPUs' own
+measurements (held out, not fit: ``benchmarks/fixtures/gpu/*/calibration.yaml``): an H100 SXM achieved
+0.89 of its spec and an H200 0.85, so the HBM fallback (0.93) is 4.4% and 9.3% above them, where the
+technology's (0.87) was 2.2% below and 2.3% above: Hopper's HBM3 reaches less of its spec than the
+HBM2 GPUs the fallback is fit on.
 """
 
 from __future__ import annotations
@@ -29,30 +38,38 @@ __all__ = [
     "memory_family",
 ]
 
-BANDWIDTH_FRACTIONS = {"HBM": 0.873, "GDDR": 0.754}
+BANDWIDTH_FRACTIONS = {"HBM": 0.932, "HBM-Pascal": 0.757, "GDDR": 0.754}
 DEFAULT_BANDWIDTH_FRACTION = 0.826
 DEFAULT_OVERHEAD_MS = 0.018
 DEFAULT_FLOOR_MS = 0.030
 
 
-def memory_family(memory_type: str | None) -> str | None:
-    """``"HBM"`` or ``"GDDR"`` for a memory type of the table (``HBM2e``, ``GDDR6X``...), else None."""
-    return next((f for f in BANDWIDTH_FRACTIONS if (memory_type or "").upper().startswith(f)), None)
+def memory_family(memory_type: str | None, compute_capability: str | None = None) -> str | None:
+    """The memory controller class of a GPU with memory ``memory_type`` (``HBM2e``, ``GDDR6X``...) and
+    ``compute_capability`` (None for other vendors than NVIDIA): ``"HBM"``, ``"HBM-Pascal"`` (NVIDIA's
+    before Volta, compute capability 6) or ``"GDDR"``; None for another technology."""
+    memory = (memory_type or "").upper()
+    if memory.startswith("GDDR"):
+        return "GDDR"
+    if not memory.startswith("HBM"):
+        return None
+    pascal = compute_capability is not None and float(compute_capability) < 7
+    return "HBM-Pascal" if pascal else "HBM"
 
 
 @functools.cache  # read by Device.bandwidth_gbps, on every price of a GPU nobody calibrated
-def bandwidth_fraction(memory_type: str | None) -> float:
+def bandwidth_fraction(memory_type: str | None, compute_capability: str | None = None) -> float:
     """The share of its spec DRAM bandwidth a GPU nobody calibrated is taken to achieve."""
-    return BANDWIDTH_FRACTIONS.get(memory_family(memory_type) or "", DEFAULT_BANDWIDTH_FRACTION)
+    family = memory_family(memory_type, compute_capability)
+    return BANDWIDTH_FRACTIONS.get(family or "", DEFAULT_BANDWIDTH_FRACTION)
 
 
-def bandwidth_source(memory_type: str | None) -> str:
+def bandwidth_source(memory_type: str | None, compute_capability: str | None = None) -> str:
     """Where the bandwidth of a GPU nobody calibrated comes from."""
-    family = memory_family(memory_type)
+    family = memory_family(memory_type, compute_capability)
     whose = f"calibrated {family} GPUs" if family else "calibrated GPUs"
-    return (
-        f"default: {bandwidth_fraction(memory_type):.3f} x spec bandwidth (mean achieved/spec of the {whose})"
-    )
+    fraction = bandwidth_fraction(memory_type, compute_capability)
+    return f"default: {fraction:.3f} x spec bandwidth (mean achieved/spec of the {whose})"
 
 
 FALLBACK_SOURCES = {

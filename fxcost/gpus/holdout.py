@@ -43,12 +43,12 @@ class _Fallbacks(NamedTuple):
 
 def uncalibrated_device(device: Device, without: Iterable[str] = ()) -> Device:
     """``device`` without its calibration, with the fallbacks of the GPUs shipped calibrated but
-    ``device`` and ``without`` (canonical names): the bandwidth share those of its memory technology
+    ``device`` and ``without`` (canonical names): the bandwidth share those of its memory controller class
     achieve (else all of them), their median overhead and floor."""
     out = {device.name, *without}
     donors = [d for d in shipped_devices() if d.name not in out and d.name not in HELD_OUT_DEVICES]
-    family = memory_family(device.memory_type)
-    alike = _fallbacks([d for d in donors if memory_family(d.memory_type) == family])
+    family = memory_family(device.memory_type, device.compute_capability)
+    alike = _fallbacks([d for d in donors if memory_family(d.memory_type, d.compute_capability) == family])
     fallback = _fallbacks(donors)
     fraction = alike.fraction or fallback.fraction
     spec = device.mem_bandwidth_gbps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -25,22 +26,24 @@ def _calibrated(*but: str) -> list[Device]:
     return [d for d in all_devices() if d.achieved_bandwidth_gbps is not None and d.name not in but]
 
 
-def test_fractions_are_the_calibrated_gpus_means_by_memory_technology() -> None:
+def test_fractions_are_the_calibrated_gpus_means_by_memory_controller() -> None:
     calibrated = _calibrated()
     assert len(calibrated) == 5
     for family, fraction in BANDWIDTH_FRACTIONS.items():
-        mine = [_share(d) for d in calibrated if memory_family(d.memory_type) == family]
+        mine = [_share(d) for d in calibrated if memory_family(d.memory_type, d.compute_capability) == family]
         assert mine, family
         assert statistics.fmean(mine) == pytest.approx(fraction, abs=5e-4)
     assert statistics.fmean(map(_share, calibrated)) == pytest.approx(DEFAULT_BANDWIDTH_FRACTION, abs=5e-4)
 
 
 @pytest.mark.parametrize(
-    ("memory", "family"),
-    [("HBM2", "HBM"), ("HBM3e", "HBM"), ("GDDR6X", "GDDR"), ("gddr5", "GDDR"), ("LPDDR5X", None), ("", None)],
+    ("memory", "capability", "family"),
+    [("HBM2", "7.0", "HBM"), ("HBM3e", "9.0", "HBM"), ("HBM2", "6.0", "HBM-Pascal"), ("HBM2e", None, "HBM"),
+     ("GDDR6X", "8.9", "GDDR"), ("gddr5", "6.1", "GDDR"), ("LPDDR5X", "8.7", None), ("", None, None)],
 )
-def test_memory_family(memory: str, family: str | None) -> None:
-    assert memory_family(memory) == family
+def test_memory_family(memory: str, capability: str | None, family: str | None) -> None:
+    """HBM behind NVIDIA's controllers before Volta is its own class; another vendor's HBM is HBM."""
+    assert memory_family(memory, capability) == family
 
 
 def test_a_gpu_nobody_calibrated_takes_its_technology_s_share() -> None:
@@ -49,19 +52,24 @@ def test_a_gpu_nobody_calibrated_takes_its_technology_s_share() -> None:
     assert l4.bandwidth_gbps == pytest.approx(300 * BANDWIDTH_FRACTIONS["GDDR"])
     assert "calibrated GDDR GPUs" in l4.source_of("bandwidth_gbps")
     assert bandwidth_fraction("LPDDR5X") == DEFAULT_BANDWIDTH_FRACTION
-    assert all(memory_family(d.memory_type) for d in all_devices())  # every GPU of the table has one
+    assert all(memory_family(d.memory_type, d.compute_capability) for d in all_devices())  # all have one
+    p100_sxm = dataclasses.replace(get_device("P100-PCIE-16GB"), achieved_bandwidth_gbps=None)
+    assert p100_sxm.bandwidth_gbps == pytest.approx(732 * BANDWIDTH_FRACTIONS["HBM-Pascal"])
 
 
 def test_an_uncalibrated_gpu_has_the_other_gpus_fallbacks_alone() -> None:
     v100 = uncalibrated_device(get_device("V100-PCIE-32GB"), without=["P4"])
     p4 = uncalibrated_device(get_device("P4"), without=["V100-PCIE-32GB"])
-    hbm = [get_device(n) for n in ("P100-PCIE-16GB", "A100-PCIE-40GB")]  # the other calibrated HBM GPUs
+    hbm = [get_device("A100-PCIE-40GB")]  # the other calibrated GPU with HBM behind a Volta-or-later controller
     others = _calibrated("V100-PCIE-32GB", "P4")
     assert v100.bandwidth_gbps == pytest.approx(900 * statistics.fmean(map(_share, hbm)))
     assert p4.bandwidth_gbps == pytest.approx(192 * _share(get_device("T4")))  # the one GDDR GPU left
     assert v100.overhead_ms == statistics.median(d.kernel_overhead_ms for d in others)  # type: ignore[misc]
     assert v100.floor_ms == statistics.median(d.launch_floor_ms for d in others)  # type: ignore[misc]
     assert "uncalibrated" in v100.source_of("bandwidth_gbps")
+    # No other Pascal HBM GPU is calibrated: the P100 left out takes all four others' mean.
+    p100 = uncalibrated_device(get_device("P100-PCIE-16GB"))
+    assert p100.bandwidth_gbps == pytest.approx(732 * statistics.fmean(map(_share, _calibrated("P100-PCIE-16GB"))))
 
 
 def test_uncalibrated_swaps_the_table_and_restores_it() -> None:
