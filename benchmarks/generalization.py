@@ -150,6 +150,8 @@ def _dir(fold: str) -> str:
 
 
 def _train_fold(data: str, out: Path, heads: list[str], gpus: tuple[str, ...], config: TrainConfig) -> None:
+    """Train a fold's ``heads``, and its GEMM fit whatever they are: every prediction prices GEMMs with it."""
+    heads = list(dict.fromkeys([*heads, *sorted(TILED_HEADS)]))
     train([data], out, heads=heads, exclude=HELD_OUT_DEVICES | set(gpus), config=config)
 
 
