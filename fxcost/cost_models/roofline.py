@@ -25,10 +25,13 @@ LAUNCH_FLOOR_MS = 0.003
 
 @dataclass(frozen=True)
 class Roofline:
-    """``time = max(flops / peak, bytes / bandwidth) + launch floor`` per kernel-launching node."""
+    """``time = max(flops / peak, bytes / bandwidth) + launch floor`` per kernel-launching node; the
+    spec bandwidth, or with ``achieved_bandwidth`` the one the GPU achieves (``Device.bandwidth_gbps``:
+    calibrated, else its memory controller class's share of the spec)."""
 
     launch_floor_ms: float = LAUNCH_FLOOR_MS
     name: str = "roofline"
+    achieved_bandwidth: bool = False
 
     def predict(
         self,
@@ -50,7 +53,8 @@ class Roofline:
     ) -> np.ndarray:
         """The bound of kernels of ``flops`` and DRAM ``nbytes`` at ``peak_tflops`` on ``device``, plus
         the launch floor (NaN where the device lacks a peak or a bandwidth)."""
-        bandwidth = device.mem_bandwidth_gbps or np.nan
+        spec = device.mem_bandwidth_gbps
+        bandwidth = (device.bandwidth_gbps if self.achieved_bandwidth else spec) or np.nan
         compute_ms = flops / (np.asarray(peak_tflops, dtype=np.float64) * 1e9)
         return np.maximum(compute_ms, nbytes / (bandwidth * 1e6)) + self.launch_floor_ms
 

@@ -35,6 +35,14 @@ def test_roofline_hand_computed() -> None:
     assert np.isnan(ms[5])
 
 
+def test_achieved_bandwidth_bounds_memory_traffic_at_what_the_gpu_reaches() -> None:
+    t4 = get_device("T4")  # calibrated: 241 of its 320 GB/s
+    batch = NodeBatch.of([_node("aten.add.Tensor", flops=1000, bytes_read=241_000_000)])
+    spec, achieved = (Roofline(0.0, achieved_bandwidth=a).predict(batch, t4)[0] for a in (False, True))
+    assert spec == pytest.approx(241 / 320)
+    assert achieved == pytest.approx(1.0)
+
+
 def test_predict_fills_records_and_marks_unknowns() -> None:
     nodes = [_node("aten.add.Tensor", 10, 4000), _node("aten.foo.default", 10, None)]
     cost_models.predict(nodes, ["T4", "NVIDIA H100 80GB HBM3"], "roofline")

@@ -142,7 +142,8 @@ def test_every_value_has_a_source() -> None:
     t4, h100 = get_device("T4"), get_device("H100-SXM")
     assert "calibrate_devices.py" in t4.source_of("achieved_bandwidth_gbps")
     hbm = BANDWIDTH_FRACTIONS["HBM"]
-    assert h100.source_of("bandwidth_gbps").startswith(f"default: {hbm:.3f} x spec bandwidth (mean achieved/spec")
+    source = h100.source_of("bandwidth_gbps")
+    assert source.startswith(f"default: {hbm:.3f} x spec bandwidth (mean achieved/spec")
     assert "calibrated HBM GPUs" in h100.source_of("bandwidth_gbps")
     assert "compute capability 9.0" in h100.source_of("smem_alloc_unit_bytes")
     assert "(unconfirmed)" in get_device("P100-PCIE-16GB").source_of("boost_clock_mhz")

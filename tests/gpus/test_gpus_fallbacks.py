@@ -38,8 +38,16 @@ def test_fractions_are_the_calibrated_gpus_means_by_memory_controller() -> None:
 
 @pytest.mark.parametrize(
     ("memory", "capability", "family"),
-    [("HBM2", "7.0", "HBM"), ("HBM3e", "9.0", "HBM"), ("HBM2", "6.0", "HBM-Pascal"), ("HBM2e", None, "HBM"),
-     ("GDDR6X", "8.9", "GDDR"), ("gddr5", "6.1", "GDDR"), ("LPDDR5X", "8.7", None), ("", None, None)],
+    [
+        ("HBM2", "7.0", "HBM"),
+        ("HBM3e", "9.0", "HBM"),
+        ("HBM2", "6.0", "HBM-Pascal"),
+        ("HBM2e", None, "HBM"),
+        ("GDDR6X", "8.9", "GDDR"),
+        ("gddr5", "6.1", "GDDR"),
+        ("LPDDR5X", "8.7", None),
+        ("", None, None),
+    ],
 )
 def test_memory_family(memory: str, capability: str | None, family: str | None) -> None:
     """HBM behind NVIDIA's controllers before Volta is its own class; another vendor's HBM is HBM."""
@@ -60,7 +68,7 @@ def test_a_gpu_nobody_calibrated_takes_its_technology_s_share() -> None:
 def test_an_uncalibrated_gpu_has_the_other_gpus_fallbacks_alone() -> None:
     v100 = uncalibrated_device(get_device("V100-PCIE-32GB"), without=["P4"])
     p4 = uncalibrated_device(get_device("P4"), without=["V100-PCIE-32GB"])
-    hbm = [get_device("A100-PCIE-40GB")]  # the other calibrated GPU with HBM behind a Volta-or-later controller
+    hbm = [get_device("A100-PCIE-40GB")]  # the other calibrated GPU of HBM behind a Volta-or-later controller
     others = _calibrated("V100-PCIE-32GB", "P4")
     assert v100.bandwidth_gbps == pytest.approx(900 * statistics.fmean(map(_share, hbm)))
     assert p4.bandwidth_gbps == pytest.approx(192 * _share(get_device("T4")))  # the one GDDR GPU left
@@ -69,7 +77,8 @@ def test_an_uncalibrated_gpu_has_the_other_gpus_fallbacks_alone() -> None:
     assert "uncalibrated" in v100.source_of("bandwidth_gbps")
     # No other Pascal HBM GPU is calibrated: the P100 left out takes all four others' mean.
     p100 = uncalibrated_device(get_device("P100-PCIE-16GB"))
-    assert p100.bandwidth_gbps == pytest.approx(732 * statistics.fmean(map(_share, _calibrated("P100-PCIE-16GB"))))
+    others_mean = statistics.fmean(map(_share, _calibrated("P100-PCIE-16GB")))
+    assert p100.bandwidth_gbps == pytest.approx(732 * others_mean)
 
 
 def test_uncalibrated_swaps_the_table_and_restores_it() -> None:
