@@ -15,7 +15,8 @@ grid search on cross-GPU pairs of the training rows with many waves (B >= 8192, 
     python benchmarks/calibrate_devices.py --data ../shared/data [--write]
 
 With ``--write`` the values go into fxcost/gpus/gpus.csv with their source.
-Last line: ``calibrated=N bandwidth_fraction_mean=.. bandwidth_fraction_hbm=.. bandwidth_fraction_gddr=..``
+Last line: ``calibrated=N bandwidth_fraction_mean=.. bandwidth_fraction_hbm=..
+bandwidth_fraction_hbm_pascal=.. bandwidth_fraction_gddr=..``
 (the fallbacks of :mod:`fxcost.gpus.fallbacks`, which are these means over the table's whole GB/s, and
 may differ in the third decimal from the unrounded fits printed here)
 """
@@ -72,8 +73,9 @@ def main() -> int:
         family: np.mean([f for d, f in fractions.items() if family_of[d] == family])
         for family in BANDWIDTH_FRACTIONS
     }
+    keys = {family: "bandwidth_fraction_" + family.lower().replace("-", "_") for family in by_family}
     print(f"calibrated={len(fits)} bandwidth_fraction_mean={np.mean(list(fractions.values())):.3f} "
-          + " ".join(f"bandwidth_fraction_{family.lower()}={f:.3f}" for family, f in by_family.items()) + " "
+          + " ".join(f"{keys[family]}={f:.3f}" for family, f in by_family.items()) + " "
           f"overhead_median_ms={np.median([f[1] for f in fits.values()]):.4f} "
           f"floor_median_ms={np.median([f[2] for f in fits.values()]):.4f}")  # fmt: skip
     return 0

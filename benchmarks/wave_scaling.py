@@ -9,7 +9,7 @@ and kernel metadata (the row's grid and block) with, in the same run:
 - ``fxcost_heldout``: the same with the destination's calibration (achieved bandwidth, per-op
   overhead, launch floor) taken from the *other* calibrated GPUs, as for a GPU nobody measured
   (:func:`fxcost.gpus.holdout.uncalibrated_device`: the achieved/spec bandwidth fraction of those of
-  its memory technology, the median overhead and floor), without the destination's;
+  its memory controller class, the median overhead and floor), without the destination's;
 - ``habitat_eq1`` / ``habitat_eq2``: Habitat's equations alone (achieved bandwidth, occupancy waves);
 - ``bw_ratio``: origin time x spec bandwidth ratio; ``flops_ratio``: x peak FP32 ratio (Habitat §2.3).
 

@@ -119,7 +119,7 @@ class Device:
     # 2 for bridged pairs of PCIe cards, None where every GPU of a node has a switched port.
     nvlink_domain: int | None = None
     calibration_source: str = ""
-    memory_type: str = ""  # HBM2e, GDDR6X...: what a GPU never calibrated achieves of its spec follows it
+    memory_type: str = ""  # HBM2e, GDDR6X...: with the compute capability, a GPU never calibrated's share
     aliases: tuple[str, ...] = ()
     sources: str = ""
     uncertain: frozenset[str] = field(default_factory=frozenset)

@@ -4,7 +4,7 @@ A training GPU's calibration columns (``achieved_bandwidth_gbps``, ``kernel_over
 ``launch_floor_ms``, fit on its own elementwise rows by ``benchmarks/calibrate_devices.py``) reach
 every prediction for it: the DRAM time of its tiled GEMMs, the per-op overhead an eager step hides,
 the floors. A GPU nobody measured gets fallbacks instead (:mod:`fxcost.gpus.fallbacks`): the mean
-achieved share of spec bandwidth of the calibrated GPUs of its memory technology, their median
+achieved share of spec bandwidth of the calibrated GPUs of its memory controller class, their median
 overhead and floor.
 
 :func:`uncalibrated_device` is a GPU in that state, its fallbacks taken from the GPUs fxcost ships

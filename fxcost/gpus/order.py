@@ -15,8 +15,10 @@ from fxcost.gpus import Device, all_devices
 
 __all__ = ["STRENGTH_SPECS", "comparable", "strength", "stronger_than", "weaker_than"]
 
-STRENGTH_SPECS = ("fp32_tflops", "mem_bandwidth_gbps", "num_sms", "l2_cache_mb", "boost_clock_mhz", "tdp_w")
-"""Peak fp32 rate, DRAM bandwidth, SMs, L2, boost clock and power."""
+STRENGTH_SPECS = ("fp32_tflops", "bandwidth_gbps", "num_sms", "l2_cache_mb", "boost_clock_mhz", "tdp_w")
+"""Peak fp32 rate, DRAM bandwidth, SMs, L2, boost clock and power. The bandwidth is the one the GPU
+achieves (calibrated, else its memory controller class's share of the spec), the one the models'
+bounds use: a GPU beaten on it never prices memory traffic faster than the GPU that beats it."""
 
 
 def strength(device: Device) -> tuple[float, ...] | None:

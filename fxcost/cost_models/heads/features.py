@@ -56,6 +56,8 @@ HEADS = ("linear", "bmm", "conv", "ew", "ln", "softmax")
 HEAD_OUTPUT: Output = "softplus"
 
 # Bumped whenever the features change, so trained heads and checkpoints of another version are redone.
+# The targets also read the training GPUs' calibrated bandwidths (REFERENCE): retrain the heads after
+# `benchmarks/calibrate_devices.py --write` changes them.
 FEATURE_VERSION = 6
 
 # Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
@@ -220,6 +222,7 @@ def with_device(head: str, problem: Sequence[Sequence[float]] | np.ndarray, devi
     """Problem feature rows (see :func:`node_features`) completed with ``device``'s features, the
     problem's arithmetic intensity over the device's ridge point and, for GEMMs, its waves of tiles."""
     dev = device_features(device)
+    # The ridge of the spec sheet, a feature like the others (the bound itself takes the achieved bandwidth).
     ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
     rows = np.asarray(problem, dtype=np.float64).reshape(len(problem), -1)
     x = np.c_[rows, np.broadcast_to(dev, (len(rows), len(dev))), rows[:, -1] - ridge]
