@@ -8,10 +8,11 @@ Two steps, so that what sets one GPU apart from another is never learned as a sh
    squares on log times with a soft-L1 loss, robust to the rows a GPU ran slower for reasons no
    shape explains (a P4's thermally throttled long runs, a P100's TLB misses over long reductions).
 2. **GPUs.** The GPUs' shares are then explained by what a spec sheet says
-   (:mod:`~fxcost.cost_models.heads.sustained`): one ``kappa`` for the clock under the power cap and
-   one share per kernel family, the family's median, at most 1 (no kernel runs above peak); ``kappa``
-   is the value on a grid whose shares leave the smallest absolute log deviation. Only GPUs whose
-   own rows show a power cap (:func:`power_capped`) are read as running below their boost clock.
+   (:mod:`~fxcost.cost_models.heads.sustained`): one ``watts`` for the clock under the power cap
+   (what a GEMM draws per TFLOP/s of peak, against each GPU's power headroom) and one share per
+   kernel family, the family's median, at most 1 (no kernel runs above peak); ``watts`` is the value
+   on a grid whose shares leave the smallest squared log deviation. Which GPUs' rows show a cap
+   (:func:`power_capped`) is kept in the fit's metrics as a check on the power model.
 
 Predictions go through :class:`~fxcost.cost_models.heads.model.Heads` as in use; the predicted time is
 the kernel's plus the per-op overhead the measurements carry (``hidden_overhead_ms``). The kernel
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from fxcost.cost_models.eager import hidden_overhead_ms
-from fxcost.cost_models.heads.sustained import FAMILIES, GemmFit, base_share, clock_share, kernel_family
+from fxcost.cost_models.heads.sustained import FAMILIES, GemmFit, clock_share, kernel_family
 from fxcost.cost_models.heads.tiling import Tiling, gemm_kernel_ms
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.data.datasets import row_node
@@ -46,7 +47,7 @@ the output): every shape the measured kernels name, 128x128 down to 32x32."""
 
 _FP32_SPLITS = (1, 2, 4, 8, 16, 32)  # split-K: a small output over a long reduction runs on many SMs
 _FP32_K_STEP = 8  # the main loop's step (``sgemm_128x128x8``)
-_KAPPAS = np.round(np.arange(1.0, 2.5001, 0.025), 3)
+_WATTS = np.round(np.exp(np.arange(math.log(4.0), math.log(80.0), 0.01)), 3)  # 1% steps
 _SHARPNESS = (5.0, 20.0, 80.0)  # the smooth minimum's sharpness, step by step
 _LONG_MS = 10.0  # a kernel long enough for a power cap to bind
 _CAP_SIGNATURE = 0.2  # how much slower, in log time, a capped GPU's long kernels run than its short ones
@@ -129,64 +130,53 @@ def fit_gemm(rows: GemmRows, test: GemmRows | None = None) -> GemmFit:
     tiling = dataclasses.replace(tiling, shares=tuple(s / best for s in tiling.shares))
     measured = {g: float(s * best) for g, s in zip(rows.gpus, scale, strict=True)}
     capped = power_capped(rows, predict_rows(rows, tiling, (scale * best)[rows.gpu_index]))
-    kappa, families = fit_sustained(measured, capped)
-    fit = GemmFit(tiling, kappa, families, measured, tuple(rows.gpus))
+    watts, families = fit_sustained(measured)
+    fit = GemmFit(tiling, watts, families, measured, tuple(rows.gpus))
     metrics: dict[str, Any] = {"power_capped": capped, "train_mape": _mape_by(rows, fit)}
     if test is not None and len(test):
         metrics["test_mape"] = _mape_by(test, fit)
     return dataclasses.replace(fit, metrics=metrics)
 
 
-def fit_sustained(
-    measured: Mapping[str, float], capped: Iterable[str] = ()
-) -> tuple[float, dict[str, float]]:
-    """``kappa`` and the kernel families' shares that explain the GPUs' ``measured`` shares best (the
-    smallest sum of absolute log deviations; of equals, the smallest ``kappa`` that leaves every GPU
-    whose rows show no cap uncapped; a family's share is the median of its GPUs', at most 1).
-
-    Only the GPUs in ``capped`` (those whose rows show a power cap: :func:`power_capped`) are read
-    as running below their boost clock; the others' shares are their kernels'. A GPU's base clock
-    alone cannot say which: the A100 PCIe's (765 of 1410 MHz) would cap it at 0.82 of its boost
-    clock with the T4's kappa, and its rows show no cap (its long kernels keep its short ones'
-    pace), so its 0.83 is its kernels' share; read as a cap, its kernels would sustain all of
-    their peak, and every GPU running them at its boost clock (an H100) would be priced at it."""
-    capped = set(capped)
+def fit_sustained(measured: Mapping[str, float]) -> tuple[float, dict[str, float]]:
+    """``watts`` and the kernel families' shares that explain the GPUs' ``measured`` shares best: the
+    smallest sum of squared log deviations of each GPU's share from its family's share times its
+    clock share (:func:`~fxcost.cost_models.heads.sustained.clock_share`), a family's share the
+    median of its GPUs' at their boost clock, at most 1. Of equals (a family of one GPU explains any
+    cap of it) the one that caps the fewest measured GPUs, then the largest: where nothing says how
+    deep a cap goes, no measured GPU is capped, and every GPU with less power for its peak than the
+    least of theirs is. A GPU whose power headroom is unknown is read at its boost clock."""
     devices = {name: get_device(name) for name in measured}
     families: dict[str, str] = {}  # a GPU without a kernel family (AMD) explains nothing here
     for name, device in devices.items():
         family = kernel_family(device)
         if family is not None:
             families[name] = family
-    # Where no capped GPU says how deep a cap goes, every kappa explains the shares equally well: the
-    # smallest that leaves the GPUs whose rows show no cap at their boost clock is taken.
-    bases = [base_share(devices[n]) for n in families if n not in capped]
-    least = max((1.0 / b for b in bases if b), default=1.0)
-    kappas = sorted(_KAPPAS, key=lambda k: (k < least - 1e-9, k))
-    best: tuple[float, float, dict[str, float]] | None = None
-    for kappa in kappas:
-        clocks = {n: clock_share(devices[n], float(kappa)) if n in capped else 1.0 for n in families}
+    best: tuple[tuple[float, int, float], float, dict[str, float]] | None = None
+    for watts in _WATTS:
+        clocks = {n: clock_share(devices[n], float(watts)) for n in families}
         logs = {n: math.log(measured[n] / clocks[n]) for n in families}
         shares = {}
         for family in set(families.values()):
             mine = [logs[n] for n in families if families[n] == family]
             shares[family] = min(1.0, math.exp(float(np.median(mine))))
-        deviation = float(sum(abs(logs[n] - math.log(shares[f])) for n, f in families.items()))
-        if best is None or deviation < best[1] - 1e-9:
-            best = (float(kappa), deviation, shares)
+        deviation = float(sum((logs[n] - math.log(shares[f])) ** 2 for n, f in families.items()))
+        # Of equal deviations, the fewest measured GPUs capped, then the largest watts.
+        key = (round(deviation, 9), sum(c < 1.0 for c in clocks.values()), -float(watts))
+        if best is None or key < best[0]:
+            best = (key, float(watts), shares)
     if best is None:
         raise ValueError("no GPUs to fit the sustained shares on")
-    return best[0], {f: best[2][f] for f in FAMILIES if f in best[2]}
+    return best[1], {f: best[2][f] for f in FAMILIES if f in best[2]}
 
 
 def power_capped(rows: GemmRows, predicted: np.ndarray) -> list[str]:
     """The GPUs whose rows show a power cap: their long kernels (at least :data:`_LONG_MS`) run slower,
     against ``predicted`` at one share per GPU, than their short ones (0.1-1 ms) by more than
-    :data:`_CAP_SIGNATURE` in log time, and by no more than down to their base clock. A cap binds
-    under sustained load only: a kernel timed alone after an idle gap starts at the boost clock, and
-    the clock falls as the card reaches its power limit, never below the base clock NVIDIA
-    guarantees there; a slowdown deeper than that is heat, which no spec sheet predicts. On the
-    shared data: the T4 (0.45, its base clock 0.37 of its boost clock), not the P4 (0.57, below its
-    base clock's 0.76: thermal), the P100 (0.11), the V100 (0.04) or the A100 (0.00)."""
+    :data:`_CAP_SIGNATURE` in log time. A cap binds under sustained load only: a kernel timed alone
+    after an idle gap starts at the boost clock, and the clock falls as the card reaches its power
+    limit. On the shared data: the T4 (0.45) and the P4 (0.57), the two GPUs the power model caps,
+    not the P100 (0.11), the V100 (0.04) or the A100 (0.00)."""
     error = np.log(predicted / rows.ms)
     found = []
     for gpu in rows.gpus:
@@ -195,9 +185,7 @@ def power_capped(rows: GemmRows, predicted: np.ndarray) -> list[str]:
         long = mine & (predicted >= _LONG_MS)
         if not short.any() or not long.any():
             continue
-        signature = float(np.median(error[short]) - np.median(error[long]))
-        floor = base_share(get_device(gpu)) or 0.0
-        if signature > _CAP_SIGNATURE and math.exp(-signature) >= floor:
+        if float(np.median(error[short]) - np.median(error[long])) > _CAP_SIGNATURE:
             found.append(gpu)
     return found
 

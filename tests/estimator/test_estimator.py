@@ -233,7 +233,9 @@ def test_a_cost_carries_the_interval_of_its_origin_free_predictions() -> None:
     model, inputs = zoo.build("mlp", 16)
     cost = Estimator().cost(model, inputs, device="H100-SXM")
     assert cost.low_ms < cost.ms < cost.high_ms
-    assert cost.high_ms / cost.low_ms < 3  # an 80% interval, not a shrug
+    # An 80% interval, not a shrug: a GEMM's is x0.56..x3.4 (the left-out P100's long reductions run
+    # 2-3x slower than their shape says; the P4's FC rows ran uncapped, 1.6x faster than it trains).
+    assert cost.high_ms / cost.low_ms < 4
 
 
 def test_a_cost_on_a_gpu_unlike_the_training_ones_says_so() -> None:

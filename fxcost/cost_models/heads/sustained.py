@@ -3,11 +3,14 @@ part of the tiled GEMM model (:mod:`~fxcost.cost_models.heads.tiling`) fit to me
 
 A GPU runs a large GEMM below its peak for two reasons a spec sheet can be read for:
 
-- **The clock under the power cap.** A card's base clock is the clock NVIDIA guarantees at its board
-  power under a heavy load; a GEMM, lighter than that load, sustains ``kappa`` times it, never more
-  than the boost clock the peak is quoted at: ``clock share = min(1, kappa * base / boost)``
-  (:func:`clock_share`). A 70 W T4 (base 585, boost 1590 MHz) runs large fp32 GEMMs at half its
-  peak; a 250 W V100 (1230 / 1380 MHz) at its boost clock. ``kappa`` is one number for every GPU.
+- **The clock under the power cap.** At the boost clock its peak is quoted at, a GEMM draws ``watts``
+  per TFLOP/s of peak on a TSMC 16FF+ chip, less on a finer process; where the board power cannot
+  feed that, the clock falls until it can. A GPU's :func:`~fxcost.gpus.power.power_headroom` is its
+  TDP over its peak FP32 rate and its process's energy per operation, so it sustains
+  ``clock share = min(1, headroom / watts)`` of its boost clock (:func:`clock_share`), the dynamic
+  power falling with the clock at the voltage floor a capped card runs at. ``watts`` is one number
+  for every GPU. A 75 W P4 (headroom 13.6) and a 70 W T4 (11.5) run large fp32 GEMMs well below
+  their peak; a 250 W V100 (23.8) or A100 PCIe (36.6, on 7 nm) at their boost clock.
 - **The kernels.** cuBLAS ships its CUDA-core SGEMM kernels per generation, and a GPU runs its
   generation's (:func:`kernel_family`; the kernel names in the measurements say which: Pascal runs
   ``maxwell_sgemm``, Volta and Turing ``volta_sgemm``, Ampere ``ampere_sgemm``, and the H100 the
@@ -15,11 +18,8 @@ A GPU runs a large GEMM below its peak for two reasons a spec sheet can be read 
 
 So a GPU sustains ``family share x clock share`` of its peak (:meth:`GemmFit.share`). Both are fit to
 the shared measurements (``fxcost train``, :mod:`fxcost.train.gemm`); a GPU measured in them keeps
-the share its own rows gave. ``kappa`` is read where a cap shows in the rows (a capped GPU's long
-kernels run slower than its short ones): the T4 against the V100, which runs the same kernels. The
-A100 PCIe's rows show none, so its share is its kernels' although its low base clock would cap it.
-A family without measurements (a new generation, an AMD GPU) takes the newest measured family
-before it, else the oldest after it.
+the share its own rows gave. A family without measurements (a new generation, an AMD GPU) takes the
+newest measured family before it, else the oldest after it.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from typing import Any
 from fxcost._io import atomic_write
 from fxcost.cost_models.heads.tiling import Tiling
 from fxcost.gpus import Device, UnknownDeviceError, get_device
+from fxcost.gpus.power import power_headroom
 
 __all__ = [
     "FAMILIES",
     "GEMM_FILE",
     "GemmFit",
-    "base_share",
     "clock_share",
     "kernel_family",
     "load_gemm_fit",
@@ -64,18 +64,12 @@ def kernel_family(device: Device) -> str | None:
     return "maxwell" if major < 7 else "volta" if major == 7 else "ampere"
 
 
-def base_share(device: Device) -> float | None:
-    """``device``'s base clock over its boost clock (None where either is unknown): the clock NVIDIA
-    guarantees at its board power under a heavy load, as a share of the one its peak is quoted at."""
-    base, boost = device.base_clock_mhz, device.boost_clock_mhz
-    return float(base) / float(boost) if base and boost else None
-
-
-def clock_share(device: Device, kappa: float) -> float:
-    """The share of its boost clock ``device`` sustains on a large GEMM: ``kappa`` times its base clock
-    under its power cap, never above the boost clock; 1 where the base clock is unknown."""
-    base = base_share(device)
-    return 1.0 if base is None else min(1.0, kappa * base)
+def clock_share(device: Device, watts: float) -> float:
+    """The share of its boost clock ``device`` sustains on a large GEMM that draws ``watts`` per
+    TFLOP/s of peak on a 16FF+ chip: its :func:`~fxcost.gpus.power.power_headroom` over ``watts``,
+    never above the boost clock; 1 where the headroom is unknown."""
+    headroom = power_headroom(device)
+    return 1.0 if headroom is None else min(1.0, headroom / watts)
 
 
 @dataclass(frozen=True)
@@ -84,14 +78,15 @@ class GemmFit:
 
     Attributes:
         tiling: the fp32 CUDA-core kernels' tiles; the best tile's share is 1.
-        kappa: a large GEMM's clock over the base clock under the power cap (:func:`clock_share`).
+        watts: what a large GEMM draws per TFLOP/s of peak at the boost clock, in watts of a 16FF+
+            chip (:func:`clock_share`).
         family_shares: each measured kernel family's share of the peak at the sustained clock.
         measured_shares: each GPU measured in the fit (canonical name), the share its rows gave.
         devices: the GPUs the fit saw; ``metrics``: its errors, train and test apart.
     """
 
     tiling: Tiling
-    kappa: float
+    watts: float
     family_shares: Mapping[str, float]
     measured_shares: Mapping[str, float] = field(default_factory=dict)
     devices: tuple[str, ...] = ()
@@ -103,7 +98,7 @@ class GemmFit:
         measured = self.measured_shares.get(device.name)
         if measured is not None:
             return measured
-        return self.family_share(kernel_family(device)) * clock_share(device, self.kappa)
+        return self.family_share(kernel_family(device)) * clock_share(device, self.watts)
 
     def family_share(self, family: str | None) -> float:
         """The share of ``family``'s kernels; for a family the fit has no measurements of, the newest
@@ -123,13 +118,16 @@ class GemmFit:
         return {
             "tiles": [list(tile) for tile in t.tiles], "shares": list(t.shares), "k_step": t.k_step,
             "k_overhead": t.k_overhead, "splits": list(t.splits), "floor_ms": t.floor_ms,
-            "kappa": self.kappa, "family_shares": dict(self.family_shares),
+            "watts": self.watts, "family_shares": dict(self.family_shares),
             "measured_shares": dict(self.measured_shares), "devices": list(self.devices),
             "metrics": dict(self.metrics),
         }  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GemmFit:
+        if "watts" not in data:  # a fit of fxcost before the power model read the clock off the base clock
+            raise ValueError("a GEMM fit of an older fxcost (its clock model has no 'watts'): "
+                             "run `fxcost train` again")  # fmt: skip
         tiling = Tiling(
             tiles=tuple((int(a), int(b)) for a, b in data["tiles"]),
             shares=tuple(float(s) for s in data["shares"]),
@@ -142,7 +140,7 @@ class GemmFit:
                 measured[get_device(name).name] = float(value)
             except UnknownDeviceError:  # a GPU of another database: nothing to look it up by
                 continue
-        return cls(tiling, float(data["kappa"]), {k: float(v) for k, v in data["family_shares"].items()},
+        return cls(tiling, float(data["watts"]), {k: float(v) for k, v in data["family_shares"].items()},
                    measured, tuple(data.get("devices", ())), data.get("metrics", {}))  # fmt: skip
 
     def save(self, directory: str | Path) -> Path:

@@ -1,0 +1,76 @@
+"""How much power a GPU has for its peak: the spec sheet's board power over its peak FP32 rate, in
+watts of a TSMC 16FF+ chip (``processes.csv``).
+
+A GEMM kernel keeps every FP32 unit busy; at the boost clock its peak is quoted at, the chip draws
+energy per operation times the rate. Where the board power cannot feed that, the clock falls until
+it can (:func:`fxcost.cost_models.heads.sustained.clock_share`). The energy an operation takes is the
+manufacturing process's: each die's node and that node's power at the same speed, relative to
+TSMC's 16FF+ (the Pascal GPUs'), from the foundries' published node-to-node figures. So
+
+    headroom = TDP / (peak FP32 TFLOP/s x energy per operation relative to 16FF+)
+
+is what a GPU has to spend per TFLOP/s of its peak, in 16FF+ watts: a 75 W P4 on 16FF+ 13.6, a 70 W
+T4 on 12FFN 11.5, a 250 W A100 PCIe on N7 36.6, a 72 W L4 on 4N 9.7. A relative energy with a
+trailing ``?`` is unconfirmed (as in ``gpus.csv``). A die without a row, or a GPU without a TDP or a
+peak, has no headroom: unknown, not unlimited.
+
+Example:
+    >>> from fxcost.gpus import get_device
+    >>> round(power_headroom(get_device("T4")), 1)
+    11.5
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import re
+from importlib import resources
+
+from fxcost.gpus import Device
+
+__all__ = ["die_of", "power_headroom", "process_energy", "process_source"]
+
+# The die in the architecture column: "Pascal (GP104)", "Ada Lovelace (AD102)", "CDNA2 (gfx90a, ...)".
+_DIE = re.compile(r"\b(G[PVHAB]\d{3}|TU\d{3}|AD\d{3}|gfx9[0-9a-f]{2})\b")
+
+
+def die_of(device: Device) -> str | None:
+    """The die ``device`` is built on, as its architecture column names it; None where it names none."""
+    found = _DIE.search(device.architecture or "")
+    return found.group(1) if found else None
+
+
+def process_energy(device: Device) -> float | None:
+    """The energy an operation takes on ``device``'s manufacturing process, relative to TSMC 16FF+;
+    None where its die has no row in ``processes.csv``."""
+    row = _table().get(die_of(device) or "")
+    return None if row is None else row[0]
+
+
+def process_source(device: Device) -> str:
+    """Where :func:`process_energy` of ``device`` comes from ("unknown" where it has none)."""
+    row = _table().get(die_of(device) or "")
+    return "unknown" if row is None else row[1]
+
+
+def power_headroom(device: Device) -> float | None:
+    """``device``'s board power per TFLOP/s of its peak FP32 rate, in watts of a 16FF+ chip (see the
+    module docstring); None where its TDP, its peak or its process is unknown."""
+    energy = process_energy(device)
+    if energy is None or not device.tdp_w or not device.fp32_tflops:
+        return None
+    return float(device.tdp_w) / (float(device.fp32_tflops) * energy)
+
+
+@functools.cache
+def _table() -> dict[str, tuple[float, str]]:
+    text = resources.files(__package__).joinpath("processes.csv").read_text(encoding="utf-8")
+    table: dict[str, tuple[float, str]] = {}
+    for row in csv.DictReader(text.splitlines()):
+        value = row["energy_vs_16ff"].strip()
+        unconfirmed = value.endswith("?")
+        source = f"{row['process'].strip()}: {row['sources'].strip()}"
+        source += " (unconfirmed)" if unconfirmed else ""
+        table[row["die"].strip()] = (float(value.rstrip("?")), source)
+    return table
