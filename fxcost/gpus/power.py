@@ -12,7 +12,11 @@ TSMC's 16FF+ (the Pascal GPUs'), from the foundries' published node-to-node figu
 is what a GPU has to spend per TFLOP/s of its peak, in 16FF+ watts: a 75 W P4 on 16FF+ 13.6, a 70 W
 T4 on 12FFN 11.5, a 250 W A100 PCIe on N7 36.6, a 72 W L4 on 4N 9.7. A relative energy with a
 trailing ``?`` is unconfirmed (as in ``gpus.csv``). A die without a row, or a GPU without a TDP or a
-peak, has no headroom: unknown, not unlimited.
+peak, has no headroom (None): the GEMM model then knows no cap and reads it at its boost clock.
+
+The model's limits: the board power also feeds memory and fans, which do not slow with the clock;
+a mild cap also lowers the voltage, so power falls faster than the clock and the cap is shallower
+than this reads; and a tensor-core GEMM draws other power than the FP32 one its peak is read from.
 
 Example:
     >>> from fxcost.gpus import get_device
@@ -32,13 +36,17 @@ from fxcost.gpus import Device
 __all__ = ["die_of", "power_headroom", "process_energy", "process_source"]
 
 # The die in the architecture column: "Pascal (GP104)", "Ada Lovelace (AD102)", "CDNA2 (gfx90a, ...)".
-_DIE = re.compile(r"\b(G[PVHAB]\d{3}|TU\d{3}|AD\d{3}|gfx9[0-9a-f]{2})\b")
+_DIE = re.compile(r"\b(G[PVHAB]\d{3}|TU\d{3}|AD\d{3}|gfx\d[0-9a-f]{2,3})\b", re.IGNORECASE)
 
 
 def die_of(device: Device) -> str | None:
-    """The die ``device`` is built on, as its architecture column names it; None where it names none."""
+    """The die ``device`` is built on, as its architecture column names it (NVIDIA's in capitals,
+    AMD's ``gfx`` targets in lower case, whatever the column's case); None where it names none."""
     found = _DIE.search(device.architecture or "")
-    return found.group(1) if found else None
+    if found is None:
+        return None
+    die = found.group(1)
+    return die.lower() if die.lower().startswith("gfx") else die.upper()
 
 
 def process_energy(device: Device) -> float | None:

@@ -6,7 +6,8 @@ Two steps, so that what sets one GPU apart from another is never learned as a sh
    fit, shared by every GPU, to the ``linear`` and ``bmm`` training rows of all the
    GPUs at once, each GPU with a free scale of its rate (the share of its peak it sustains): least
    squares on log times with a soft-L1 loss, robust to the rows a GPU ran slower for reasons no
-   shape explains (a P4's thermally throttled long runs, a P100's TLB misses over long reductions).
+   shape explains (a P100's TLB misses over long reductions; a P4's long runs in its training rows,
+   at a third to a half of the pace of its held-out rows of the same shapes).
 2. **GPUs.** The GPUs' shares are then explained by what a spec sheet says
    (:mod:`~fxcost.cost_models.heads.sustained`): one ``watts`` for the clock under the power cap
    (what a GEMM draws per TFLOP/s of peak, against each GPU's power headroom) and one share per
@@ -152,6 +153,8 @@ def fit_sustained(measured: Mapping[str, float]) -> tuple[float, dict[str, float
         family = kernel_family(device)
         if family is not None:
             families[name] = family
+    if not families:
+        raise ValueError(f"no GPU with CUDA SGEMM kernels to fit the sustained shares on: {sorted(measured)}")
     best: tuple[tuple[float, int, float], float, dict[str, float]] | None = None
     for watts in _WATTS:
         clocks = {n: clock_share(devices[n], float(watts)) for n in families}
@@ -165,8 +168,7 @@ def fit_sustained(measured: Mapping[str, float]) -> tuple[float, dict[str, float
         key = (round(deviation, 9), sum(c < 1.0 for c in clocks.values()), -float(watts))
         if best is None or key < best[0]:
             best = (key, float(watts), shares)
-    if best is None:
-        raise ValueError("no GPUs to fit the sustained shares on")
+    assert best is not None  # the grid is not empty
     return best[1], {f: best[2][f] for f in FAMILIES if f in best[2]}
 
 

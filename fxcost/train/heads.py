@@ -34,7 +34,7 @@ from fxcost.cost_models.heads import (
     roofline_ms,
     with_device,
 )
-from fxcost.cost_models.heads.sustained import GEMM_FILE
+from fxcost.cost_models.heads.sustained import GEMM_FILE, load_gemm_fit
 from fxcost.cost_models.mlp import MLP, save_mlps
 from fxcost.data.datasets import ELEMENTWISE, read_ops, read_ops_test, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
@@ -196,8 +196,9 @@ def train(
     if manifest.get("feature_version") != FEATURE_VERSION:
         manifest["heads"] = {}  # heads of other features: train again
     files, excluded = _data_files(data), sorted(set(exclude))
-    # The GEMM fit on the same data and devices is done; resumed, it is not fit again.
-    tiled_done = (out / GEMM_FILE).exists() and manifest.get("data") == files
+    # The GEMM fit on the same data and devices is done; resumed, it is not fit again (one of an older
+    # fxcost's GEMM model is).
+    tiled_done = _current_gemm_fit(out) and manifest.get("data") == files
     tiled_done = tiled_done and manifest.get("excluded_devices") == excluded
     manifest.update({"config": asdict(config), "excluded_devices": excluded, "data": files,
                      "feature_version": FEATURE_VERSION})  # fmt: skip
@@ -233,6 +234,15 @@ def train(
         }
         _save(out, trained, manifest)
     return manifest
+
+
+def _current_gemm_fit(out: Path) -> bool:
+    """Whether ``out`` holds a GEMM fit this fxcost reads."""
+    try:
+        load_gemm_fit(out)
+    except (FileNotFoundError, ValueError, KeyError):
+        return False
+    return True
 
 
 def _fit_tiled(

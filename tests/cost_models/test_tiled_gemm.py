@@ -66,8 +66,9 @@ def test_the_clock_under_the_power_cap() -> None:
     assert 10 < fit.watts < 30
     assert clock_share(t4, fit.watts) < 0.7  # a 70 W card: capped
     assert clock_share(v100, fit.watts) == 1.0  # 250 W: the boost clock
-    # A 72 W L4 runs large fp32 GEMMs well below the 30 TFLOP/s its boost clock gives.
-    assert fit.share(l4) * l4.fp32_tflops < 0.6 * l4.fp32_tflops
+    # A 72 W L4 sustains less than half the 30 TFLOP/s its boost clock gives on large fp32 GEMMs,
+    # below the 16 of an A100, whose 19.5 take 400 W.
+    assert fit.share(l4) < 0.5 and fit.share(l4) * l4.fp32_tflops < fit.share(a100) * a100.fp32_tflops
     assert clock_share(h100, fit.watts) == 1.0 and clock_share(a100, fit.watts) == 1.0
 
 

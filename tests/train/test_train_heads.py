@@ -164,3 +164,29 @@ def test_train_killed_mid_run_resumes_to_the_same_heads(tmp_path, data_dir) -> N
     resumed, reference = load_heads(killed)["ln"], load_heads(straight)["ln"]
     for a, b in zip(resumed.weights, reference.weights, strict=True):
         np.testing.assert_array_equal(a, b)  # nothing lost, nothing trained twice
+
+
+def test_an_older_gemm_fit_is_fit_again_when_training_resumes(tmp_path, data_dir, monkeypatch) -> None:
+    """A ``gemm.json`` of the base-clock model (``kappa``, no ``watts``) cannot be read: resuming into
+    its folder fits the GEMM model again instead of keeping it, and a current one is kept."""
+    from fxcost.cost_models.heads.sustained import load_gemm_fit
+
+    current = json.loads((WEIGHTS / "gemm.json").read_text())
+    old = {**{k: v for k, v in current.items() if k != "watts"}, "kappa": 1.55}
+    fits: list[int] = []
+
+    def fit_tiled(data, out, exclude, manifest, progress) -> None:
+        fits.append(1)
+        (out / "gemm.json").write_text(json.dumps(current))
+        manifest["heads"].update({"linear": {}, "bmm": {}})
+
+    monkeypatch.setattr("fxcost.train.heads._fit_tiled", fit_tiled)
+    data, out = _tiny_data(tmp_path / "data", data_dir), tmp_path / "heads"
+    train([data], out, heads=["linear", "bmm"])
+    (out / "gemm.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"gemm\.json: a GEMM fit of an older fxcost.*fxcost train"):
+        load_gemm_fit(out)
+    train([data], out, heads=["linear", "bmm"])
+    assert len(fits) == 2 and load_gemm_fit(out).watts == current["watts"]
+    train([data], out, heads=["linear", "bmm"])
+    assert len(fits) == 2  # a current fit on the same data is kept

@@ -67,7 +67,9 @@ def kernel_family(device: Device) -> str | None:
 def clock_share(device: Device, watts: float) -> float:
     """The share of its boost clock ``device`` sustains on a large GEMM that draws ``watts`` per
     TFLOP/s of peak on a 16FF+ chip: its :func:`~fxcost.gpus.power.power_headroom` over ``watts``,
-    never above the boost clock; 1 where the headroom is unknown."""
+    never above the boost clock. Where the headroom is unknown (no TDP, peak or process: a device
+    file whose architecture names no die of ``processes.csv``), no cap is known and the GPU is read
+    at its boost clock."""
     headroom = power_headroom(device)
     return 1.0 if headroom is None else min(1.0, headroom / watts)
 
@@ -125,9 +127,9 @@ class GemmFit:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> GemmFit:
-        if "watts" not in data:  # a fit of fxcost before the power model read the clock off the base clock
+        if "watts" not in data:  # an older fxcost's fit, which read the clock off the base clock (kappa)
             raise ValueError("a GEMM fit of an older fxcost (its clock model has no 'watts'): "
-                             "run `fxcost train` again")  # fmt: skip
+                             "run `fxcost train` again into the same --out")  # fmt: skip
         tiling = Tiling(
             tiles=tuple((int(a), int(b)) for a, b in data["tiles"]),
             shares=tuple(float(s) for s in data["shares"]),
@@ -156,7 +158,10 @@ def load_gemm_fit(directory: str | Path | None = None) -> GemmFit:
     path = Path(directory) / GEMM_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path}: no GEMM fit (run `fxcost train --out {directory}`)")
-    return GemmFit.from_json(json.loads(path.read_text()))
+    try:
+        return GemmFit.from_json(json.loads(path.read_text()))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 @functools.cache
