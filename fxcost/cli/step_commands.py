@@ -185,19 +185,25 @@ def devices_command(args: argparse.Namespace) -> None:
     """List the GPUs fxcost knows."""
     from rich.table import Table
 
+    from fxcost.cost_models.heads.sustained import clock_share, shipped_gemm_fit
     from fxcost.gpus import device_names, get_device
+    from fxcost.gpus.power import process_source
     from fxcost.report.table import console_for
 
     table = Table(title="GPUs in fxcost's database (? = unconfirmed, or a default; see Device.source_of)")
-    for column in ("name", "full name", "SMs", "FP32 TFLOPS", "BF16 TFLOPS", "spec GB/s", "achieved GB/s",
-                   "memory GB", "$/h"):  # fmt: skip
+    for column in ("name", "full name", "SMs", "FP32 TFLOPS", "BF16 TFLOPS", "GEMM clock %", "spec GB/s",
+                   "achieved GB/s", "memory GB", "$/h"):  # fmt: skip
         table.add_column(column, justify="left" if "name" in column else "right")
+    watts = shipped_gemm_fit().watts
     for name in device_names():
         d = get_device(name)
+        # The share of its boost clock a large GEMM sustains under the power cap (heads.sustained).
+        power_unsure = bool({"tdp_w", "fp32_tflops"} & d.uncertain) or "unconfirmed" in process_source(d)
         cells = [
             (d.num_sms, "num_sms" in d.uncertain),
             (d.fp32_tflops, "fp32_tflops" in d.uncertain),
             (d.bf16_tflops, "bf16_tflops" in d.uncertain),
+            (round(100 * clock_share(d, watts)), power_unsure),
             (d.mem_bandwidth_gbps, "mem_bandwidth_gbps" in d.uncertain),
             (d.bandwidth_gbps, d.achieved_bandwidth_gbps is None),
             (d.memory_gb, "memory_gb" in d.uncertain),
