@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 # Working set of one wave, in units of the L2 size, where row re-reads start and stop missing L2.
-L2_RAMP = (0.4, 1.6)
+L2_RAMP = (0.4, 1.1)
 
 
 def bandwidth_share(nbytes: int | None, kernel_ms: float, device: Device) -> float:
