@@ -42,23 +42,19 @@ _DIE = re.compile(r"\b(G[PVHAB]\d{3}|TU\d{3}|AD\d{3}|gfx\d[0-9a-f]{2,3})\b", re.
 def die_of(device: Device) -> str | None:
     """The die ``device`` is built on, as its architecture column names it (NVIDIA's in capitals,
     AMD's ``gfx`` targets in lower case, whatever the column's case); None where it names none."""
-    found = _DIE.search(device.architecture or "")
-    if found is None:
-        return None
-    die = found.group(1)
-    return die.lower() if die.lower().startswith("gfx") else die.upper()
+    return _die_in(device.architecture or "")
 
 
 def process_energy(device: Device) -> float | None:
     """The energy an operation takes on ``device``'s manufacturing process, relative to TSMC 16FF+;
     None where its die has no row in ``processes.csv``."""
-    row = _table().get(die_of(device) or "")
+    row = _row(device)
     return None if row is None else row[0]
 
 
 def process_source(device: Device) -> str:
     """Where :func:`process_energy` of ``device`` comes from ("unknown" where it has none)."""
-    row = _table().get(die_of(device) or "")
+    row = _row(device)
     return "unknown" if row is None else row[1]
 
 
@@ -69,6 +65,20 @@ def power_headroom(device: Device) -> float | None:
     if energy is None or not device.tdp_w or not device.fp32_tflops:
         return None
     return float(device.tdp_w) / (float(device.fp32_tflops) * energy)
+
+
+@functools.cache  # every price of a GEMM on a GPU not measured reads it: the regex once per column
+def _die_in(architecture: str) -> str | None:
+    found = _DIE.search(architecture)
+    if found is None:
+        return None
+    die = found.group(1)
+    return die.lower() if die.lower().startswith("gfx") else die.upper()
+
+
+def _row(device: Device) -> tuple[float, str] | None:
+    """``device``'s row of ``processes.csv``: (relative energy, source)."""
+    return _table().get(die_of(device) or "")
 
 
 @functools.cache
