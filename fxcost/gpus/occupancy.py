@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from fxcost.gpus import Device
@@ -23,12 +24,10 @@ __all__ = ["Launch", "blocks_per_sm", "sm_version", "wave_size"]
 
 
 def sm_version(device: Device) -> int | None:
-    """The compute capability as ``major·10 + minor`` (90 for Hopper), None where unknown."""
-    try:
-        major, minor = (int(x) for x in (device.compute_capability or "").split("."))
-    except ValueError:
-        return None
-    return 10 * major + minor
+    """The compute capability as ``major·10 + minor`` (90 for Hopper, also for a device file's
+    ``"9.0a"``), None where unknown."""
+    found = re.fullmatch(r"(\d+)\.(\d+)[a-z]?", (device.compute_capability or "").strip())
+    return None if found is None else 10 * int(found.group(1)) + int(found.group(2))
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -77,6 +78,8 @@ def test_kernel_families_and_their_fallback() -> None:
         "maxwell", "volta", "ampere", "ampere"
     ]  # fmt: skip
     assert kernel_family(get_device("MI250")) is None
+    # A device file's architecture-specific capability ("9.0a") is Hopper's, not a crash.
+    assert kernel_family(dataclasses.replace(get_device("H100-SXM"), compute_capability="9.0a")) == "ampere"
     tiling = Tiling(((128, 128),), (1.0,))
     fit = GemmFit(tiling, 1.5, {"volta": 0.9, "ampere": 0.8})
     assert fit.family_share("maxwell") == 0.9  # nothing older measured: the oldest after it

@@ -36,6 +36,7 @@ from typing import Any
 from fxcost._io import atomic_write
 from fxcost.cost_models.heads.tiling import Tiling
 from fxcost.gpus import Device, UnknownDeviceError, get_device
+from fxcost.gpus.occupancy import sm_version
 from fxcost.gpus.power import power_headroom
 
 __all__ = [
@@ -55,12 +56,13 @@ GEMM_FILE = "gemm.json"
 
 
 def kernel_family(device: Device) -> str | None:
-    """The generation of CUDA-core GEMM kernels ``device`` runs, None for a GPU without a CUDA compute
-    capability (AMD): compute capability 6 and below run ``maxwell`` kernels, 7 ``volta``, 8 and above
+    """The generation of CUDA-core GEMM kernels ``device`` runs, None for a GPU without a readable CUDA
+    compute capability (AMD): compute capability 6 and below run ``maxwell`` kernels, 7 ``volta``, 8 and above
     ``ampere`` (CUTLASS's ``sm80`` SIMT kernels, as the H100 recordings show)."""
-    if device.compute_capability is None:
+    version = sm_version(device)
+    if version is None:
         return None
-    major = int(float(device.compute_capability))
+    major = version // 10
     return "maxwell" if major < 7 else "volta" if major == 7 else "ampere"
 
 
