@@ -63,9 +63,10 @@ def main() -> int:
     rows, table = [], {}
     for head in HEADS:
         train_rows, test_rows = split([args.data], head)
-        test_ex = examples(test_rows, head)
+        gemm = load_gemm_fit(args.heads)
+        test_ex = examples(test_rows, head, gemm.watts)
         nodes_ms = {
-            "heads": _model_ms(heads, load_gemm_fit(args.heads), head, test_rows, test_ex),
+            "heads": _model_ms(heads, gemm, head, test_rows, test_ex),
             "roofline": _roofline(test_rows, head),
             "habitat_mlp": habitat_mlp_ms(examples(train_rows, head), test_ex, head),
         }
@@ -152,7 +153,7 @@ def _leave_one_device_out(data: str, work: str | None, epochs: int) -> dict[str,
             if test_rows.empty:
                 result[head][device] = math.nan
                 continue
-            ex = examples(test_rows, head)
+            ex = examples(test_rows, head, gemm.watts)
             with uncalibrated([device]):  # as a GPU nobody measured: its own calibration reaches nothing
                 predicted = _model_ms(heads, gemm, head, test_rows, ex)
             result[head][device] = float(np.mean(np.abs(predicted - ex.latency_ms) / ex.latency_ms) * 100)

@@ -55,6 +55,9 @@ SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
     "softmax": (("softmax",), ("softmax",)),
 }
 CONV_TEST_SHARE = 0.1
+# Heads whose bound the GEMM fit's watts set (convolutions compute at the power-capped clock); they are
+# trained after that fit and again when it changes.
+WATTS_HEADS = frozenset({"conv"})
 CONFIG_COLUMNS = {
     "linear": ["B", "M", "N", "K"], "bmm": ["B", "M", "N", "K"], "ew": ["OPName", "B", "H"],
     "ln": ["B", "H"], "softmax": ["B", "H"],
@@ -93,8 +96,10 @@ class Examples:
     device: np.ndarray
 
 
-def examples(frame: Any, head: str) -> Examples:
-    """Feature rows for ``head`` from a frame of data-set rows (see :mod:`fxcost.data.datasets`).
+def examples(frame: Any, head: str, watts: float | None = None) -> Examples:
+    """Feature rows for ``head`` from a frame of data-set rows (see :mod:`fxcost.data.datasets`),
+    their targets against the heads' bound (``watts``: the GEMM fit's, which prices convolutions;
+    :func:`~fxcost.cost_models.heads.features.roofline_ms`).
 
     A configuration measured on several GPUs is built and featurized once.
     """
@@ -108,7 +113,7 @@ def examples(frame: Any, head: str) -> Examples:
                 node = row_node(row)
                 built[key] = (node, node_features(head, node))
         nodes, problem = zip(*(built[k] for k in keys), strict=True)
-        reference = roofline_ms(NodeBatch.of(nodes), device)
+        reference = roofline_ms(NodeBatch.of(nodes), device, watts)
         latency = group["Latency"].to_numpy(dtype=np.float64)
         parts.append(Examples(with_device(head, problem, device), np.log(latency / reference), reference,
                               latency, np.full(len(group), device_name, dtype=object)))  # fmt: skip
@@ -208,23 +213,29 @@ def train(
         for head in TILED_HEADS:
             manifest["heads"].pop(head, None)
     trained = {h: m for h, m in _load_existing(out).items() if h not in TILED_HEADS}
-    if any(h in TILED_HEADS for h in heads) and not (tiled_done and set(manifest["heads"]) >= TILED_HEADS):
+    # The convolution head's bound runs at the clock the GEMM fit's watts give: it needs that fit.
+    needs_gemm = any(h in TILED_HEADS or h in WATTS_HEADS for h in heads)
+    if needs_gemm and not (tiled_done and set(manifest["heads"]) >= TILED_HEADS):
         _fit_tiled(data, out, exclude, manifest, progress)
         _save(out, trained, manifest)
+    watts = load_gemm_fit(out).watts if needs_gemm else None
     for head in (h for h in heads if h not in TILED_HEADS):
         every_row, every_test = split(data, head, exclude=())
         train_rows, test_rows = _without(every_row, exclude), _without(every_test, exclude)
         left_out = _left_out(every_row, exclude)
         if train_rows.empty:
             raise ValueError(f"no training rows for head {head!r} in {', '.join(map(str, data))}")
-        train_ex = examples(train_rows, head)
-        done = manifest["heads"].get(head, {}).get("config") == asdict(config) and head in trained
+        mine = watts if head in WATTS_HEADS else None
+        train_ex = examples(train_rows, head, mine)
+        entry = manifest["heads"].get(head, {})
+        done = entry.get("config") == asdict(config) and entry.get("watts") == mine and head in trained
         if not done:
             trained[head] = fit(train_ex, config, out / "checkpoints" / f"{head}.pt", progress, head)
         model = trained[head]
-        test_ex = examples(test_rows, head) if not test_rows.empty else None
+        test_ex = examples(test_rows, head, mine) if not test_rows.empty else None
         manifest["heads"][head] = {
             "config": asdict(config),
+            "watts": mine,
             "devices": sorted(set(train_ex.device)),
             "left_out_rows": left_out,
             "train_rows": len(train_ex.y),

@@ -247,3 +247,36 @@ def test_each_heads_model_keeps_its_own_size_tables() -> None:
     first.predict(relu, get_device("T4"))
     assert len(first.size_tables) == 1 and len(second.size_tables) == 0
     assert get_model("mlp") is default_heads() and get_model("mlp_ratio").heads is default_heads()
+
+
+def test_a_convolutions_bound_runs_at_the_power_capped_clock_and_nothing_elses() -> None:
+    """Given the GEMM fit's watts, a convolution's compute bound on a power-capped T4 is its boost-clock
+    bound over the clock share the T4 sustains; a GEMM's and an elementwise op's bound are unchanged,
+    and so is every bound on a V100, which the cap does not reach."""
+    from fxcost.cost_models.heads.features import REFERENCE, roofline_ms
+    from fxcost.cost_models.heads.sustained import clock_share
+
+    conv = conv_node(64, 256, 256, 3, 56, 1, 1)  # 236 GFLOP: compute bound on both
+    batch = NodeBatch.of(
+        [conv, gemm_node("linear", 1, 4096, 4096, 4096), kernel_alike_node("gelu", 4096, 4096)]
+    )
+    t4, v100, watts = get_device("T4"), get_device("V100-PCIE-32GB"), 19.42
+    share = clock_share(t4, watts)
+    assert 0.4 < share < 0.8
+    boost, capped = roofline_ms(batch, t4), roofline_ms(batch, t4, watts)
+    floor = REFERENCE.launch_floor_ms  # added to every bound
+    assert capped[0] - floor == pytest.approx((boost[0] - floor) / share)
+    np.testing.assert_array_equal(capped[1:], boost[1:])
+    np.testing.assert_array_equal(roofline_ms(batch, v100, watts), roofline_ms(batch, v100))
+
+
+def test_the_convolution_head_sees_the_problem_and_the_ridge_not_the_gpu() -> None:
+    """Three GPUs train the conv head in a fold that leaves one out: it reads no spec features, only
+    the problem's and its intensity over the GPU's ridge point (the last column)."""
+    node = conv_node(8, 64, 128, 3, 56, 1, 1)
+    t4, v100 = (feature_matrix("conv", [node], get_device(name)) for name in ("T4", "V100-PCIE-32GB"))
+    np.testing.assert_array_equal(t4[:, :-1], v100[:, :-1])
+    assert t4[0, -1] != v100[0, -1]
+    gemm = gemm_node("linear", 1, 64, 64, 64)
+    t4_gemm, v100_gemm = (feature_matrix("linear", [gemm], get_device(n)) for n in ("T4", "V100-PCIE-32GB"))
+    assert not np.array_equal(t4_gemm[:, :-3], v100_gemm[:, :-3])  # the other heads do see the GPU

@@ -61,16 +61,18 @@ def test_training_is_deterministic_and_resumes_after_an_interruption(tmp_path) -
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def _tiny_data(root: Path, data_dir: Path) -> Path:
-    """A data directory of the shared layout holding a few layer-norm rows of two GPUs."""
-    for sub in ("ops/ln", "ops_test"):
+def _tiny_data(root: Path, data_dir: Path, op: str = "ln") -> Path:
+    """A data directory of the shared layout holding a few rows of ``op`` (``ln``: and its test rows)
+    of two GPUs."""
+    for sub in (f"ops/{op}", "ops_test"):
         (root / "neusight" / sub).mkdir(parents=True)
     for name in ("Tesla_T4.csv", "Tesla_P4.csv"):
-        rows = pd.read_csv(data_dir / "neusight" / "ops" / "ln" / name).head(120)
-        rows.to_csv(root / "neusight" / "ops" / "ln" / name, index=False)
-    test = pd.read_csv(data_dir / "neusight" / "ops_test" / "ln.csv")
-    test = test[test["Device"].isin(["Tesla T4", "Tesla P4"])].head(20)
-    test.to_csv(root / "neusight" / "ops_test" / "ln.csv", index=False)
+        rows = pd.read_csv(data_dir / "neusight" / "ops" / op / name).head(120)
+        rows.to_csv(root / "neusight" / "ops" / op / name, index=False)
+    if op == "ln":
+        test = pd.read_csv(data_dir / "neusight" / "ops_test" / "ln.csv")
+        test = test[test["Device"].isin(["Tesla T4", "Tesla P4"])].head(20)
+        test.to_csv(root / "neusight" / "ops_test" / "ln.csv", index=False)
     return root
 
 
@@ -190,3 +192,41 @@ def test_an_older_gemm_fit_is_fit_again_when_training_resumes(tmp_path, data_dir
     assert len(fits) == 2 and load_gemm_fit(out).watts == current["watts"]
     train([data], out, heads=["linear", "bmm"])
     assert len(fits) == 2  # a current fit on the same data is kept
+
+
+def test_the_convolution_head_is_trained_against_the_gemm_fits_clock_and_again_when_it_changes(
+    tmp_path, data_dir, monkeypatch
+) -> None:
+    """The conv head's targets are read against the power-capped clock of the GEMM fit's ``watts``:
+    it is trained after that fit, says which watts it was trained for, is kept while they hold and is
+    trained again when they change."""
+    import fxcost.train.heads as heads_module
+
+    current = json.loads((WEIGHTS / "gemm.json").read_text())
+
+    def fit_tiled(data, out, exclude, manifest, progress) -> None:
+        (out / "gemm.json").write_text(json.dumps(current))
+        manifest["heads"].update({"linear": {}, "bmm": {}})
+
+    monkeypatch.setattr("fxcost.train.heads._fit_tiled", fit_tiled)
+    data, out, config = (
+        _tiny_data(tmp_path / "data", data_dir, "conv"),
+        tmp_path / "heads",
+        TrainConfig(epochs=1),
+    )
+    fits: list[str] = []
+    real_fit = heads_module.fit
+    monkeypatch.setattr(
+        "fxcost.train.heads.fit", lambda ex, *a, **k: fits.append("conv") or real_fit(ex, *a, **k)
+    )
+
+    def watts() -> float:
+        return json.loads((out / "manifest.json").read_text())["heads"]["conv"]["watts"]
+
+    train([data], out, heads=["conv"], config=config)
+    assert fits == ["conv"] and watts() == current["watts"]
+    train([data], out, heads=["conv"], config=config)
+    assert fits == ["conv"]  # the same fit: the head is kept
+    (out / "gemm.json").write_text(json.dumps({**current, "watts": current["watts"] * 0.8}))
+    train([data], out, heads=["conv"], config=config)
+    assert fits == ["conv", "conv"] and watts() == pytest.approx(current["watts"] * 0.8)

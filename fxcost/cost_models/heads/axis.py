@@ -169,10 +169,13 @@ class AxisTables:
     Every class is read on one grid, from 1 to 2^24, so a sweep over batch sizes reads each class
     once; grids (device-independent) and tables (per device, never above those of weaker GPUs:
     :mod:`~fxcost.cost_models.heads.envelope`) are cached, least recently used dropped first.
+    ``watts``: the GEMM fit's, which the heads' bound prices convolutions with
+    (:func:`~fxcost.cost_models.heads.features.roofline_ms`).
     """
 
-    def __init__(self, max_tables: int = _MAX_TABLES) -> None:
+    def __init__(self, max_tables: int = _MAX_TABLES, watts: float | None = None) -> None:
         self.max_tables = max_tables
+        self.watts = watts
         self._grids: OrderedDict[_Axis, _Grid] = OrderedDict()
         self._envelope: Envelope[tuple[MLP, str, _Axis]] = Envelope(max_tables)
         self._lock = threading.Lock()
@@ -199,7 +202,8 @@ class AxisTables:
         if len(alone):
             nodes = NodeBatch.of([batch.nodes[i] for i in alone])
             problem = [group.problem[i] for i in alone]
-            out[alone] = roofline_ms(nodes, device) * np.exp(mlp(with_device(head, problem, device)))
+            bound = roofline_ms(nodes, device, self.watts)
+            out[alone] = bound * np.exp(mlp(with_device(head, problem, device)))
         return out
 
     def _grid(self, axis: _Axis) -> _Grid:
@@ -230,7 +234,9 @@ class AxisTables:
             grids = [self._grid(k[2]) for k in mine]
             problem = [row for grid in grids for row in grid.problem]
             features = np.concatenate([with_device(head, problem, d) for d in devices])
-            bound = np.concatenate([roofline_ms(grid.batch, d) for d in devices for grid in grids])
+            bound = np.concatenate(
+                [roofline_ms(grid.batch, d, self.watts) for d in devices for grid in grids]
+            )
             log_ms = mlp.single(features) + np.log(bound)
             start = 0
             for d in devices:

@@ -76,7 +76,7 @@ class Heads:
         self.heads = shipped_heads() if heads is None else heads
         self.gemm = shipped_gemm_fit() if gemm is None else gemm
         self.size_tables = SizeTables()
-        self.axis_tables = AxisTables()
+        self.axis_tables = AxisTables(watts=self.gemm.watts)
         self.tiled = TiledGemms(self.gemm)
 
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
