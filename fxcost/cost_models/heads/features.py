@@ -189,7 +189,9 @@ def roofline_ms(batch: NodeBatch, device: Device, watts: float | None = None) ->
     kernels = batch.derived("heads.row_kernels", lambda: [_row_kernels(n) for n in batch.nodes])
     traffic = np.array([dram_traffic_factor(k, device) if k else 1.0 for k in kernels])
     fewer = batch.derived("heads.winograd", lambda: np.array([_winograd(n) for n in batch.nodes]))
-    if watts is not None:  # only convolutions count fewer multiplies than their FLOPs
+    # Only convolutions count fewer multiplies than their FLOPs. A new GPU's tables read this bound
+    # for some 200 batches, most without a convolution: they skip the work (20% of a ResNet's price).
+    if watts is not None and batch.derived("heads.convs", lambda: bool((fewer > 1.0).any())):
         fewer = np.where(fewer > 1.0, fewer * clock_share(device, watts), fewer)
     return REFERENCE.predict(batch, device, traffic, flops=np.nan_to_num(batch.flops) / fewer)
 
