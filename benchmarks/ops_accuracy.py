@@ -60,10 +60,9 @@ def main() -> int:
         print("no trained heads: run `fxcost train --data DIR --out DIR` first", file=sys.stderr)
         return 2
 
-    rows, table = [], {}
+    rows, table, gemm = [], {}, load_gemm_fit(args.heads)
     for head in HEADS:
         train_rows, test_rows = split([args.data], head)
-        gemm = load_gemm_fit(args.heads)
         test_ex = examples(test_rows, head, gemm.watts)
         nodes_ms = {
             "heads": _model_ms(heads, gemm, head, test_rows, test_ex),
@@ -153,8 +152,8 @@ def _leave_one_device_out(data: str, work: str | None, epochs: int) -> dict[str,
             if test_rows.empty:
                 result[head][device] = math.nan
                 continue
-            ex = examples(test_rows, head, gemm.watts)
             with uncalibrated([device]):  # as a GPU nobody measured: its own calibration reaches nothing
+                ex = examples(test_rows, head, gemm.watts)  # its bound too
                 predicted = _model_ms(heads, gemm, head, test_rows, ex)
             result[head][device] = float(np.mean(np.abs(predicted - ex.latency_ms) / ex.latency_ms) * 100)
         print(f"  left out {device}: " + " ".join(f"{h}={result[h][device]:.1f}" for h in HEADS), flush=True)

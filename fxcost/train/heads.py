@@ -25,6 +25,7 @@ import numpy as np
 from fxcost._io import atomic_write
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import (
+    CLOCKED_HEADS,
     FEATURE_VERSION,
     HEAD_OUTPUT,
     HEADS,
@@ -55,9 +56,6 @@ SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = {
     "softmax": (("softmax",), ("softmax",)),
 }
 CONV_TEST_SHARE = 0.1
-# Heads whose bound the GEMM fit's watts set (convolutions compute at the power-capped clock); they are
-# trained after that fit and again when it changes.
-WATTS_HEADS = frozenset({"conv"})
 CONFIG_COLUMNS = {
     "linear": ["B", "M", "N", "K"], "bmm": ["B", "M", "N", "K"], "ew": ["OPName", "B", "H"],
     "ln": ["B", "H"], "softmax": ["B", "H"],
@@ -122,16 +120,18 @@ def examples(frame: Any, head: str, watts: float | None = None) -> Examples:
 
 def fit(
     ex: Examples, config: TrainConfig, checkpoint: Path | None = None, progress: Progress | None = None,
-    label: str = "", loss: Loss = "log_l1",
+    label: str = "", loss: Loss = "log_l1", watts: float | None = None,
 ) -> MLP:  # fmt: skip
-    """Fit a head to ``ex``; resumes from ``checkpoint``.
+    """Fit a head to ``ex``; resumes from ``checkpoint`` if it was trained on the same features and
+    bound (``watts``: the GEMM fit's, for :data:`~fxcost.cost_models.heads.CLOCKED_HEADS`).
 
     ``loss="log_l1"``: absolute error of ``ex.y`` (log time ratios: relative error). ``loss="mape"``: the
     MAPE of ``ex.y`` taken as raw times (Habitat's training objective, for the baseline).
     """
     per_epoch = None if progress is None else (lambda done, total: progress(label, done, total))
+    bound = {} if watts is None else {"watts": watts}  # the other heads' checkpoints stay valid
     return mlp.fit(ex.x, ex.y, config.recipe(loss), checkpoint=checkpoint,
-                   fingerprint={"feature_version": FEATURE_VERSION}, progress=per_epoch)  # fmt: skip
+                   fingerprint={"feature_version": FEATURE_VERSION, **bound}, progress=per_epoch)  # fmt: skip
 
 
 def mape_by_device(model: MLP, ex: Examples) -> dict[str, float]:
@@ -213,24 +213,31 @@ def train(
         for head in TILED_HEADS:
             manifest["heads"].pop(head, None)
     trained = {h: m for h, m in _load_existing(out).items() if h not in TILED_HEADS}
-    # The convolution head's bound runs at the clock the GEMM fit's watts give: it needs that fit.
-    needs_gemm = any(h in TILED_HEADS or h in WATTS_HEADS for h in heads)
+    # The clocked heads' bound runs at the clock the GEMM fit's watts give: they need that fit.
+    needs_gemm = any(h in TILED_HEADS or h in CLOCKED_HEADS for h in heads)
     if needs_gemm and not (tiled_done and set(manifest["heads"]) >= TILED_HEADS):
         _fit_tiled(data, out, exclude, manifest, progress)
         _save(out, trained, manifest)
-    watts = load_gemm_fit(out).watts if needs_gemm else None
+    watts = load_gemm_fit(out).watts if _current_gemm_fit(out) else None
+    # A clocked head trained for other watts (the GEMM fit redone on new data) is trained again,
+    # asked for or not: kept, it would read its efficiency against a bound it never saw.
+    stale = [h for h in sorted(CLOCKED_HEADS) if watts is not None and h in trained and h not in heads
+             and manifest["heads"].get(h, {}).get("watts") != watts]  # fmt: skip
+    heads = [*heads, *stale]
     for head in (h for h in heads if h not in TILED_HEADS):
         every_row, every_test = split(data, head, exclude=())
         train_rows, test_rows = _without(every_row, exclude), _without(every_test, exclude)
         left_out = _left_out(every_row, exclude)
         if train_rows.empty:
             raise ValueError(f"no training rows for head {head!r} in {', '.join(map(str, data))}")
-        mine = watts if head in WATTS_HEADS else None
+        mine = watts if head in CLOCKED_HEADS else None  # a clocked head asked for: fit above
         train_ex = examples(train_rows, head, mine)
         entry = manifest["heads"].get(head, {})
         done = entry.get("config") == asdict(config) and entry.get("watts") == mine and head in trained
         if not done:
-            trained[head] = fit(train_ex, config, out / "checkpoints" / f"{head}.pt", progress, head)
+            trained[head] = fit(
+                train_ex, config, out / "checkpoints" / f"{head}.pt", progress, head, watts=mine
+            )
         model = trained[head]
         test_ex = examples(test_rows, head, mine) if not test_rows.empty else None
         manifest["heads"][head] = {

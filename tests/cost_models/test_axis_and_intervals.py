@@ -93,8 +93,8 @@ def test_asking_for_a_larger_size_later_leaves_smaller_answers_alone() -> None:
 
 
 def test_axis_tables_are_bounded() -> None:
-    tables = AxisTables(max_tables=3)
     heads = Heads()
+    tables = AxisTables(max_tables=3, watts=heads.gemm.watts)
     heads.axis_tables = tables
     nodes = [conv_node(b, 16, c, 3, 14, 1, 1) for b in (1, 2) for c in range(16, 20)]
     heads.predict(NodeBatch.of(nodes), get_device("T4"))
@@ -182,6 +182,24 @@ def test_the_envelope_never_undercuts_a_gpus_own_bound_on_memory_traffic() -> No
     for gpu in ("RTX4090", "V100-SXM2-16GB", "H100-SXM", "L4"):
         device = get_device(gpu)
         assert np.all(Heads().predict(batch, device) >= roofline_ms(batch, device) * (1 - 1e-9)), gpu
+
+
+def test_the_envelope_never_undercuts_a_gpus_power_capped_convolution_bound() -> None:
+    """A convolution's bound runs at the clock its GPU sustains under its power cap; the envelope may
+    lend it the table of a weaker GPU that is capped less (a 250 W P100 to a 70 W T4), never below it."""
+    import dataclasses
+
+    from fxcost.cost_models.heads import roofline_ms
+
+    heads = Heads()
+    convs = [
+        conv_node(b, c, c, 3, s, 1, 1) for b, c, s in ((1, 3, 224), (32, 64, 56), (64, 256, 28), (8, 512, 7))
+    ]
+    fp32 = NodeBatch.of([dataclasses.replace(n, tf32=False) for n in convs])
+    for gpu in ("P4", "T4", "L4", "A10G", "V100-PCIE-32GB", "RTX4090"):
+        device = get_device(gpu)
+        bound = roofline_ms(fp32, device, heads.gemm.watts)
+        assert np.all(heads.predict(fp32, device) >= bound * (1 - 1e-9)), gpu
 
 
 def test_tables_enveloped_ahead_for_every_gpu_are_the_ones_it_would_build(

@@ -270,6 +270,20 @@ def test_a_convolutions_bound_runs_at_the_power_capped_clock_and_nothing_elses()
     np.testing.assert_array_equal(roofline_ms(batch, v100, watts), roofline_ms(batch, v100))
 
 
+def test_the_heads_price_convolutions_with_their_gemm_fits_watts() -> None:
+    """A heads model reads its convolutions' bound with its own GEMM fit's watts: fewer watts per
+    TFLOP/s free the power-capped T4's clock (a faster convolution) and leave the V100, capped by
+    neither, as it was."""
+    import dataclasses
+
+    heads = Heads()
+    freer = Heads(heads.heads, dataclasses.replace(heads.gemm, watts=heads.gemm.watts * 0.8))
+    batch = NodeBatch.of([conv_node(64, 256, 256, 3, 56, 1, 1)])
+    t4, v100 = get_device("T4"), get_device("V100-PCIE-32GB")
+    assert freer.predict(batch, t4)[0] < heads.predict(batch, t4)[0] * 0.9
+    assert freer.predict(batch, v100)[0] == pytest.approx(heads.predict(batch, v100)[0], rel=1e-12)
+
+
 def test_the_convolution_head_sees_the_problem_and_the_ridge_not_the_gpu() -> None:
     """Three GPUs train the conv head in a fold that leaves one out: it reads no spec features, only
     the problem's and its intensity over the GPU's ridge point (the last column)."""

@@ -186,4 +186,4 @@ def test_cheap_enough_for_a_plan() -> None:
     for _ in range(200):
         for g in groups:
             collective_ms("all_reduce", 1e8, g, c, sharing=8)
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 1.5  # 0.1 s alone; `make test` runs a module per core beside it

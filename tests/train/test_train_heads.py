@@ -199,7 +199,7 @@ def test_the_convolution_head_is_trained_against_the_gemm_fits_clock_and_again_w
 ) -> None:
     """The conv head's targets are read against the power-capped clock of the GEMM fit's ``watts``:
     it is trained after that fit, says which watts it was trained for, is kept while they hold and is
-    trained again when they change."""
+    trained again from the start when they change, even by a run that asked only for the GEMMs."""
     import fxcost.train.heads as heads_module
 
     current = json.loads((WEIGHTS / "gemm.json").read_text())
@@ -225,8 +225,11 @@ def test_the_convolution_head_is_trained_against_the_gemm_fits_clock_and_again_w
 
     train([data], out, heads=["conv"], config=config)
     assert fits == ["conv"] and watts() == current["watts"]
+    before = load_heads(out)["conv"].weights[0].copy()
     train([data], out, heads=["conv"], config=config)
     assert fits == ["conv"]  # the same fit: the head is kept
     (out / "gemm.json").write_text(json.dumps({**current, "watts": current["watts"] * 0.8}))
-    train([data], out, heads=["conv"], config=config)
+    train([data], out, heads=["linear", "bmm"], config=config)
     assert fits == ["conv", "conv"] and watts() == pytest.approx(current["watts"] * 0.8)
+    # Not resumed from the finished checkpoint of the other bound: trained anew on the new targets.
+    assert not np.array_equal(load_heads(out)["conv"].weights[0], before)

@@ -6,6 +6,7 @@ curve that never falls with size; ``model``: the heads as cost models (``mlp``, 
 """
 
 from fxcost.cost_models.heads.features import (
+    CLOCKED_HEADS,
     EW_OPS,
     FEATURE_VERSION,
     HEAD_OUTPUT,
@@ -31,6 +32,7 @@ from fxcost.cost_models.heads.weights import (
 )
 
 __all__ = [
+    "CLOCKED_HEADS",
     "EW_OPS",
     "FEATURE_VERSION",
     "HEADS",

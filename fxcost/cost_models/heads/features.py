@@ -6,8 +6,8 @@ One small MLP per op class (``linear``, ``bmm``, ``conv``, ``ew``, ``ln``, ``sof
 ``T_bound / T`` in (0, 1], so no prediction is faster than the GPU's peak compute and the DRAM
 bandwidth it achieves allow. The features say what sets that efficiency: log problem dims, FLOPs,
 bytes, arithmetic intensity against the GPU's ridge point, GEMM tile waves per SM, and the GPU's
-spec-sheet facts (:func:`device_features`), all but the convolution head's, whose efficiency is the
-problem's alone (:func:`with_device`).
+spec-sheet facts (:func:`device_features`), all but the convolution head's, which reads no spec-sheet
+fact but the ridge point (:func:`with_device`).
 
 The heads were trained on fp32 measurements. A half-precision node takes its efficiency from its fp32
 twin: its features see the bytes the node would move in fp32 (:func:`fp32_bytes`), its roofline its own.
@@ -35,6 +35,7 @@ from fxcost.precision import HALF_DTYPES
 from fxcost.records import NodeCost
 
 __all__ = [
+    "CLOCKED_HEADS",
     "EW_OPS",
     "FEATURE_VERSION",
     "HEADS",
@@ -61,6 +62,11 @@ HEAD_OUTPUT: Output = "softplus"
 # The targets also read the training GPUs' calibrated bandwidths (REFERENCE): retrain the heads after
 # `benchmarks/calibrate_devices.py --write` changes them.
 FEATURE_VERSION = 7
+
+CLOCKED_HEADS = frozenset({"conv"})
+"""Heads whose bound computes at the clock the GPU sustains under its power cap, given the GEMM fit's
+watts (:func:`roofline_ms`), and which read no spec-sheet features but the ridge point
+(:func:`with_device`): they are trained against one GEMM fit and again when its watts change."""
 
 # Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
 EW_OPS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
@@ -189,10 +195,13 @@ def roofline_ms(batch: NodeBatch, device: Device, watts: float | None = None) ->
     kernels = batch.derived("heads.row_kernels", lambda: [_row_kernels(n) for n in batch.nodes])
     traffic = np.array([dram_traffic_factor(k, device) if k else 1.0 for k in kernels])
     fewer = batch.derived("heads.winograd", lambda: np.array([_winograd(n) for n in batch.nodes]))
-    # Only convolutions count fewer multiplies than their FLOPs. A new GPU's tables read this bound
-    # for some 200 batches, most without a convolution: they skip the work (20% of a ResNet's price).
-    if watts is not None and batch.derived("heads.convs", lambda: bool((fewer > 1.0).any())):
-        fewer = np.where(fewer > 1.0, fewer * clock_share(device, watts), fewer)
+    # A new GPU's tables read this bound for some 200 batches, most without a clocked head's node:
+    # they skip the work (20% of a ResNet's price).
+    clocked = batch.derived(
+        "heads.clocked", lambda: np.array([head_of(n) in CLOCKED_HEADS for n in batch.nodes])
+    )
+    if watts is not None and clocked.any():
+        fewer = np.where(clocked, fewer * clock_share(device, watts), fewer)
     return REFERENCE.predict(batch, device, traffic, flops=np.nan_to_num(batch.flops) / fewer)
 
 
@@ -226,7 +235,8 @@ class Group:
 
 
 def feature_matrix(head: str, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
-    """Rows of problem features + device features + intensity over the device's ridge point."""
+    """Rows of problem features + device features (none for :data:`CLOCKED_HEADS`) + intensity over
+    the device's ridge point."""
     return with_device(head, [node_features(head, n) for n in nodes], device)
 
 
@@ -234,15 +244,16 @@ def with_device(head: str, problem: Sequence[Sequence[float]] | np.ndarray, devi
     """Problem feature rows (see :func:`node_features`) completed with ``device``'s features, the
     problem's arithmetic intensity over the device's ridge point and, for GEMMs, its waves of tiles.
 
-    The convolution head sees no device features: its bound (:func:`roofline_ms` with the GEMM fit's
-    ``watts``) carries the GPU, and the efficiency against it is the problem's and cuDNN's. Three
+    The convolution head (:data:`CLOCKED_HEADS`) sees no device features but the ridge point: its
+    bound (:func:`roofline_ms` with the GEMM fit's ``watts``) carries the GPU, and the efficiency
+    against it is the problem's and cuDNN's. Three
     GPUs train it in a fold that leaves one out (no A100 convolutions are in the data), too few for
     six spec features to say how a fourth behaves: with them, a left-out GPU's convolutions came
     out 31% off (LOO) and 27% (LOGO), every GPU biased its own way; without them and against the
     power-capped bound, 23% and 23% (``benchmarks/generalization.py``; against the boost clock's
     bound, 30% and 29%).
     """
-    dev = device_features(device) if head != "conv" else []
+    dev = device_features(device) if head not in CLOCKED_HEADS else []
     # The ridge of the spec sheet, a feature like the others (the bound itself takes the achieved bandwidth).
     ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
     rows = np.asarray(problem, dtype=np.float64).reshape(len(problem), -1)
