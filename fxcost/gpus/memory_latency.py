@@ -9,11 +9,10 @@ unconfirmed (as in ``gpus.csv``). An architecture without a row has no latency: 
 
 from __future__ import annotations
 
-import csv
 import functools
-from importlib import resources
 
 from fxcost.gpus import Device
+from fxcost.gpus.sourced import read_sourced
 
 __all__ = ["dram_latency_ns", "latency_source"]
 
@@ -32,11 +31,5 @@ def latency_source(device: Device) -> str:
 
 @functools.cache
 def _table() -> dict[str, tuple[float, str]]:
-    text = resources.files(__package__).joinpath("memory_latency.csv").read_text(encoding="utf-8")
-    table: dict[str, tuple[float, str]] = {}
-    for row in csv.DictReader(text.splitlines()):
-        value = row["dram_latency_ns"].strip()
-        unconfirmed = value.endswith("?")
-        sources = row["sources"].strip() + (" (unconfirmed)" if unconfirmed else "")
-        table[row["compute_capability"].strip()] = (float(value.rstrip("?")), sources)
-    return table
+    return read_sourced("memory_latency.csv", "compute_capability", "dram_latency_ns",
+                        lambda row: row["sources"].strip())  # fmt: skip

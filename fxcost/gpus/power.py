@@ -26,12 +26,11 @@ Example:
 
 from __future__ import annotations
 
-import csv
 import functools
 import re
-from importlib import resources
 
 from fxcost.gpus import Device
+from fxcost.gpus.sourced import read_sourced
 
 __all__ = ["die_of", "power_headroom", "process_energy", "process_source"]
 
@@ -83,12 +82,5 @@ def _row(device: Device) -> tuple[float, str] | None:
 
 @functools.cache
 def _table() -> dict[str, tuple[float, str]]:
-    text = resources.files(__package__).joinpath("processes.csv").read_text(encoding="utf-8")
-    table: dict[str, tuple[float, str]] = {}
-    for row in csv.DictReader(text.splitlines()):
-        value = row["energy_vs_16ff"].strip()
-        unconfirmed = value.endswith("?")
-        source = f"{row['process'].strip()}: {row['sources'].strip()}"
-        source += " (unconfirmed)" if unconfirmed else ""
-        table[row["die"].strip()] = (float(value.rstrip("?")), source)
-    return table
+    return read_sourced("processes.csv", "die", "energy_vs_16ff",
+                        lambda row: f"{row['process'].strip()}: {row['sources'].strip()}")  # fmt: skip

@@ -203,7 +203,7 @@ def train(
     files, excluded = _data_files(data), sorted(set(exclude))
     # The GEMM fit on the same data and devices is done; resumed, it is not fit again (one of an older
     # fxcost's GEMM model is).
-    tiled_done = _current_gemm_fit(out) and manifest.get("data") == files
+    tiled_done = _gemm_watts(out) is not None and manifest.get("data") == files
     tiled_done = tiled_done and manifest.get("excluded_devices") == excluded
     manifest.update({"config": asdict(config), "excluded_devices": excluded, "data": files,
                      "feature_version": FEATURE_VERSION})  # fmt: skip
@@ -218,7 +218,7 @@ def train(
     if needs_gemm and not (tiled_done and set(manifest["heads"]) >= TILED_HEADS):
         _fit_tiled(data, out, exclude, manifest, progress)
         _save(out, trained, manifest)
-    watts = load_gemm_fit(out).watts if _current_gemm_fit(out) else None
+    watts = _gemm_watts(out)
     # A clocked head trained for other watts (the GEMM fit redone on new data) is trained again,
     # asked for or not: kept, it would read its efficiency against a bound it never saw.
     stale = [h for h in sorted(CLOCKED_HEADS) if watts is not None and h in trained and h not in heads
@@ -254,13 +254,12 @@ def train(
     return manifest
 
 
-def _current_gemm_fit(out: Path) -> bool:
-    """Whether ``out`` holds a GEMM fit this fxcost reads."""
+def _gemm_watts(out: Path) -> float | None:
+    """The watts of the GEMM fit ``out`` holds, None where it holds none this fxcost reads."""
     try:
-        load_gemm_fit(out)
+        return load_gemm_fit(out).watts
     except (FileNotFoundError, ValueError, KeyError):
-        return False
-    return True
+        return None
 
 
 def _fit_tiled(
