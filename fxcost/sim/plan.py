@@ -31,7 +31,6 @@ than the host needs to issue its ops (:func:`fxcost.propagate.issue_bound_ms`).
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,7 +51,16 @@ from fxcost.sim.layers import in_tp_region, layer_of, layers_of, region_of
 from fxcost.sim.moe import expert_plan, is_expert
 from fxcost.sim.recompute import activations, core_attention, reruns
 from fxcost.sim.schedule import assign_chunks, virtual_stages
-from fxcost.sim.shard import attention_heads, check_tp, shard_node, shard_sequence, shard_vocabulary
+from fxcost.sim.shard import (
+    attention_heads,
+    check_tp,
+    shard_entering,
+    shard_node,
+    shard_sequence,
+    shard_vocabulary,
+    vocabulary,
+    width_and_tokens,
+)
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import zero_collectives
 
@@ -152,13 +160,13 @@ def compile_plan(
     if s.cp > 1 and not seqlen:
         raise ValueError(f"cp={s.cp} splits the sequence of attention and this step has none; accepted: cp=1")
     if seqlen:  # context parallelism: every node on the rank's part of the sequence
-        whole_tokens = _width_and_tokens(batch_nodes.nodes)[1]
+        whole_tokens = width_and_tokens(batch_nodes.nodes)[1]
         batch_nodes = NodeBatch.of(split_sequence(batch_nodes.nodes, s.cp, seqlen, whole_tokens))
     ms, source = predict_batch(batch_nodes, chain, device)
     kernel = _kernels_of(batch_nodes, ms, source, device)
     interval = _interval(batch_nodes.nodes, ms, source, captured.counts.sum(axis=1))
-    hidden, tokens = _width_and_tokens(batch_nodes.nodes)
-    vocab = _vocab(batch_nodes.nodes)
+    hidden, tokens = width_and_tokens(batch_nodes.nodes)
+    vocab = vocabulary(batch_nodes.nodes)
     itemsize = itemsize_of(precision)
     forward = [
         (n, d) for n, d in zip(report.nodes, captured.index, strict=True) if n.phase == "fw" and d is not None
@@ -178,6 +186,9 @@ def compile_plan(
         layered = [n for n in batch_nodes.nodes if layer_of(n.module, set(layers))]
         check_tp(s.tp, hidden, attention_heads(layered))
     layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
+    entry_shard, entry_ms = _shards(
+        batch_nodes.nodes, lambda n: shard_entering(n, s.tp, tokens), s.tp, chain, device
+    )
     outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
     seq_shard, seq_ms = _shards(batch_nodes.nodes, lambda n: shard_sequence(n, s.tp, hidden, tokens),
                                 s.tp if s.sp else 1, chain, device)  # fmt: skip
@@ -233,11 +244,13 @@ def compile_plan(
             if region is not None and (child != region or (not sharded and not layer)):
                 current.inside.append(leave(region))  # leaving a sharded region: sum the partial results
                 region = None
-            if sharded:
-                if region is None and s.sp and layer:
-                    current.inside.append(gather)  # entering: the whole sequence from its parts
-                region = child
-            elif layer and region is None and d in seq_shard:
+            entering = sharded and region is None  # column-parallel, even a square product (q_proj)
+            if entering and layer and d in entry_shard:
+                shards, shard_ms = entry_shard, entry_ms
+            if entering and s.sp and layer:
+                current.inside.append(gather)  # entering: the whole sequence from its parts
+            region = child if sharded else region
+            if not sharded and layer and region is None and d in seq_shard:
                 shards, shard_ms, sharded = seq_shard, seq_ms, True  # between the regions: split tokens
             if experts is not None:  # entering or leaving the experts: an all-to-all
                 current.inside += experts.crossing(node.module)
@@ -252,9 +265,9 @@ def compile_plan(
                 for policy in reruns(node, (node.graph, node.name) in core, linears, layer) if layer else ():
                     current.rerun_ms[policy] = current.rerun_ms.get(policy, 0.0) + node_ms
                     current.rerun_bytes[policy] = current.rerun_bytes.get(policy, 0.0) + written
-            out = batch_nodes.nodes[d].out_shapes if layer and sharded else None  # a row-parallel output is
-            if s.sp and phase == "fw" and region and out == rows == shards[d].out_shapes:  # whole: scattered
-                current.inside.append(scatter)  # at once, so that the bias and dropout after it run split
+            out = batch_nodes.nodes[d].out_shapes if layer and sharded else None  # a row-parallel output,
+            if s.sp and phase == "fw" and region and not entering and out == rows == shards[d].out_shapes:
+                current.inside.append(scatter)  # whole, is scattered at once: the bias and dropout run split
                 region = None
         if current is not None and region is not None:
             current.inside.append(leave(region))
@@ -344,16 +357,6 @@ def _interval(
     return (float(low @ counts) / total, float(high @ counts) / total) if total > 0 else (1.0, 1.0)
 
 
-def _vocab(nodes: Sequence[NodeCost]) -> int | None:
-    """The vocabulary: rows of the widest embedding table looked up."""
-    tables = [
-        n.in_shapes[0][0]
-        for n in nodes
-        if n.op == "aten.embedding.default" and n.in_shapes and n.in_shapes[0]
-    ]
-    return max(tables, default=None)
-
-
 def _kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> list[float]:
     """Kernel time per node of ``batch`` predicted by ``chain``
     (:func:`fxcost.cost_models.eager.kernel_times`, with the nodes' DRAM floors), 0 where there is no
@@ -375,24 +378,6 @@ def _stage(layer: str, seen_layer: bool, phase: str, stage_of_layer: Mapping[str
     before = not seen_layer
     first = before if phase == "fw" else not before
     return 0 if first else pp - 1
-
-
-def _width_and_tokens(nodes: Sequence[NodeCost]) -> tuple[int, int]:
-    """The model width (the last dimension layer norms normalize most often) and the tokens of a
-    micro-batch (their rows)."""
-    widths: Counter[tuple[int, int]] = Counter()
-    for n in nodes:
-        if n.op == "aten.native_layer_norm.default" and n.in_shapes:
-            x = n.in_shapes[0]
-            if x:
-                widths[(x[-1], math.prod(x) // max(x[-1], 1))] += 1
-    if not widths:  # no layer norm (RMSNorm models): the embeddings' output, tokens of the width
-        widths.update((x[-1], math.prod(x[:-1])) for n in nodes if n.op == "aten.embedding.default"
-                      for x in n.out_shapes[:1] if len(x) >= 2)  # fmt: skip
-    if not widths:
-        return 1, 1
-    (hidden, tokens), _ = widths.most_common(1)[0]
-    return hidden, tokens
 
 
 def host_bound(segment: Segment) -> float:

@@ -12,7 +12,7 @@ from fxcost.estimator import Captured, default_estimator
 from fxcost.gpus import get_device
 from fxcost.sim import Cluster, SimResult, Strategy, collective_ms, simulate
 from fxcost.sim.plan import Plan, compile_plan
-from fxcost.sim.shard import shard_sequence
+from fxcost.sim.shard import shard_entering, shard_node, shard_sequence
 from fxcost.sim.simulator import OPTIMIZER_STEP
 
 LAYERS, DIM, SEQ, VOCAB, BATCH = 2, 64, 16, 256, 8
@@ -65,6 +65,38 @@ def test_each_all_reduce_becomes_an_all_gather_before_the_block_and_a_reduce_sca
                 assert kinds_b == kinds_a
     # Stages send, and recomputed layers keep, a rank's part of the sequence.
     assert (plain.boundary_bytes, sp.boundary_bytes) == (whole, whole / 2)
+
+
+def test_a_llama_layer_gathers_once_per_block_though_its_q_proj_is_square() -> None:
+    # q_proj maps the width to the width, as the output projection does; it starts the attention, so it
+    # is column-parallel (its output split by heads), not a row-parallel output scattered at once.
+    from fxcost.zoo.hf import hf_step
+
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": LAYERS,
+              "hidden_size": DIM, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "vocab_size": VOCAB, "max_position_embeddings": SEQ,
+              "attn_implementation": "sdpa"}  # fmt: skip
+    step = hf_step(config, BATCH, SEQ)
+    captured = default_estimator().capture(
+        step.model, step.inputs, True, loss_fn=step.loss_fn, batch_size=BATCH
+    )
+    llama = (step.model, captured)
+    whole = TOKENS * DIM * FP32
+    for spec, per_block in (("tp=2", [("all_reduce", whole)]),
+                            ("tp=2,sp=1", [("all_gather", whole), ("reduce_scatter", whole)])):  # fmt: skip
+        layers = [seg for seg in _plan(llama, spec).stages[0].forward if seg.layer]
+        assert len(layers) == LAYERS
+        assert all([(c.kind, c.nbytes) for c in seg.inside] == per_block * 2 for seg in layers)
+    q_proj = next(
+        n for n in captured.report.nodes if n.module.endswith("q_proj") and n.op == "aten.mm.default"
+    )
+    column, row = shard_entering(q_proj, 2, TOKENS), shard_node(q_proj, 2, DIM, TOKENS)
+    assert column is not None and column.out_shapes == [(TOKENS, DIM // 2)]
+    assert row is not None and row.out_shapes == [(TOKENS, DIM)]  # the output projection's split
+    k_proj = next(
+        n for n in captured.report.nodes if n.module.endswith("k_proj") and n.op == "aten.mm.default"
+    )
+    assert shard_entering(k_proj, 2, TOKENS) is None  # not square: shard_node's split holds
 
 
 def _split_cost_ms(sp: SimResult, cluster: Cluster) -> float:
