@@ -1,12 +1,16 @@
 """Decoder-only language models by their dimensions: a few named ones, or read from a Hugging Face config.
 
 A :class:`Decoder` holds what a parallel plan depends on (layers, width, heads, MLP width, vocabulary,
-context) and becomes a Hugging Face GPT-2 config of the same dimensions, a few layers deep, to trace on
-meta tensors and deepen (:mod:`fxcost.sim.deepen`). GPT-2 blocks are the ones the simulator shards
-(its layer norms tell it the width; an RMSNorm does not); a gated (SwiGLU) MLP of width ``f``, as in
-Llama, becomes a GELU MLP of width ``1.5 f``: the same FLOPs and parameters. Grouped-query attention
-is traced as full multi-head attention (its key and value projections as wide as the queries): for
-Llama 3 70B that overstates a layer's parameters and matmul FLOPs by about 12%.
+context) and becomes a Hugging Face config of the same dimensions, a few layers deep, to trace on meta
+tensors and deepen (:mod:`fxcost.sim.deepen`), as the family it belongs to runs it:
+
+- **GPT** (a GELU MLP): GPT-2's blocks, layer norms, learned positions, dropout 0.1 and an output
+  layer tied to the embedding, as GPT-3 and Megatron-LM's GPT run.
+- **Llama** (``gated``, a SwiGLU MLP): Llama's blocks, eager RMSNorm, rotary embeddings on the queries
+  and keys, ``kv_heads`` grouped-query heads, no dropout and an output layer of its own, as Llama 2
+  and 3 and torchtitan's Llama run. Before, a gated decoder was traced as GPT-2 with a GELU MLP of
+  ``1.5 f`` (the same matmul FLOPs): its norms, rotary embeddings, SwiGLU and grouped-query repeats
+  were missing and its dropouts were extra.
 
 Named models (:data:`DECODERS`), each from its paper:
 
@@ -14,8 +18,8 @@ Named models (:data:`DECODERS`), each from its paper:
   (GPT-3 XL: 24 layers, d_model 2048, 16 heads; GPT-3: 96 layers, 12288, 96 heads; MLP 4 d_model;
   context 2048; the GPT-2 byte-pair vocabulary of 50257).
 - ``llama-8b``, ``llama-70b``: Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3:
-  32 layers, 4096, 32 heads, FFN 14336; 80 layers, 8192, 64 heads, FFN 28672; vocabulary 128000,
-  128256 in the released configs; context 8192).
+  32 layers, 4096, 32 heads, FFN 14336; 80 layers, 8192, 64 heads, FFN 28672; 8 key/value heads;
+  vocabulary 128000, 128256 in the released configs; context 8192).
 
 Example:
     >>> decoder("llama-70b").params_b  # doctest: +ELLIPSIS
@@ -44,7 +48,8 @@ class Decoder:
         ffn: MLP width (of each of the gate and up projections when ``gated``).
         vocab: vocabulary (the embedding and the tied output layer).
         seq: the context it was trained at (the default sequence length of a plan).
-        gated: a SwiGLU MLP (three ``hidden x ffn`` matrices) rather than two.
+        gated: a SwiGLU MLP (three ``hidden x ffn`` matrices) rather than two: a Llama-family model.
+        kv_heads: key and value heads (grouped-query attention); None: as many as ``heads``.
     """
 
     name: str
@@ -55,6 +60,7 @@ class Decoder:
     vocab: int
     seq: int
     gated: bool = False
+    kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq"):
@@ -65,33 +71,62 @@ class Decoder:
             raise ValueError(
                 f"decoder {self.name!r}: hidden {self.hidden} is not a multiple of heads {self.heads}"
             )
+        kv = self.kv_heads
+        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.heads % kv):
+            raise ValueError(
+                f"decoder {self.name!r}: kv_heads must be a whole number >= 1 dividing heads {self.heads}, "
+                f"got {kv!r}"
+            )
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters of the matmuls: the queries' and output's ``2 h^2`` and the keys' and values'
+        ``2 h x kv_heads x head dim`` per layer, the MLP's ``2 or 3 h f``, and the output layer."""
+        h, kv = self.hidden, (self.kv_heads or self.heads) * (self.hidden // self.heads)
+        attention = 2 * h * h + 2 * h * kv
+        return self.layers * (attention + (3 if self.gated else 2) * h * self.ffn) + self.vocab * h
 
     @property
     def params(self) -> int:
-        """Parameters: attention ``4 h^2`` and the MLP's ``2 or 3 h f`` per layer, the embeddings
-        (tied with the output layer) and learned positions; biases and norms left out."""
-        mlp = (3 if self.gated else 2) * self.hidden * self.ffn
-        return self.layers * (4 * self.hidden**2 + mlp) + (self.vocab + self.seq) * self.hidden
+        """Parameters: :attr:`matmul_params` and what the family adds, learned positions (GPT, whose
+        embedding is the output layer's, tied) or an input embedding of its own (Llama); biases and norms
+        left out."""
+        return self.matmul_params + (self.vocab if self.gated else self.seq) * self.hidden
 
     @property
     def params_b(self) -> float:
         return self.params / 1e9
 
     def hf_config(self, layers: int, seq: int, attention: str = "sdpa") -> dict[str, Any]:
-        """The Hugging Face GPT-2 config of this decoder ``layers`` deep at context ``seq``: a gated (SwiGLU)
-        MLP of ``ffn`` as a GELU one of ``1.5 x ffn`` (the same FLOPs and parameters), the attention as
+        """The Hugging Face config of this decoder ``layers`` deep at context ``seq``: GPT-2's, or
+        Llama's where ``gated`` (the module docstring says what each runs), the attention as
         ``attention`` runs it: ``"sdpa"`` (one fused kernel, as today's training runs it) or ``"eager"``
         (matmuls, softmax and dropout apart, the score matrix kept for the backward)."""
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}; accepted: {', '.join(ATTENTIONS)}")
-        width = self.ffn * 3 // 2 if self.gated else self.ffn
+        depth = min(layers, self.layers)
+        if self.gated:
+            return {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "num_hidden_layers": depth,
+                "hidden_size": self.hidden,
+                "num_attention_heads": self.heads,
+                "num_key_value_heads": self.kv_heads or self.heads,
+                "intermediate_size": self.ffn,
+                "vocab_size": self.vocab,
+                "max_position_embeddings": seq,
+                "hidden_act": "silu",
+                "tie_word_embeddings": False,
+                "attn_implementation": attention,
+            }
         return {
             "model_type": "gpt2",
             "architectures": ["GPT2LMHeadModel"],
-            "n_layer": min(layers, self.layers),
+            "n_layer": depth,
             "n_embd": self.hidden,
             "n_head": self.heads,
-            "n_inner": width,
+            "n_inner": self.ffn,
             "vocab_size": self.vocab,
             "n_positions": seq,
             "activation_function": "gelu_pytorch_tanh",
@@ -106,8 +141,7 @@ class Decoder:
         per token, with ``N`` the matmul parameters (the layers' and the output layer's; the embedding
         lookup and positions do no matmul) and ``12 L h s`` the attention's score and value matmuls
         (Narayanan et al. 2021, eq. 3, has the same terms)."""
-        matmul_params = self.params - self.seq * self.hidden
-        return tokens * (6.0 * matmul_params + 12.0 * self.layers * self.hidden * seq)
+        return tokens * (6.0 * self.matmul_params + 12.0 * self.layers * self.hidden * seq)
 
 
 DECODERS: dict[str, Decoder] = {
@@ -115,8 +149,8 @@ DECODERS: dict[str, Decoder] = {
     for d in (
         Decoder("gpt3-1.3b", 24, 2048, 16, 4 * 2048, 50257, 2048),
         Decoder("gpt3-175b", 96, 12288, 96, 4 * 12288, 50257, 2048),
-        Decoder("llama-8b", 32, 4096, 32, 14336, 128256, 8192, gated=True),
-        Decoder("llama-70b", 80, 8192, 64, 28672, 128256, 8192, gated=True),
+        Decoder("llama-8b", 32, 4096, 32, 14336, 128256, 8192, gated=True, kv_heads=8),
+        Decoder("llama-70b", 80, 8192, 64, 28672, 128256, 8192, gated=True, kv_heads=8),
     )
 }
 
@@ -168,4 +202,7 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
             raise ValueError(f"{name}: the config has no {key} ({' or '.join(names)})")
         found[key] = int(value)
     activation = str(raw.get("hidden_act") or raw.get("activation_function") or "")
-    return Decoder(name, gated=activation in _GATED_ACTIVATIONS, **found)
+    kv = raw.get("num_key_value_heads")
+    return Decoder(
+        name, gated=activation in _GATED_ACTIVATIONS, kv_heads=None if kv is None else int(kv), **found
+    )

@@ -49,13 +49,26 @@ def test_units_are_converted_as_computed_by_hand(load_script: Any) -> None:
     )
 
 
-def test_a_gated_mlp_is_chosen_when_the_parameters_say_so(load_script: Any) -> None:
+def test_a_llama_is_chosen_when_the_parameters_say_so(load_script: Any) -> None:
     script = load_script("benchmarks/published_runs.py")
-    # Llama-3-8B's dimensions: 8.0B parameters fit three h x ffn matrices per layer, not two.
+    # Llama 3's dimensions: 8.0B and 70B parameters fit three h x ffn matrices per layer, not two, and
+    # 8 key/value heads (70.55B: within 1% of the stated 70, where 4 heads' 69.88B is closer).
     llama = _row(params_b="8.0", layers=32, hidden=4096, heads=32, ffn_hidden=14336, vocab=128000, seq=8192)
     assert script.parse_run(llama).gated and not script.parse_run(_row(params_b="0.00023")).gated
     run = script.parse_run(llama)
-    assert script.config_of(run)["n_inner"] == 14336 * 3 // 2
+    config = script.config_of(run)
+    assert (config["model_type"], config["intermediate_size"], config["num_key_value_heads"]) == (
+        "llama",
+        14336,
+        8,
+    )
+    assert "derived: 8 key/value heads (the parameter count)" in run.flags
+    big = script.parse_run(
+        _row(params_b="70.0", layers=80, hidden=8192, heads=64, ffn_hidden=28672, vocab=128000)
+    )
+    assert (big.model.gated, big.model.kv_heads) == (True, 8)
+    gpt = script.parse_run(_row(params_b="0.00023"))
+    assert script.config_of(gpt)["model_type"] == "gpt2" and not any("key/value" in f for f in gpt.flags)
 
 
 def test_unsupported_settings_and_assumptions_are_flagged(load_script: Any) -> None:

@@ -102,6 +102,13 @@ def test_model_flops_by_hand() -> None:
     # PaLM's 6N + 12 L h s per token; N: 4 layers of 4h^2 + 2hf, and the output layer's vocab x h
     n = 4 * (4 * 64 * 64 + 2 * 64 * 128) + 256 * 64
     assert TINY.model_flops(100, 32) == 100 * (6 * n + 12 * 4 * 64 * 32)
+    assert TINY.params == n + 32 * 64  # and learned positions; the embedding is the tied output layer
+    # Llama 3 8B: queries and output 2h^2, keys and values 2 h x 8 heads x 128, SwiGLU 3hf; an output
+    # layer and an input embedding of its own (8.03B, as Meta gives it).
+    llama = decoder("llama-8b")
+    n = 32 * (2 * 4096**2 + 2 * 4096 * 8 * 128 + 3 * 4096 * 14336) + 128256 * 4096
+    assert (llama.matmul_params, llama.params) == (n, n + 128256 * 4096)
+    assert round(llama.params_b, 2) == 8.03
 
 
 def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
@@ -114,12 +121,20 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
         "vocab_size": 128256,
         "max_position_embeddings": 8192,
         "hidden_act": "silu",
+        "num_key_value_heads": 8,
     }
     path = tmp_path / "config.json"
     path.write_text(__import__("json").dumps(config))
     d = decoder(path)
     assert d == dataclasses.replace(decoder("llama-70b"), name="config")
-    assert d.hf_config(2, 4096)["n_inner"] == 28672 * 3 // 2
+    llama = d.hf_config(2, 4096)  # traced as Llama: SwiGLU, grouped-query heads, its own output layer
+    assert (llama["model_type"], llama["intermediate_size"], llama["num_key_value_heads"]) == (
+        "llama",
+        28672,
+        8,
+    )
+    assert not llama["tie_word_embeddings"] and llama["num_hidden_layers"] == 2
+    assert decoder({**config, "hidden_act": "gelu"}).hf_config(2, 4096)["model_type"] == "gpt2"
     with pytest.raises(ValueError, match="no heads"):
         decoder({k: v for k, v in config.items() if k != "num_attention_heads"})
 
@@ -132,6 +147,10 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
         (lambda: plan(TINY, CLUSTER, 3, micro_sizes=(2,)), "no valid plan .* accepted: a batch"),
         (lambda: plan(TINY, CLUSTER, BATCH, precision="fp8"), "precision"),
         (lambda: Decoder("odd", 2, 66, 4, 8, 8, 8), "hidden 66 is not a multiple of heads 4"),
+        (
+            lambda: Decoder("gqa", 2, 64, 4, 8, 8, 8, kv_heads=3),
+            "kv_heads must be .* dividing heads 4, got 3",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error(call: object, match: str) -> None:
