@@ -111,6 +111,20 @@ def test_model_flops_by_hand() -> None:
     assert round(llama.params_b, 2) == 8.03
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_traced_model_has_the_parameters_the_decoder_counts(gated: bool) -> None:
+    # Each family's matrices as the Decoder counts them (GPT: tied output layer and learned positions;
+    # Llama: grouped-query keys and values, an output layer of its own); biases and norms left out.
+    from fxcost.zoo.hf import hf_step
+
+    d = dataclasses.replace(TINY, gated=gated, kv_heads=2 if gated else None)
+    model = hf_step(d.hf_config(d.layers, d.seq), batch=1, seqlen=d.seq).model
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # parameters() counts a tie once
+    assert matrices == d.params
+    plan_of = plan(d, CLUSTER, BATCH, SEQ, precision="bf16", exact=1, micro_sizes=(1,))
+    assert plan_of.candidates and not plan_of.candidates[0].oom
+
+
 def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
     config = {
         "model_type": "llama",
