@@ -44,9 +44,8 @@ import numpy as np
 import pandas as pd
 
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads, load_heads
+from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads
 from fxcost.cost_models.heads.intervals import NOMINAL, Intervals, write_intervals
-from fxcost.cost_models.heads.sustained import load_gemm_fit
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import data_root, read_model_runs, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, job in jobs.items():
             job.result()
             print(f"  fold {name} trained ({time.perf_counter() - start:.0f} s)", flush=True)
-    models = {name: Heads(load_heads(work / _dir(name)), load_gemm_fit(work / _dir(name))) for name in folds}
+    models = {name: Heads.load(work / _dir(name)) for name in folds}
 
     rows = pd.concat([_rows(args.data, head, models, folds) for head in args.heads], ignore_index=True)
     if args.out:

@@ -25,8 +25,7 @@ import sys
 import numpy as np
 
 from fxcost.cost_models import NodeBatch, predict_batch
-from fxcost.cost_models.heads import Heads, load_heads
-from fxcost.cost_models.heads.sustained import load_gemm_fit
+from fxcost.cost_models.heads import Heads
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import Device
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     devices = comparable()
     pairs = stronger_pairs(devices)
-    heads = Heads(load_heads(args.heads), load_gemm_fit(args.heads)) if args.heads else Heads()
+    heads = Heads.load(args.heads) if args.heads else Heads()
     chain = [heads, Roofline()]
     print(f"{len(devices)} GPUs with every spec, {len(pairs)} (stronger, weaker) pairs")
     print(f"{'class':14s} {'comparisons':>11s} {'stronger slower':>15s} {'worst ratio':>11s}  worst pair")

@@ -33,8 +33,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import Heads, load_heads
-from fxcost.cost_models.heads.sustained import load_gemm_fit
+from fxcost.cost_models.heads import Heads
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import device_names, get_device
 from fxcost.lowering.nodes import batch_norm_node, conv_node, gemm_node, memory_pass
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     gpus = [get_device(d) for d in device_names()]
     gpus = [g for g in gpus if g.fp32_tflops and g.mem_bandwidth_gbps and g.num_sms and g.l2_cache_mb]
-    heads = Heads(load_heads(args.heads), load_gemm_fit(args.heads)) if args.heads else Heads()
+    heads = Heads.load(args.heads) if args.heads else Heads()
     print(f"{len(gpus)} GPUs, {args.pairs} random problems per class, each doubled")
     print(f"{'class':12s} {'pairs':>6s} {'larger faster':>13s} {'worst ratio':>11s}")
     summary = []

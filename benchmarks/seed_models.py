@@ -43,7 +43,7 @@ from models_e2e import _capture
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import Heads, load_heads
-from fxcost.cost_models.heads.sustained import load_gemm_fit, shipped_gemm_fit
+from fxcost.cost_models.heads.sustained import shipped_gemm_fit
 from fxcost.cost_models.justus import JustusPredictor
 from fxcost.cost_models.lattuada import LattuadaRegression
 from fxcost.data.datasets import data_root, read_model_runs, row_node
@@ -90,7 +90,7 @@ def main() -> int:
     work = cache / f"heads-{heads_epochs}-without-{holdout}"
     train([args.data], work, heads=LAYERS, exclude=set(HELD_OUT_DEVICES) | {holdout},
           config=dataclasses.replace(TrainConfig(), epochs=heads_epochs))  # fmt: skip
-    heads_out = Heads(load_heads(work), load_gemm_fit(work))  # fit without the held-out GPU
+    heads_out = Heads.load(work)  # fit without the held-out GPU
     heads = Heads(load_heads(), shipped_gemm_fit())
     rows = []
     for layer in LAYERS:

@@ -36,6 +36,7 @@ from fxcost.cost_models.heads import (
     with_device,
 )
 from fxcost.cost_models.heads.sustained import GEMM_FILE, load_gemm_fit
+from fxcost.cost_models.heads.weights import CLOCKED_WATTS
 from fxcost.cost_models.mlp import MLP, save_mlps
 from fxcost.data.datasets import ELEMENTWISE, read_ops, read_ops_test, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
@@ -318,7 +319,10 @@ def _load_existing(out: Path) -> dict[str, MLP]:
 
 
 def _save(out: Path, heads: dict[str, MLP], manifest: dict[str, Any]) -> None:
-    save_mlps(
-        out / "heads.npz", heads, dtype=np.float32, extra={"feature_version": np.array(FEATURE_VERSION)}
-    )
+    extra = {"feature_version": np.array(FEATURE_VERSION)}
+    # The watts its clocked heads were trained against (the manifest's, which the heads saved keep).
+    watts = {manifest["heads"].get(h, {}).get("watts") for h in CLOCKED_HEADS if h in heads} - {None}
+    if watts:
+        extra[CLOCKED_WATTS] = np.array(watts.pop())
+    save_mlps(out / "heads.npz", heads, dtype=np.float32, extra=extra)
     atomic_write(out / "manifest.json", json.dumps(manifest, indent=1).encode())

@@ -270,6 +270,13 @@ def test_a_convolutions_bound_runs_at_the_power_capped_clock_and_nothing_elses()
     np.testing.assert_array_equal(roofline_ms(batch, v100, watts), roofline_ms(batch, v100))
 
 
+def test_the_shipped_conv_head_was_trained_against_the_shipped_gemm_fit() -> None:
+    from fxcost.cost_models.heads.sustained import shipped_gemm_fit
+    from fxcost.cost_models.heads.weights import clocked_watts
+
+    assert clocked_watts() == shipped_gemm_fit().watts == shipped_manifest()["heads"]["conv"]["watts"]
+
+
 def test_the_heads_price_convolutions_with_their_gemm_fits_watts() -> None:
     """A heads model reads its convolutions' bound with its own GEMM fit's watts: fewer watts per
     TFLOP/s free the power-capped T4's clock (a faster convolution) and leave the V100, capped by

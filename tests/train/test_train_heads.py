@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import fxcost
-from fxcost.cost_models.heads import load_heads
+from fxcost.cost_models.heads import Heads, load_heads
+from fxcost.cost_models.heads.weights import clocked_watts
 from fxcost.train.heads import Examples, TrainConfig, fit, train
 
 WEIGHTS = Path(fxcost.__file__).parent / "cost_models" / "weights"
@@ -224,12 +225,23 @@ def test_the_convolution_head_is_trained_against_the_gemm_fits_clock_and_again_w
         return json.loads((out / "manifest.json").read_text())["heads"]["conv"]["watts"]
 
     train([data], out, heads=["conv"], config=config)
-    assert fits == ["conv"] and watts() == current["watts"]
+    assert fits == ["conv"] and watts() == current["watts"] == clocked_watts(out)
     before = load_heads(out)["conv"].weights[0].copy()
     train([data], out, heads=["conv"], config=config)
     assert fits == ["conv"]  # the same fit: the head is kept
+    trained_for = (out / "heads.npz").read_bytes()
     (out / "gemm.json").write_text(json.dumps({**current, "watts": current["watts"] * 0.8}))
+    # heads.npz says the watts its conv head was trained for: a GEMM fit of others is not paired with it.
+    trained, now = current["watts"], current["watts"] * 0.8
+    with pytest.raises(
+        ValueError, match=f"conv head was trained against a GEMM fit of {trained:g} .* holds {now:g}"
+    ):
+        Heads.load(out)
     train([data], out, heads=["linear", "bmm"], config=config)
     assert fits == ["conv", "conv"] and watts() == pytest.approx(current["watts"] * 0.8)
+    assert Heads.load(out).gemm.watts == pytest.approx(clocked_watts(out))
     # Not resumed from the finished checkpoint of the other bound: trained anew on the new targets.
     assert not np.array_equal(load_heads(out)["conv"].weights[0], before)
+    (out / "heads.npz").write_bytes(trained_for)  # copied over from the other training
+    with pytest.raises(ValueError, match="two trainings; run `fxcost train --out"):
+        Heads.load(out)

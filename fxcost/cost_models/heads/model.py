@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads.axis import AxisTables
 from fxcost.cost_models.heads.elementwise import SizeTables
 from fxcost.cost_models.heads.features import (
+    CLOCKED_HEADS,
     LOWERED,
     Group,
     device_features,
@@ -31,10 +33,10 @@ from fxcost.cost_models.heads.features import (
     head_of,
     node_features,
 )
-from fxcost.cost_models.heads.sustained import GemmFit, shipped_gemm_fit
+from fxcost.cost_models.heads.sustained import GemmFit, load_gemm_fit, shipped_gemm_fit
 from fxcost.cost_models.heads.tensor_core import TiledGemms
 from fxcost.cost_models.heads.tensor_work import TensorWork, tensor_work
-from fxcost.cost_models.heads.weights import shipped_heads
+from fxcost.cost_models.heads.weights import clocked_watts, load_heads, shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.latency import latency_floor_ms
 from fxcost.cost_models.mlp import MLP
@@ -78,6 +80,25 @@ class Heads:
         self.size_tables = SizeTables()
         self.axis_tables = AxisTables(watts=self.gemm.watts)
         self.tiled = TiledGemms(self.gemm)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Heads:
+        """The heads and GEMM fit ``fxcost train --out directory`` wrote.
+
+        Raises:
+            FileNotFoundError: the directory holds no trained heads or GEMM fit.
+            ValueError: its clocked heads were trained against another GEMM fit than its ``gemm.json``
+                (files of two trainings mixed): their efficiencies would read a bound they never saw.
+        """
+        heads, gemm = load_heads(directory), load_gemm_fit(directory)
+        watts, clocked = clocked_watts(directory), sorted(CLOCKED_HEADS & set(heads))
+        if clocked and watts is not None and not math.isclose(watts, gemm.watts):
+            raise ValueError(
+                f"{directory}: heads.npz's {', '.join(clocked)} head was trained against a GEMM fit of "
+                f"{watts:g} W per TFLOP/s and gemm.json holds {gemm.watts:g}: the files come from two "
+                f"trainings; run `fxcost train --out {directory}` again"
+            )
+        return cls(heads, gemm)
 
     def predict(self, batch: NodeBatch, device: Device) -> np.ndarray:
         # The same heads on the same batch and device give the same answer: computed once, whether

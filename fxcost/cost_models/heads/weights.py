@@ -16,6 +16,8 @@ from fxcost.cost_models.mlp import MLP, read_mlps
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 
 __all__ = [
+    "CLOCKED_WATTS",
+    "clocked_watts",
     "load_heads",
     "measured_in_training",
     "shipped_heads",
@@ -24,6 +26,27 @@ __all__ = [
     "trained_devices",
     "unlike_training",
 ]
+
+
+CLOCKED_WATTS = "clocked_watts"
+"""The ``heads.npz`` entry that records the GEMM fit's watts its clocked heads (the conv head:
+:data:`~fxcost.cost_models.heads.features.CLOCKED_HEADS`) were trained against."""
+
+
+def clocked_watts(directory: str | Path | None = None) -> float | None:
+    """The GEMM fit's watts the clocked heads in ``directory``'s ``heads.npz`` (the shipped one where
+    None) were trained against; None where it holds no clocked head or does not say (an older fxcost's)."""
+    if directory is None:
+        source = resources.files("fxcost.cost_models").joinpath("weights", "heads.npz")
+        if not source.is_file():
+            return None
+        with source.open("rb") as f, np.load(f) as arrays:
+            return float(arrays[CLOCKED_WATTS]) if CLOCKED_WATTS in arrays.files else None
+    path = Path(directory) / "heads.npz"
+    if not path.exists():
+        return None
+    with np.load(path) as arrays:
+        return float(arrays[CLOCKED_WATTS]) if CLOCKED_WATTS in arrays.files else None
 
 
 def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
