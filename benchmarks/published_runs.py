@@ -1,20 +1,21 @@
 """Published large training runs (papers, reports) simulated and compared with their measured figure.
 
-Each row of ``--runs`` (schema: ``shared/data/README.md``, published_runs.csv) names a GPT-style decoder
-by its dimensions, a cluster (GPU and count) and a parallel plan. The decoder is built on meta tensors
-as a Hugging Face GPT-2 or Llama of the row's width, heads, MLP width, vocabulary and sequence, traced with
-``TRACED_LAYERS`` layers and simulated ``layers`` deep (``fxcost.simulate(..., layers=N)``: the traced
-layers' segments repeated; a 1T-parameter model costs the trace of two layers). A trace depends on the
-width, heads, MLP, vocabulary and sequence only, so rows sharing them share it.
+Each row of ``--runs`` (schema: ``shared/data/README.md``, published_runs.csv) names a decoder-only
+model by its dimensions, a cluster (GPU and count) and a parallel plan. The decoder is built on meta
+tensors as a Hugging Face GPT-2 or Llama of the row's width, heads, MLP width, vocabulary and
+sequence, traced with ``TRACED_LAYERS`` layers and simulated ``layers`` deep
+(``fxcost.simulate(..., layers=N)``: the traced layers' segments repeated; a 1T-parameter model costs
+the trace of two layers).
 
 How a row becomes a simulation (no row is special-cased; any CSV in the schema runs):
 
 - **Model.** GPT-2 blocks (LayerNorm, GELU MLP of ``ffn_hidden``, 4 x ``hidden`` if empty, dropout,
   tied output layer), or Llama's (RMSNorm, rotary embeddings, a SwiGLU MLP of three ``hidden x ffn``
-  matrices, grouped-query heads, no dropout, an output layer of its own:
-  :class:`fxcost.zoo.decoders.Decoder`) where the row's ``params_b`` is closer to a Llama's count; the
-  schema has no key/value heads: the most (a divisor of ``heads``) whose count is within 1% of
-  ``params_b``, else the closest (``derived: ...`` where fewer than the heads).
+  matrices, no dropout, an output layer of its own: :class:`fxcost.zoo.decoders.Decoder`), with every
+  head's keys and values or 8 key/value heads (the grouped-query attention of Llama 2 70B, Llama 3
+  and Mistral; flagged ``assumed``): of the three, the one whose parameter count is closest to the
+  row's ``params_b``. The schema has no key/value heads; a ``kv_heads`` column, where a CSV has one,
+  is read (a Llama of that many).
 - **Plan.** ``tp``, ``pp``, ``dp`` (``gpus / (tp pp cp)`` if empty), ZeRO stage, recomputation (full;
   selective as torchtitan's per-op policy where the source or notes name torchtitan, else as
   Megatron-LM's core attention: :func:`fxcost.sim.runs.recompute_of`),
@@ -181,18 +182,22 @@ def parse_run(raw: dict[str, str]) -> Run:
     vocab = _stated(raw, "vocab", 51200, flags)
     params_b = _number(raw, "params_b")
     name = raw.get("model", "").strip() or "?"
-    # GPT (multi-head), else Llama with as many key/value heads as divide the heads, most first: the
-    # first within 1% of the row's parameter count (a rounded one: Llama 3 70B's 70.55B with its 8
-    # key/value heads is stated as 70), else the closest.
-    families = [Decoder(name, layers, hidden, heads, ffn, vocab, seq)]
-    families += [Decoder(name, layers, hidden, heads, ffn, vocab, seq, gated=True, kv_heads=kv)
-                 for kv in range(heads, 0, -1) if heads % kv == 0]  # fmt: skip
-    model = families[0]
-    if params_b is not None:
-        near = [d for d in families if abs(d.params_b - params_b) <= 0.01 * params_b]
-        model = near[0] if near else min(families, key=lambda d: abs(d.params_b - params_b))
-    if model.kv_heads not in (None, heads):
-        flags.append(f"derived: {model.kv_heads} key/value heads (the parameter count)")
+    # GPT, else Llama with every head's keys and values or with 8 key/value heads (grouped-query
+    # attention as Llama 2 70B, Llama 3 and Mistral run it; a ``kv_heads`` column, outside the schema,
+    # says which): the one whose parameters the row's count is closest to.
+    stated_kv = _int(raw, "kv_heads")
+    if stated_kv is not None and (stated_kv < 1 or heads % stated_kv):
+        raise RowError(f"kv_heads must divide heads {heads}, got {stated_kv}")
+    kv_options = [stated_kv] if stated_kv else [heads] + ([8] if heads > 8 and heads % 8 == 0 else [])
+    families = [Decoder(name, layers, hidden, heads, ffn, vocab, seq)] if not stated_kv else []
+    families += [
+        Decoder(name, layers, hidden, heads, ffn, vocab, seq, gated=True, kv_heads=kv) for kv in kv_options
+    ]
+    model = families[0] if params_b is None else min(families, key=lambda d: abs(d.params_b - params_b))
+    if model.kv_heads not in (None, heads) and not stated_kv:
+        flags.append(
+            f"assumed: {model.kv_heads} key/value heads (grouped-query, as the parameter count says)"
+        )
     unit = raw["unit"].strip()
     if unit not in UNITS:
         raise RowError(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}")

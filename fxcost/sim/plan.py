@@ -47,6 +47,7 @@ from fxcost.propagate import issue_bound_ms
 from fxcost.records import NodeCost
 from fxcost.sim.comm import Comm
 from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
+from fxcost.sim.dims import vocabulary, width_and_tokens
 from fxcost.sim.layers import in_tp_region, layer_of, layers_of, region_of
 from fxcost.sim.moe import expert_plan, is_expert
 from fxcost.sim.recompute import activations, core_attention, reruns
@@ -54,12 +55,10 @@ from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import (
     attention_heads,
     check_tp,
-    shard_entering,
+    shard_column,
     shard_node,
     shard_sequence,
     shard_vocabulary,
-    vocabulary,
-    width_and_tokens,
 )
 from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import zero_collectives
@@ -186,9 +185,8 @@ def compile_plan(
         layered = [n for n in batch_nodes.nodes if layer_of(n.module, set(layers))]
         check_tp(s.tp, hidden, attention_heads(layered))
     layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
-    entry_shard, entry_ms = _shards(
-        batch_nodes.nodes, lambda n: shard_entering(n, s.tp, tokens), s.tp, chain, device
-    )
+    column_shard, column_ms = _shards(batch_nodes.nodes, lambda n: shard_column(n, s.tp, tokens), s.tp,
+                                      chain, device)  # fmt: skip
     outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
     seq_shard, seq_ms = _shards(batch_nodes.nodes, lambda n: shard_sequence(n, s.tp, hidden, tokens),
                                 s.tp if s.sp else 1, chain, device)  # fmt: skip
@@ -215,6 +213,7 @@ def compile_plan(
         ]
         in_layers = [i for i, (n, _) in enumerate(ordered) if layer_by_module[n.module]]
         linears: Counter[str] = Counter()  # a layer's forward linear products so far (the "ops" policy)
+        last = _last_products(ordered, layer_by_module) if phase == "fw" else set()
         for i, (node, d) in enumerate(ordered):
             layer = layer_by_module[node.module]
             inherited = False
@@ -244,10 +243,9 @@ def compile_plan(
             if region is not None and (child != region or (not sharded and not layer)):
                 current.inside.append(leave(region))  # leaving a sharded region: sum the partial results
                 region = None
-            entering = sharded and region is None  # column-parallel, even a square product (q_proj)
-            if entering and layer and d in entry_shard:
-                shards, shard_ms = entry_shard, entry_ms
-            if entering and s.sp and layer:
+            if sharded and layer and i not in last and d in column_shard and phase == "fw":
+                shards, shard_ms = column_shard, column_ms  # not the region's last product: column-parallel
+            if sharded and region is None and s.sp and layer:
                 current.inside.append(gather)  # entering: the whole sequence from its parts
             region = child if sharded else region
             if not sharded and layer and region is None and d in seq_shard:
@@ -266,7 +264,7 @@ def compile_plan(
                     current.rerun_ms[policy] = current.rerun_ms.get(policy, 0.0) + node_ms
                     current.rerun_bytes[policy] = current.rerun_bytes.get(policy, 0.0) + written
             out = batch_nodes.nodes[d].out_shapes if layer and sharded else None  # a row-parallel output,
-            if s.sp and phase == "fw" and region and not entering and out == rows == shards[d].out_shapes:
+            if s.sp and phase == "fw" and region and out == rows == shards[d].out_shapes:
                 current.inside.append(scatter)  # whole, is scattered at once: the bias and dropout run split
                 region = None
         if current is not None and region is not None:
@@ -368,6 +366,17 @@ def _kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> 
 def _kernels_of(batch: NodeBatch, ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
     """:func:`_kernel_ms` of predictions made already."""
     return np.nan_to_num(kernel_times(batch, ms, source, device)).tolist()
+
+
+def _last_products(ordered: Sequence[tuple[NodeCost, int]], layer_by_module: Mapping[str, str]) -> set[int]:
+    """Positions in ``ordered`` of each layer child's last product (its row-parallel one: o_proj,
+    c_proj, down_proj); the products before it are column-parallel."""
+    last = {}
+    for i, (n, _) in enumerate(ordered):
+        layer = layer_by_module[n.module]
+        if layer and n.op in ("aten.mm.default", "aten.addmm.default") and n.module.startswith(layer + "."):
+            last[(layer, region_of(n.module, layer))] = i
+    return set(last.values())
 
 
 def _stage(layer: str, seen_layer: bool, phase: str, stage_of_layer: Mapping[str, int], pp: int) -> int:

@@ -1,9 +1,9 @@
 """Tensor-parallel shards of nodes (Megatron-LM): what one of ``tp`` ranks runs of a node.
 
 Inside a layer's attention and MLP, a matmul is sharded along its wider non-token dimension (the 3H
-of QKV, the 4H of the MLP; the contraction of the output projections; a square product along its
-output features where it starts the region, Llama's ``q_proj``: :func:`shard_entering`), a batched
-matmul along its batch-times-heads dimension, other ops along their head or feature dimension;
+of QKV, the 4H of the MLP; the contraction of the output projections; in the forward, every product
+of a region but its last along its output features: :func:`shard_column`), a batched matmul along
+its batch-times-heads dimension, other ops along their head or feature dimension;
 tensors as wide as the model (the row-parallel outputs, the residual stream) stay whole. Outside the
 layers, the head, the cross-entropy and the embedding are split along the vocabulary. A shard is a
 node on smaller tensors, priced at its own shapes rather than as a fraction of the whole.
@@ -26,12 +26,10 @@ from fxcost.records import NodeCost, Shape
 __all__ = [
     "attention_heads",
     "check_tp",
-    "shard_entering",
+    "shard_column",
     "shard_node",
     "shard_sequence",
     "shard_vocabulary",
-    "vocabulary",
-    "width_and_tokens",
 ]
 
 
@@ -47,15 +45,15 @@ def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | 
                     [_split(s, tp, hidden) for s in node.out_shapes])  # fmt: skip
 
 
-def shard_entering(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
-    """A square product (as many output features as input ones) where it starts a layer's attention or
-    MLP, split along its output features: column-parallel, as Megatron runs a Llama ``q_proj`` on the
-    whole input. None for every other node, whose :func:`shard_node` split holds; a square product
-    later in the region is the row-parallel one (an output projection), split along the contraction."""
+def shard_column(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
+    """A product of a layer's attention or MLP that is not its last, split along its output features:
+    column-parallel, each rank on the whole input (Megatron's QKV and first MLP product, a Llama's
+    ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj`` and ``up_proj``, square or not). The last product
+    of the region is the row-parallel one, :func:`shard_node`'s. None for a batched product, or where
+    the features do not split."""
     if node.op not in MATMULS or node.op in ("aten.bmm.default", "aten.baddbmm.default"):
         return None
-    (_, k), (_, n) = matmul_operands(node)
-    return _shard_matmul(node, tp, tokens, column=True) if k == n != tokens and n % tp == 0 else None
+    return _shard_matmul(node, tp, tokens, column=True)
 
 
 def shard_sequence(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:
@@ -133,11 +131,15 @@ def _shard_matmul(node: NodeCost, tp: int, tokens: int, column: bool = False) ->
     else:
         (m, k), (_, n) = a, b
         candidates = {"m": m, "k": k, "n": n}
-        free = {name: size for name, size in candidates.items() if size != tokens and size % tp == 0}
+        # The tokens are one dimension, found by position (the rows, else the contraction of a weight's
+        # gradient), so that a projection as wide as the micro-batch's tokens still splits.
+        token = next((name for name, size in candidates.items() if size == tokens), None)
+        free = {name: size for name, size in candidates.items() if name != token and size % tp == 0}
+        if column:
+            free = {name: size for name, size in free.items() if name == "n"}
         if not free:
             return None
-        tie = "n" if column else "k"  # a square product: the contraction, unless it enters a region
-        dim = max(free, key=lambda name: (free[name], name == tie))
+        dim = max(free, key=lambda name: (free[name], name == "k"))  # a tie: split the contraction
         m2, k2, n2 = (x // tp if name == dim else x for name, x in candidates.items())
         shapes[-2], shapes[-1] = (m2, k2), (k2, n2)
         if node.op == "aten.addmm.default":
@@ -179,31 +181,3 @@ def check_tp(tp: int, hidden: int, heads: int | None) -> None:
             f"tp={tp} does not divide the model's {' and '.join(uneven)}: tensor parallelism splits "
             f"them evenly over its ranks; accepted tp: {accepted}"
         )
-
-
-def width_and_tokens(nodes: Sequence[NodeCost]) -> tuple[int, int]:
-    """The model width (the last dimension layer norms normalize most often) and the tokens of a
-    micro-batch (their rows)."""
-    widths: Counter[tuple[int, int]] = Counter()
-    for n in nodes:
-        if n.op == "aten.native_layer_norm.default" and n.in_shapes:
-            x = n.in_shapes[0]
-            if x:
-                widths[(x[-1], math.prod(x) // max(x[-1], 1))] += 1
-    if not widths:  # no layer norm (RMSNorm models): the embeddings' output, tokens of the width
-        widths.update((x[-1], math.prod(x[:-1])) for n in nodes if n.op == "aten.embedding.default"
-                      for x in n.out_shapes[:1] if len(x) >= 2)  # fmt: skip
-    if not widths:
-        return 1, 1
-    (hidden, tokens), _ = widths.most_common(1)[0]
-    return hidden, tokens
-
-
-def vocabulary(nodes: Sequence[NodeCost]) -> int | None:
-    """The vocabulary: rows of the widest embedding table looked up."""
-    tables = [
-        n.in_shapes[0][0]
-        for n in nodes
-        if n.op == "aten.embedding.default" and n.in_shapes and n.in_shapes[0]
-    ]
-    return max(tables, default=None)

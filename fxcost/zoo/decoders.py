@@ -40,16 +40,18 @@ ATTENTIONS = ("sdpa", "eager")
 
 @dataclass(frozen=True)
 class Decoder:
-    """A GPT-style decoder by its dimensions.
+    """A GPT- or Llama-family decoder by its dimensions.
 
     Attributes:
         name: what it is called (a named model, or the config file's name).
         layers, hidden, heads: transformer layers, model width, attention heads.
         ffn: MLP width (of each of the gate and up projections when ``gated``).
-        vocab: vocabulary (the embedding and the tied output layer).
+        vocab: vocabulary (the input embedding and the output layer).
         seq: the context it was trained at (the default sequence length of a plan).
         gated: a SwiGLU MLP (three ``hidden x ffn`` matrices) rather than two: a Llama-family model.
-        kv_heads: key and value heads (grouped-query attention); None: as many as ``heads``.
+        kv_heads: key and value heads (grouped-query attention, Llama family only); None: ``heads``.
+        tied: the output layer is the input embedding; None: the family's way (GPT tied, Llama not;
+            Llama 3.2's 1B and 3B are tied).
     """
 
     name: str
@@ -61,6 +63,7 @@ class Decoder:
     seq: int
     gated: bool = False
     kv_heads: int | None = None
+    tied: bool | None = None
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq"):
@@ -77,6 +80,11 @@ class Decoder:
                 f"decoder {self.name!r}: kv_heads must be a whole number >= 1 dividing heads {self.heads}, "
                 f"got {kv!r}"
             )
+        if kv is not None and kv != self.heads and not self.gated:
+            raise ValueError(
+                f"decoder {self.name!r}: kv_heads={kv} needs a gated (Llama-family) decoder; a GPT-family "
+                "one is traced as GPT-2, whose every head has its keys and values"
+            )
 
     @property
     def matmul_params(self) -> int:
@@ -87,11 +95,16 @@ class Decoder:
         return self.layers * (attention + (3 if self.gated else 2) * h * self.ffn) + self.vocab * h
 
     @property
+    def is_tied(self) -> bool:
+        """Whether the output layer is the input embedding (:attr:`tied`, else the family's way)."""
+        return not self.gated if self.tied is None else self.tied
+
+    @property
     def params(self) -> int:
-        """Parameters: :attr:`matmul_params` and what the family adds, learned positions (GPT, whose
-        embedding is the output layer's, tied) or an input embedding of its own (Llama); biases and norms
-        left out."""
-        return self.matmul_params + (self.vocab if self.gated else self.seq) * self.hidden
+        """Parameters: :attr:`matmul_params`, the input embedding unless the output layer is it, and
+        GPT's learned positions; biases and norms left out."""
+        embedding = 0 if self.is_tied else self.vocab
+        return self.matmul_params + (embedding + (0 if self.gated else self.seq)) * self.hidden
 
     @property
     def params_b(self) -> float:
@@ -117,7 +130,7 @@ class Decoder:
                 "vocab_size": self.vocab,
                 "max_position_embeddings": seq,
                 "hidden_act": "silu",
-                "tie_word_embeddings": False,
+                "tie_word_embeddings": self.is_tied,
                 "attn_implementation": attention,
             }
         return {
@@ -132,6 +145,7 @@ class Decoder:
             "activation_function": "gelu_pytorch_tanh",
             "bos_token_id": 0,
             "eos_token_id": 0,
+            "tie_word_embeddings": self.is_tied,
             "attn_implementation": attention,
         }
 
@@ -202,7 +216,8 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
             raise ValueError(f"{name}: the config has no {key} ({' or '.join(names)})")
         found[key] = int(value)
     activation = str(raw.get("hidden_act") or raw.get("activation_function") or "")
-    kv = raw.get("num_key_value_heads")
-    return Decoder(
-        name, gated=activation in _GATED_ACTIVATIONS, kv_heads=None if kv is None else int(kv), **found
-    )
+    gated = activation in _GATED_ACTIVATIONS
+    kv = raw.get("num_key_value_heads") if gated else None  # GPT-family configs are traced with every head
+    tied = raw.get("tie_word_embeddings")
+    return Decoder(name, gated=gated, kv_heads=None if kv is None else int(kv),
+                   tied=None if tied is None else bool(tied), **found)  # fmt: skip

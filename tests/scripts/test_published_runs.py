@@ -52,7 +52,7 @@ def test_units_are_converted_as_computed_by_hand(load_script: Any) -> None:
 def test_a_llama_is_chosen_when_the_parameters_say_so(load_script: Any) -> None:
     script = load_script("benchmarks/published_runs.py")
     # Llama 3's dimensions: 8.0B and 70B parameters fit three h x ffn matrices per layer, not two, and
-    # 8 key/value heads (70.55B: within 1% of the stated 70, where 4 heads' 69.88B is closer).
+    # 8 key/value heads (8.03B and 70.55B; with every head's, 8.83B and 80.0B).
     llama = _row(params_b="8.0", layers=32, hidden=4096, heads=32, ffn_hidden=14336, vocab=128000, seq=8192)
     assert script.parse_run(llama).gated and not script.parse_run(_row(params_b="0.00023")).gated
     run = script.parse_run(llama)
@@ -62,11 +62,25 @@ def test_a_llama_is_chosen_when_the_parameters_say_so(load_script: Any) -> None:
         14336,
         8,
     )
-    assert "derived: 8 key/value heads (the parameter count)" in run.flags
+    assert "assumed: 8 key/value heads (grouped-query, as the parameter count says)" in run.flags
     big = script.parse_run(
         _row(params_b="70.0", layers=80, hidden=8192, heads=64, ffn_hidden=28672, vocab=128000)
     )
     assert (big.model.gated, big.model.kv_heads) == (True, 8)
+    # Llama 2 7B (6.74B, every head's keys and values) and 70B (68.98B, 8 key/value heads), stated rounded.
+    seven = script.parse_run(
+        _row(params_b="7", layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000)
+    )
+    assert (seven.model.gated, seven.model.kv_heads) == (True, 32)
+    seventy = script.parse_run(
+        _row(params_b="70", layers=80, hidden=8192, heads=64, ffn_hidden=28672, vocab=32000)
+    )
+    assert seventy.model.kv_heads == 8
+    # A kv_heads column (not in the schema) is read where a CSV has one.
+    stated = script.parse_run({**llama, "kv_heads": "4"})
+    assert stated.model.kv_heads == 4 and not any("key/value" in f for f in stated.flags)
+    with pytest.raises(script.RowError, match="kv_heads must divide heads 32, got 5"):
+        script.parse_run({**llama, "kv_heads": "5"})
     gpt = script.parse_run(_row(params_b="0.00023"))
     assert script.config_of(gpt)["model_type"] == "gpt2" and not any("key/value" in f for f in gpt.flags)
 

@@ -111,13 +111,14 @@ def test_model_flops_by_hand() -> None:
     assert round(llama.params_b, 2) == 8.03
 
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_the_traced_model_has_the_parameters_the_decoder_counts(gated: bool) -> None:
+@pytest.mark.parametrize(("gated", "tied"), [(False, None), (True, None), (True, True)])
+def test_the_traced_model_has_the_parameters_the_decoder_counts(gated: bool, tied: bool | None) -> None:
     # Each family's matrices as the Decoder counts them (GPT: tied output layer and learned positions;
-    # Llama: grouped-query keys and values, an output layer of its own); biases and norms left out.
+    # Llama: grouped-query keys and values, an output layer of its own unless tied, as Llama 3.2 1B's);
+    # biases and norms left out.
     from fxcost.zoo.hf import hf_step
 
-    d = dataclasses.replace(TINY, gated=gated, kv_heads=2 if gated else None)
+    d = dataclasses.replace(TINY, gated=gated, kv_heads=2 if gated else None, tied=tied)
     model = hf_step(d.hf_config(d.layers, d.seq), batch=1, seqlen=d.seq).model
     matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # parameters() counts a tie once
     assert matrices == d.params
@@ -148,7 +149,9 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
         8,
     )
     assert not llama["tie_word_embeddings"] and llama["num_hidden_layers"] == 2
-    assert decoder({**config, "hidden_act": "gelu"}).hf_config(2, 4096)["model_type"] == "gpt2"
+    gpt = decoder({**config, "hidden_act": "gelu"})  # a GELU MLP: GPT-2 blocks, every head's keys
+    assert gpt.hf_config(2, 4096)["model_type"] == "gpt2" and gpt.kv_heads is None
+    assert decoder({**config, "tie_word_embeddings": True}).params == decoder(path).params - 128256 * 8192
     with pytest.raises(ValueError, match="no heads"):
         decoder({k: v for k, v in config.items() if k != "num_attention_heads"})
 
@@ -162,9 +165,10 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
         (lambda: plan(TINY, CLUSTER, BATCH, precision="fp8"), "precision"),
         (lambda: Decoder("odd", 2, 66, 4, 8, 8, 8), "hidden 66 is not a multiple of heads 4"),
         (
-            lambda: Decoder("gqa", 2, 64, 4, 8, 8, 8, kv_heads=3),
+            lambda: Decoder("gqa", 2, 64, 4, 8, 8, 8, gated=True, kv_heads=3),
             "kv_heads must be .* dividing heads 4, got 3",
         ),
+        (lambda: Decoder("gpt", 2, 64, 4, 8, 8, 8, kv_heads=2), "kv_heads=2 needs a gated"),
     ],
 )
 def test_bad_input_is_one_clear_error(call: object, match: str) -> None:

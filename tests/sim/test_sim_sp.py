@@ -10,9 +10,11 @@ import fxcost
 from fxcost import zoo
 from fxcost.estimator import Captured, default_estimator
 from fxcost.gpus import get_device
+from fxcost.lowering.nodes import gemm_node
+from fxcost.records import NodeCost
 from fxcost.sim import Cluster, SimResult, Strategy, collective_ms, simulate
 from fxcost.sim.plan import Plan, compile_plan
-from fxcost.sim.shard import shard_entering, shard_node, shard_sequence
+from fxcost.sim.shard import shard_column, shard_node, shard_sequence
 from fxcost.sim.simulator import OPTIMIZER_STEP
 
 LAYERS, DIM, SEQ, VOCAB, BATCH = 2, 64, 16, 256, 8
@@ -67,14 +69,17 @@ def test_each_all_reduce_becomes_an_all_gather_before_the_block_and_a_reduce_sca
     assert (plain.boundary_bytes, sp.boundary_bytes) == (whole, whole / 2)
 
 
-def test_a_llama_layer_gathers_once_per_block_though_its_q_proj_is_square() -> None:
-    # q_proj maps the width to the width, as the output projection does; it starts the attention, so it
-    # is column-parallel (its output split by heads), not a row-parallel output scattered at once.
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_a_llama_layer_gathers_once_per_block_though_its_projections_are_square(kv_heads: int) -> None:
+    # q_proj (and k_proj and v_proj with as many key/value heads as heads) map the width to the width,
+    # as the output projection does; but every product of a block before its last is column-parallel
+    # (its output split by heads), not a row-parallel output scattered at once.
     from fxcost.zoo.hf import hf_step
 
+    ffn = 96  # not TOKENS (128): the MLP's products are told from the tokens by their width
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": LAYERS,
-              "hidden_size": DIM, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "intermediate_size": 128, "vocab_size": VOCAB, "max_position_embeddings": SEQ,
+              "hidden_size": DIM, "num_attention_heads": 4, "num_key_value_heads": kv_heads,
+              "intermediate_size": ffn, "vocab_size": VOCAB, "max_position_embeddings": SEQ,
               "attn_implementation": "sdpa"}  # fmt: skip
     step = hf_step(config, BATCH, SEQ)
     captured = default_estimator().capture(
@@ -87,16 +92,25 @@ def test_a_llama_layer_gathers_once_per_block_though_its_q_proj_is_square() -> N
         layers = [seg for seg in _plan(llama, spec).stages[0].forward if seg.layer]
         assert len(layers) == LAYERS
         assert all([(c.kind, c.nbytes) for c in seg.inside] == per_block * 2 for seg in layers)
-    q_proj = next(
-        n for n in captured.report.nodes if n.module.endswith("q_proj") and n.op == "aten.mm.default"
-    )
-    column, row = shard_entering(q_proj, 2, TOKENS), shard_node(q_proj, 2, DIM, TOKENS)
-    assert column is not None and column.out_shapes == [(TOKENS, DIM // 2)]
-    assert row is not None and row.out_shapes == [(TOKENS, DIM)]  # the output projection's split
-    k_proj = next(
-        n for n in captured.report.nodes if n.module.endswith("k_proj") and n.op == "aten.mm.default"
-    )
-    assert shard_entering(k_proj, 2, TOKENS) is None  # not square: shard_node's split holds
+
+    def product(name: str) -> NodeCost:
+        return next(n for n in captured.report.nodes if n.module.endswith(name) and n.op == "aten.mm.default"
+                    and n.phase == "fw")  # fmt: skip
+
+    width = kv_heads * DIM // 4
+    for name, features in (("q_proj", DIM), ("k_proj", width), ("v_proj", width), ("up_proj", ffn)):
+        column = shard_column(product(name), 2, TOKENS)
+        assert column is not None and column.out_shapes == [(TOKENS, features // 2)], name
+    row = shard_node(product("o_proj"), 2, DIM, TOKENS)  # the last product: along the contraction
+    assert row is not None and row.in_shapes[-1] == (DIM // 2, DIM) and row.out_shapes == [(TOKENS, DIM)]
+
+
+def test_a_projection_as_wide_as_the_micro_batch_still_splits() -> None:
+    # 64 tokens through a 64-wide square projection: the tokens are the rows, the features still split.
+    node = gemm_node("linear", 1, 64, 64, 64)
+    row, column = shard_node(node, 2, DIM, 64), shard_column(node, 2, 64)
+    assert row is not None and row.in_shapes == [(64, 32), (32, 64)]
+    assert column is not None and column.in_shapes == [(64, 64), (64, 32)]
 
 
 def _split_cost_ms(sp: SimResult, cluster: Cluster) -> float:
