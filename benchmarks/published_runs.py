@@ -37,10 +37,11 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   gradients after the backward (Megatron-LM's default until 2023), any other during it.
 - **Units.** ``s_per_iter``: the simulated iteration (forward, backward and the optimizer step).
   ``tokens_per_s_per_gpu``: ``global_batch x seq`` per iteration second per GPU. ``tflops_per_gpu``:
-  Megatron's count (Narayanan et al. eq. 3, generalized to any MLP width) ``B s (k l (8h^2 + 4h f +
-  4 s h) + 6 h V)`` with ``k = 4`` (the recomputed forward counted: hardware FLOPs) under full
-  recomputation and ``k = 3`` otherwise. ``mfu_pct``: the ``k = 3`` count over the GPU's dense
-  tensor peak in the row's precision.
+  Megatron's count (Narayanan et al. eq. 3, generalized to any MLP width and to grouped-query heads)
+  ``B s (k l (4h^2 + 4h g + 4h f + 4 s h) + 6 h V)`` (a SwiGLU MLP's ``6h f`` in place of ``4h f``;
+  ``g``: the keys' width, ``h`` with every head's) with ``k = 4`` (the recomputed forward counted:
+  hardware FLOPs) under full recomputation and ``k = 3`` otherwise. ``mfu_pct``: the ``k = 3`` count
+  over the GPU's dense tensor peak in the row's precision.
 
 A row that cannot run (an unknown GPU, a plan that does not fit the GPUs or the model) prints its error
 and the rest go on. ``--cache DIR`` keeps each row's simulated iteration so that an interrupted run
@@ -259,7 +260,8 @@ def iteration_flops(run: Run, hardware: bool) -> float:
     m = run.model
     h, s, f = m.hidden, m.seq, m.ffn
     passes = 4 if hardware else 3
-    layer = 8 * h * h + (6 if m.gated else 4) * h * f + 4 * s * h
+    keys = (m.kv_heads or m.heads) * (h // m.heads)  # the keys' (and values') width: h with every head's
+    layer = 4 * h * h + 4 * h * keys + (6 if m.gated else 4) * h * f + 4 * s * h
     return run.global_batch * s * (passes * m.layers * layer + 6 * h * m.vocab)
 
 

@@ -36,6 +36,13 @@ def test_units_are_converted_as_computed_by_hand(load_script: Any) -> None:
     model_flops = 72 * b * s * n * h * h * (1 + s / (6 * h) + v / (12 * n * h))
     assert script.iteration_flops(run, hardware=True) == pytest.approx(megatron)
     assert script.iteration_flops(run, hardware=False) == pytest.approx(model_flops)
+    # Llama 3 8B: queries and output 2 h^2, its 8 key/value heads' 2 h x 1024, SwiGLU 3 h f, each
+    # product two FLOPs a parameter, three passes; the scores' 4 s h; the output layer's 6 h V.
+    llama = script.parse_run(_row(params_b="8.0", layers=32, hidden=4096, heads=32, ffn_hidden=14336,
+                                  vocab=128000, seq=8192, global_batch=2, unit="mfu_pct"))  # fmt: skip
+    layer = 2 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 4 * 8192 * 4096
+    by_hand = 2 * 8192 * (3 * 32 * layer + 6 * 4096 * 128000)
+    assert script.iteration_flops(llama, hardware=False) == pytest.approx(by_hand)
     a100 = get_device("A100-SXM4-80GB")
     assert script.in_unit(run, 2.0, a100) == pytest.approx(megatron / 2.0 / 4 / 1e12)
     tokens = script.parse_run(_row(global_batch=8, gpus=4, unit="tokens_per_s_per_gpu"))
