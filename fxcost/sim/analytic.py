@@ -22,8 +22,11 @@ those layers out in pipeline stages as :func:`fxcost.sim.deepen.deepen` does and
   Collectives are priced as the simulator prices them (:func:`fxcost.sim.cluster.collective_ms` on the
   first group of each kind, shared as the most crowded of them).
 
-The event simulation (:func:`fxcost.sim.engine.simulate_tasks`) adds what this leaves out: the
-overlap factor, pipeline sends that overlap compute, the order of collectives on their streams.
+Compute beside parameter gathers and gradient reductions takes ``gamma`` longer for the overlap, as
+in the simulator (the gathers after each stage's first, the reductions of ZeRO 2 and 3 beside every
+micro-batch's backward, those of ZeRO 0 and 1 beside the last one's). The event simulation
+(:func:`fxcost.sim.engine.simulate_tasks`) adds what this leaves out: pipeline sends that overlap
+compute, the order of collectives on their streams.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from fxcost.sim.cluster import Cluster, link_sharing
+from fxcost.sim.engine import GAMMA
 from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
@@ -153,8 +157,9 @@ def _comm_ms(c: Comm, cluster: Cluster, dp: int, tp: int, pp: int) -> float:
     return collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=sharing)
 
 
-def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Estimate:
-    """The iteration and peak memory of ``pieces`` deepened to ``layers`` layers under ``s`` on ``cluster``.
+def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: float = GAMMA) -> Estimate:
+    """The iteration and peak memory of ``pieces`` deepened to ``layers`` layers under ``s`` on ``cluster``;
+    ``gamma``: the overlap factor, as the simulator's.
 
     Raises:
         ValueError: ``s.pp`` exceeds ``layers``, or ``s`` uses context or expert parallelism or HSDP,
@@ -207,17 +212,24 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster) -> Esti
             backward += sum(price(c) for c in rerun_collectives(policy[x], part.comms))
         gathered = [*mine, *([""] if outer else [])]  # the part outside the layers is gathered once
         gathers = [gather.get(x, 0.0) for x in gathered]
+        reduced = [reduce.get(x, 0.0) for x in gathered]
+        rounds = s.micro_batches if s.zero >= 2 else 1  # sharded gradients are reduced every micro-batch
+        # Compute beside parameter gathers and gradient reductions runs gamma slower for the overlap.
+        beside = sum(gathers[1:])
+        forward += gamma * min(sum(pieces.forward[x].compute_ms for x in mine + outer), beside)
+        beside += sum(reduced) if s.zero >= 2 and s.overlap_grad_reduce else 0.0
+        backward += gamma * min(sum(pieces.backward[x].compute_ms for x in mine + outer), beside)
         if gathers:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
             forward = gathers[0] + max(forward, sum(gathers[1:]))
             backward = gathers[0] + max(backward, sum(gathers[1:]))
         times.append(forward + backward)
         backwards.append(backward)
-        reduced = [reduce.get(x, 0.0) for x in gathered]
-        rounds = s.micro_batches if s.zero >= 2 else 1  # sharded gradients are reduced every micro-batch
         total = sum(reduced) * rounds
         if s.overlap_grad_reduce:
             last = reduced[0] + (reduced[-1] if outer and index == 0 else 0.0)
-            exposed.append(max(last, total - backward * rounds) if total else 0.0)
+            # Reduced beside the last micro-batch's backward (ZeRO 0 and 1), which they slow.
+            slowed = gamma * min(backward, total - last) if s.zero < 2 else 0.0  # all but the last's
+            exposed.append(max(last, total - backward * rounds) + slowed if total else 0.0)
         else:
             exposed.append(total)
         params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)

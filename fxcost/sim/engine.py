@@ -20,9 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["STREAMS", "Task", "simulate_tasks", "to_chrome_trace"]
+__all__ = ["GAMMA", "STREAMS", "Task", "simulate_tasks", "to_chrome_trace"]
 
 STREAMS = ("compute", "feature", "gradient", "param")
+
+# Proteus §VI-C's overlap factor: how much longer kernels take while gradients are reduced beside
+# them. Proteus profiles it per machine and model; 0.1 is in the middle of the slowdowns it and
+# others report for NCCL sharing SMs and memory bandwidth with compute. Not fitted here.
+GAMMA = 0.1
 
 
 @dataclass

@@ -34,7 +34,7 @@ from fxcost.precision import PrecisionArg, parse_precision
 from fxcost.propagate import check_execution
 from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.deepen import deepen
-from fxcost.sim.engine import Task, simulate_tasks, to_chrome_trace
+from fxcost.sim.engine import GAMMA, Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory
 from fxcost.sim.nccl import collective_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
@@ -45,11 +45,6 @@ from fxcost.sim.strategy import Strategy
 from fxcost.sim.zero import step_comms
 
 __all__ = ["AFTER_STEP", "GAMMA", "OPTIMIZER_STEP", "SimResult", "simulate"]
-
-# Proteus §VI-C's overlap factor: how much longer kernels take while gradients are reduced beside
-# them. Proteus profiles it per machine and model; 0.1 is in the middle of the slowdowns it and
-# others report for NCCL sharing SMs and memory bandwidth with compute. Not fitted here.
-GAMMA = 0.1
 
 OPTIMIZER_STEP = "optimizer step"  # the name of each stage's optimizer-step task
 AFTER_STEP = "gather updated shards"  # and of ZeRO 2's all-gathers after it
