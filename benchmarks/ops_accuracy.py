@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads, load_heads
-from fxcost.cost_models.heads.sustained import GemmFit, load_gemm_fit
+from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads
+from fxcost.cost_models.heads.sustained import GemmFit
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
@@ -55,12 +55,13 @@ def main() -> int:
     parser.add_argument("--work", default=None, help="where LOO runs keep their heads (resumable)")
     args = parser.parse_args()
     start = time.perf_counter()
-    heads = load_heads(args.heads)
+    model = Heads.load(args.heads) if args.heads else Heads()  # refuses heads of another GEMM fit
+    heads = model.heads
     if not heads:
         print("no trained heads: run `fxcost train --data DIR --out DIR` first", file=sys.stderr)
         return 2
 
-    rows, table, gemm = [], {}, load_gemm_fit(args.heads)
+    rows, table, gemm = [], {}, model.gemm
     for head in HEADS:
         train_rows, test_rows = split([args.data], head)
         test_ex = examples(test_rows, head, gemm.watts)
@@ -145,7 +146,8 @@ def _leave_one_device_out(data: str, work: str | None, epochs: int) -> dict[str,
         out = root / device
         train([data], out, exclude=set(HELD_OUT_DEVICES) | {device},
               config=dataclasses.replace(TrainConfig(), epochs=epochs))  # fmt: skip
-        heads, gemm = load_heads(out), load_gemm_fit(out)
+        fitted = Heads.load(out)
+        heads, gemm = fitted.heads, fitted.gemm
         for head in HEADS:
             _, test_rows = split([data], head, exclude=set(HELD_OUT_DEVICES))
             test_rows = test_rows[test_rows["device"] == device]

@@ -190,7 +190,7 @@ def parse_run(raw: dict[str, str]) -> Run:
     if stated_kv is not None and (stated_kv < 1 or heads % stated_kv):
         raise RowError(f"kv_heads must divide heads {heads}, got {stated_kv}")
     kv_options = [stated_kv] if stated_kv else [heads] + ([8] if heads > 8 and heads % 8 == 0 else [])
-    families = [Decoder(name, layers, hidden, heads, ffn, vocab, seq)] if not stated_kv else []
+    families = [Decoder(name, layers, hidden, heads, ffn, vocab, seq)] if stated_kv in (None, heads) else []
     families += [
         Decoder(name, layers, hidden, heads, ffn, vocab, seq, gated=True, kv_heads=kv) for kv in kv_options
     ]

@@ -53,6 +53,7 @@ from fxcost.sim.moe import expert_plan, is_expert
 from fxcost.sim.recompute import activations, core_attention, reruns
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import (
+    PRODUCTS,
     attention_heads,
     check_tp,
     shard_column,
@@ -369,13 +370,13 @@ def _kernels_of(batch: NodeBatch, ms: np.ndarray, source: np.ndarray, device: De
 
 
 def _last_products(ordered: Sequence[tuple[NodeCost, int]], layer_by_module: Mapping[str, str]) -> set[int]:
-    """Positions in ``ordered`` of each layer child's last product (its row-parallel one: o_proj,
-    c_proj, down_proj); the products before it are column-parallel."""
+    """Positions in ``ordered`` of the row-parallel products: of the products of a layer's modules that
+    share a parent (``self_attn``, ``mlp``, a shared expert), the last (o_proj, c_proj, down_proj); the
+    ones before it are column-parallel."""
     last = {}
     for i, (n, _) in enumerate(ordered):
-        layer = layer_by_module[n.module]
-        if layer and n.op in ("aten.mm.default", "aten.addmm.default") and n.module.startswith(layer + "."):
-            last[(layer, region_of(n.module, layer))] = i
+        if n.op in PRODUCTS and layer_by_module[n.module] and n.module != layer_by_module[n.module]:
+            last[n.module.rpartition(".")[0]] = i
     return set(last.values())
 
 

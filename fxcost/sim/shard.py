@@ -24,6 +24,7 @@ from fxcost.lowering.nodes import MATMULS, matmul_operands
 from fxcost.records import NodeCost, Shape
 
 __all__ = [
+    "PRODUCTS",
     "attention_heads",
     "check_tp",
     "shard_column",
@@ -45,15 +46,17 @@ def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | 
                     [_split(s, tp, hidden) for s in node.out_shapes])  # fmt: skip
 
 
+PRODUCTS = ("aten.mm.default", "aten.addmm.default")
+"""The unbatched products, which a region splits by columns but its last (:func:`shard_column`)."""
+
+
 def shard_column(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
     """A product of a layer's attention or MLP that is not its last, split along its output features:
     column-parallel, each rank on the whole input (Megatron's QKV and first MLP product, a Llama's
     ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj`` and ``up_proj``, square or not). The last product
     of the region is the row-parallel one, :func:`shard_node`'s. None for a batched product, or where
     the features do not split."""
-    if node.op not in MATMULS or node.op in ("aten.bmm.default", "aten.baddbmm.default"):
-        return None
-    return _shard_matmul(node, tp, tokens, column=True)
+    return _shard_matmul(node, tp, tokens, column=True) if node.op in PRODUCTS else None
 
 
 def shard_sequence(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:
@@ -132,7 +135,8 @@ def _shard_matmul(node: NodeCost, tp: int, tokens: int, column: bool = False) ->
         (m, k), (_, n) = a, b
         candidates = {"m": m, "k": k, "n": n}
         # The tokens are one dimension, found by position (the rows, else the contraction of a weight's
-        # gradient), so that a projection as wide as the micro-batch's tokens still splits.
+        # gradient), so that a projection as wide as the micro-batch's tokens still splits. Where a width
+        # equals the tokens too, the rows are taken: a weight gradient's FLOPs hold, its shapes may not.
         token = next((name for name, size in candidates.items() if size == tokens), None)
         free = {name: size for name, size in candidates.items() if name != token and size % tp == 0}
         if column:

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,7 +218,14 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
         found[key] = int(value)
     activation = str(raw.get("hidden_act") or raw.get("activation_function") or "")
     gated = activation in _GATED_ACTIVATIONS
-    kv = raw.get("num_key_value_heads") if gated else None  # GPT-family configs are traced with every head
+    kv = raw.get("num_key_value_heads")
+    if not gated and kv is not None and int(kv) != found["heads"]:
+        warnings.warn(
+            f"{name}: its {kv} key/value heads are traced as full attention (a GELU MLP: GPT-2 blocks), "
+            "which overstates its attention parameters and FLOPs",
+            stacklevel=3,
+        )
+    kv = kv if gated else None
     tied = raw.get("tie_word_embeddings")
     return Decoder(name, gated=gated, kv_heads=None if kv is None else int(kv),
                    tied=None if tied is None else bool(tied), **found)  # fmt: skip

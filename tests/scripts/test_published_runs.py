@@ -86,6 +86,8 @@ def test_a_llama_is_chosen_when_the_parameters_say_so(load_script: Any) -> None:
     # A kv_heads column (not in the schema) is read where a CSV has one.
     stated = script.parse_run({**llama, "kv_heads": "4"})
     assert stated.model.kv_heads == 4 and not any("key/value" in f for f in stated.flags)
+    full = script.parse_run({**_row(params_b="0.00023"), "kv_heads": "4"})  # every head's: GPT stays
+    assert not full.model.gated and full.model.kv_heads is None
     with pytest.raises(script.RowError, match="kv_heads must divide heads 32, got 5"):
         script.parse_run({**llama, "kv_heads": "5"})
     gpt = script.parse_run(_row(params_b="0.00023"))

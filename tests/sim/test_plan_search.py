@@ -149,7 +149,8 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
         8,
     )
     assert not llama["tie_word_embeddings"] and llama["num_hidden_layers"] == 2
-    gpt = decoder({**config, "hidden_act": "gelu"})  # a GELU MLP: GPT-2 blocks, every head's keys
+    with pytest.warns(UserWarning, match="its 8 key/value heads are traced as full attention"):
+        gpt = decoder({**config, "hidden_act": "gelu"})  # a GELU MLP: GPT-2 blocks, every head's keys
     assert gpt.hf_config(2, 4096)["model_type"] == "gpt2" and gpt.kv_heads is None
     assert decoder({**config, "tie_word_embeddings": True}).params == decoder(path).params - 128256 * 8192
     with pytest.raises(ValueError, match="no heads"):

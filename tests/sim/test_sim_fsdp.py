@@ -117,20 +117,25 @@ def test_a_layers_gather_is_prefetched_while_the_layer_before_it_computes() -> N
     assert all(t.stream == "param" for t in tasks if t.args.get("kind") == "all_gather")
 
 
-@pytest.mark.parametrize(("spec", "gpus"), [("dp=4,zero=3", 4), ("dp=2,zero=2,mb=2", 2)])
+@pytest.mark.parametrize(
+    ("spec", "gpus", "link"),
+    [("dp=4,zero=3", 4, None), ("dp=2,zero=2,mb=2", 2, None), ("dp=4", 4, None), ("dp=4", 4, 1.0)],
+)
 def test_the_analytic_pass_slows_compute_beside_gathers_and_reductions_as_the_simulator(
-    spec: str, gpus: int
+    spec: str, gpus: int, link: float | None
 ) -> None:
-    # The overlap factor: kernels beside ZeRO-3's gathers and ZeRO-2's reductions take gamma longer for
-    # the overlap, in the analytic pass about as much as in the event simulation.
+    # The overlap factor: kernels beside ZeRO-3's gathers, ZeRO-2's reductions and the data-parallel
+    # all-reduce take gamma longer for the overlap, in the analytic pass about as much as in the event
+    # simulation; where the reductions outlast the backward (a 1 GB/s link), the slowdown hides in them.
     model, inputs = zoo.build("gpt2", BATCH, seq=SEQ, dim=512, heads=4, layers=LAYERS, vocab=VOCAB)
     captured, params = default_estimator().capture(model, inputs, batch_size=2), _params_by_module(model)
-    cluster, s = Cluster.parse(f"{gpus}xA100-SXM4-80GB"), Strategy.parse(spec)
+    over = {} if link is None else {"intra_gbps": link}
+    cluster, s = Cluster.parse(f"{gpus}xA100-SXM4-80GB", **over), Strategy.parse(spec)
     pieces = Pieces.of(
         compile_plan(captured, params, Strategy(), cluster.device, s.micro_batch(BATCH)), params
     )
     exact, plain = (simulate(captured, s, cluster, params=params, batch=BATCH, gamma=g).iteration_ms
                     for g in (GAMMA, 0.0))  # fmt: skip
     fast, fast_plain = (estimate(pieces, s, LAYERS, cluster, gamma=g).iteration_ms for g in (GAMMA, 0.0))
-    assert exact - plain > 0.01  # ms: the overlap is there to see
-    assert fast - fast_plain == pytest.approx(exact - plain, rel=0.25)
+    assert (exact - plain > 0.01) == (link is None)  # ms: the overlap is there to see, or hidden
+    assert fast - fast_plain == pytest.approx(exact - plain, rel=0.25, abs=1e-3)

@@ -146,3 +146,32 @@ def test_gradients_reduce_over_dp_times_cp_and_experts_over_their_replicas() -> 
     assert g["ep"] == [[[0, 1], [2, 3]]] and g["edp"] == [[[0, 2], [1, 3]]]
     mem = fxcost.sim.memory.model_state_bytes(1000, Strategy(dp=2, cp=2).data_ranks, 1)
     assert mem == (4000, 4000, 8000 / 4)
+
+
+def test_a_shared_experts_last_product_is_row_parallel() -> None:
+    # Qwen2-MoE's MLP runs a shared expert (gate, up, down) beside the routed ones: its down projection
+    # ends its own block and is the row-parallel one, as o_proj is the attention's; the router and the
+    # shared expert's gate are the MLP's own.
+    from fxcost.sim.layers import layer_of, layers_of
+    from fxcost.sim.plan import _last_products
+
+    qwen = dict(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], hidden_size=WIDTH,
+                intermediate_size=FFN, moe_intermediate_size=32, shared_expert_intermediate_size=WIDTH,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=EXPERTS,
+                num_experts_per_tok=TOP_K, vocab_size=100, decoder_sparse_step=1)  # fmt: skip
+    step = hf_step(qwen, BATCH, SEQ)
+    captured = default_estimator().capture(
+        step.model, step.inputs, True, loss_fn=step.loss_fn, batch_size=BATCH
+    )
+    nodes = captured.report.nodes
+    known = set(layers_of([n.module for n in nodes if n.phase in ("fw", "bw")]))
+    ordered = [
+        (n, d) for n, d in zip(nodes, captured.index, strict=True) if n.phase == "fw" and d is not None
+    ]
+    last = _last_products(ordered, {n.module: layer_of(n.module, known) for n in nodes})
+    rows = {
+        n.module.split("layers.0.")[1]
+        for i, (n, _) in enumerate(ordered)
+        if i in last and ".layers.0." in n.module
+    }
+    assert rows == {"self_attn.o_proj", "mlp.shared_expert.down_proj", "mlp.shared_expert_gate"}
