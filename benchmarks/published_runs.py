@@ -258,11 +258,11 @@ def config_of(run: Run) -> dict[str, Any]:
 def iteration_flops(run: Run, hardware: bool) -> float:
     """FLOPs of one iteration in Megatron's count; ``hardware``: the recomputed forward counted."""
     m = run.model
-    h, s, f = m.hidden, m.seq, m.ffn
     passes = 4 if hardware else 3
-    keys = (m.kv_heads or m.heads) * (h // m.heads)  # the keys' (and values') width: h with every head's
-    layer = 4 * h * h + 4 * h * keys + (6 if m.gated else 4) * h * f + 4 * s * h
-    return run.global_batch * s * (passes * m.layers * layer + 6 * h * m.vocab)
+    layers = (
+        2 * (m.matmul_params - m.vocab * m.hidden) + m.layers * 4 * m.seq * m.hidden
+    )  # per token, forward
+    return run.global_batch * m.seq * (passes * layers + 6 * m.hidden * m.vocab)
 
 
 def in_unit(run: Run, iteration_s: float, device: Device) -> float:

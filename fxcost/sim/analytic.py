@@ -206,21 +206,22 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
         policy = {x: s.recompute_of(x) for x in mine}
         forward = sum(cost[("F", x)] for x in mine + outer)
         backward = sum(cost[("B", x)] for x in mine + outer)
-        computed = sum(pieces.backward[x].compute_ms for x in mine + outer)  # the backward's kernels
+        # The kernels of each direction, which gathers and reductions beside them slow (gamma).
+        forward_kernels = sum(pieces.forward[x].compute_ms for x in mine + outer)
+        backward_kernels = sum(pieces.backward[x].compute_ms for x in mine + outer)
         for x in mine:  # a recomputed layer runs its forward again, with the collectives it reruns
             part = pieces.forward[x]
             again = rerun_ms(policy[x], part.compute_ms, part.rerun_ms)
             backward += again + sum(price(c) for c in rerun_collectives(policy[x], part.comms))
-            computed += again
+            backward_kernels += again
         gathered = [*mine, *([""] if outer else [])]  # the part outside the layers is gathered once
         gathers = [gather.get(x, 0.0) for x in gathered]
         reduced = [reduce.get(x, 0.0) for x in gathered]
         rounds = s.micro_batches if s.zero >= 2 else 1  # sharded gradients are reduced every micro-batch
-        # Compute beside parameter gathers and gradient reductions runs gamma slower for the overlap.
         beside = sum(gathers[1:])
-        forward += gamma * min(sum(pieces.forward[x].compute_ms for x in mine + outer), beside)
+        forward += gamma * min(forward_kernels, beside)
         beside += sum(reduced) if s.zero >= 2 and s.overlap_grad_reduce else 0.0
-        backward += gamma * min(computed, beside)
+        backward += gamma * min(backward_kernels, beside)
         if gathers:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
             forward = gathers[0] + max(forward, sum(gathers[1:]))
             backward = gathers[0] + max(backward, sum(gathers[1:]))
@@ -231,7 +232,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
             last = reduced[0] + (reduced[-1] if outer and index == 0 else 0.0)
             # Reduced beside the last micro-batch's backward (ZeRO 0 and 1): all but the last reduction
             # slow its kernels, which delays the last one; a longer chain of reductions hides that.
-            slowed = gamma * min(computed, total - last) if s.zero < 2 else 0.0
+            slowed = gamma * min(backward_kernels, total - last) if s.zero < 2 else 0.0
             exposed.append(max(last + slowed, total - backward * rounds) if total else 0.0)
         else:
             exposed.append(total)

@@ -44,7 +44,7 @@ from fxcost.estimator import Captured
 from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
 from fxcost.propagate import issue_bound_ms
-from fxcost.records import NodeCost
+from fxcost.records import PHASES, NodeCost
 from fxcost.sim.comm import Comm
 from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
 from fxcost.sim.dims import vocabulary, width_and_tokens
@@ -186,8 +186,9 @@ def compile_plan(
         layered = [n for n in batch_nodes.nodes if layer_of(n.module, set(layers))]
         check_tp(s.tp, hidden, attention_heads(layered))
     layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
+    forward_runs = captured.counts[:, PHASES.index("fw")] > 0  # column splits serve the forward only
     column_shard, column_ms = _shards(batch_nodes.nodes, lambda n: shard_column(n, s.tp, tokens), s.tp,
-                                      chain, device)  # fmt: skip
+                                      chain, device, forward_runs)  # fmt: skip
     outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
     seq_shard, seq_ms = _shards(batch_nodes.nodes, lambda n: shard_sequence(n, s.tp, hidden, tokens),
                                 s.tp if s.sp else 1, chain, device)  # fmt: skip
@@ -335,11 +336,15 @@ def _shards(
     tp: int,
     chain: Sequence[CostModel],
     device: Device,
+    among: np.ndarray | None = None,
 ) -> tuple[dict[int, NodeCost], dict[int, float]]:
-    """The nodes ``shard`` splits, by position, and their kernel ms (none when ``tp`` is 1)."""
+    """The nodes ``shard`` splits (of those ``among`` marks), by position, and their kernel ms (none
+    when ``tp`` is 1)."""
     if tp == 1:
         return {}, {}
-    shards = {i: s for i, n in enumerate(nodes) if (s := shard(n)) is not None}
+    shards = {
+        i: s for i, n in enumerate(nodes) if (among is None or among[i]) and (s := shard(n)) is not None
+    }
     if not shards:
         return {}, {}
     kernel = _kernel_ms(NodeBatch.of(list(shards.values())), chain, device)

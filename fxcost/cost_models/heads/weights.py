@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -36,38 +37,40 @@ CLOCKED_WATTS = "clocked_watts"
 def clocked_watts(directory: str | Path | None = None) -> float | None:
     """The GEMM fit's watts the clocked heads in ``directory``'s ``heads.npz`` (the shipped one where
     None) were trained against; None where it holds no clocked head or does not say (an older fxcost's)."""
-    if directory is None:
-        source = resources.files("fxcost.cost_models").joinpath("weights", "heads.npz")
-        if not source.is_file():
-            return None
-        with source.open("rb") as f, np.load(f) as arrays:
-            return float(arrays[CLOCKED_WATTS]) if CLOCKED_WATTS in arrays.files else None
-    path = Path(directory) / "heads.npz"
-    if not path.exists():
-        return None
-    with np.load(path) as arrays:
-        return float(arrays[CLOCKED_WATTS]) if CLOCKED_WATTS in arrays.files else None
+    with _npz(directory) as arrays:
+        return float(arrays[CLOCKED_WATTS]) if arrays is not None and CLOCKED_WATTS in arrays.files else None
 
 
 def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
     """Heads from ``directory`` (``heads.npz``), or the ones shipped with fxcost."""
     if directory is None:
         return dict(shipped_heads())
-    path = Path(directory) / "heads.npz"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no trained heads (run `fxcost train --out {directory}`)")
-    with np.load(path) as arrays:
-        return _read(arrays, str(path))
+    with _npz(directory) as arrays:
+        if arrays is None:
+            path = Path(directory) / "heads.npz"
+            raise FileNotFoundError(f"{path}: no trained heads (run `fxcost train --out {directory}`)")
+        return _read(arrays, str(Path(directory) / "heads.npz"))
 
 
 @functools.cache
 def shipped_heads() -> dict[str, MLP]:
     """The shipped heads as one shared mapping (read-only; ``load_heads()`` hands out copies)."""
-    weights = resources.files("fxcost.cost_models").joinpath("weights", "heads.npz")
-    if not weights.is_file():
-        return {}
-    with weights.open("rb") as f, np.load(f) as arrays:
-        return _read(arrays, "the shipped heads")
+    with _npz(None) as arrays:
+        return {} if arrays is None else _read(arrays, "the shipped heads")
+
+
+@contextlib.contextmanager
+def _npz(directory: str | Path | None) -> Iterator[Any]:
+    """The open ``heads.npz`` of ``directory`` (the shipped one where None), None where there is none."""
+    if directory is None:
+        source: Any = resources.files("fxcost.cost_models").joinpath("weights", "heads.npz")
+    else:
+        source = Path(directory) / "heads.npz"
+    if not source.is_file():
+        yield None
+        return
+    with source.open("rb") as f, np.load(f) as arrays:
+        yield arrays
 
 
 def _read(arrays: Any, source: str) -> dict[str, MLP]:
