@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", nargs="+", default=list(HEADS), choices=HEADS)
     parser.add_argument("--layers", type=int, default=TrainConfig().layers, help="hidden layers per head")
     parser.add_argument("--width", type=int, default=TrainConfig().width, help="units per hidden layer")
+    parser.add_argument("--seed", type=int, default=TrainConfig().seed, help="the heads' initialization seed")
     parser.add_argument("--work", help="where folds keep their heads (resumable; default: a temporary one)")
     parser.add_argument("--jobs", type=int, default=2, help="folds trained at once")
     parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end Hugging Face runs")
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write every fold's row predictions to this CSV")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    config = TrainConfig(layers=args.layers, width=args.width,
+    config = TrainConfig(layers=args.layers, width=args.width, seed=args.seed,
                          epochs=TrainConfig().epochs if args.full else args.epochs)  # fmt: skip
     work = Path(args.work or tempfile.mkdtemp(prefix="fxcost-generalization-"))
     folds: dict[str, tuple[str, ...]] = {"all": ()} | {f"loo:{g}": (g,) for g in TRAINING_GPUS}

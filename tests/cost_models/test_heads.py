@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -122,8 +123,6 @@ def test_a_lowered_op_that_launches_nothing_costs_nothing() -> None:
 
 def test_elementwise_tables_follow_the_device_not_its_name() -> None:
     """A device file may change a known GPU's specs under the same name: its tables are its own."""
-    import dataclasses
-
     a100 = get_device("A100-SXM4-40GB")
     faster = dataclasses.replace(a100, mem_bandwidth_gbps=4 * a100.mem_bandwidth_gbps)
     relu = NodeBatch.of([kernel_alike_node("relu", 4096, 4096)])
@@ -281,8 +280,6 @@ def test_the_heads_price_convolutions_with_their_gemm_fits_watts() -> None:
     """A heads model reads its convolutions' bound with its own GEMM fit's watts: fewer watts per
     TFLOP/s free the power-capped T4's clock (a faster convolution) and leave the V100, capped by
     neither, as it was."""
-    import dataclasses
-
     heads = Heads()
     freer = Heads(heads.heads, dataclasses.replace(heads.gemm, watts=heads.gemm.watts * 0.8))
     batch = NodeBatch.of([conv_node(64, 256, 256, 3, 56, 1, 1)])
@@ -301,3 +298,21 @@ def test_the_convolution_head_sees_the_problem_and_the_ridge_not_the_gpu() -> No
     gemm = gemm_node("linear", 1, 64, 64, 64)
     t4_gemm, v100_gemm = (feature_matrix("linear", [gemm], get_device(n)) for n in ("T4", "V100-PCIE-32GB"))
     assert not np.array_equal(t4_gemm[:, :-3], v100_gemm[:, :-3])  # the other heads do see the GPU
+
+
+@pytest.mark.parametrize("head", ["ln", "softmax"])
+def test_the_row_heads_see_the_problem_against_the_gpu_not_its_spec_sheet(head: str) -> None:
+    """Layer norm and softmax read the GPU only as the time the node's bytes take at its achieved
+    bandwidth and its rows per SM (the last two columns), beside the ridge point: a GPU of other
+    spec-sheet facts but the same bandwidth, SMs and ridge gets the same features."""
+    node = kernel_alike_node(head, 4096, 2048)
+    t4 = get_device("T4")
+    other = dataclasses.replace(t4, l2_cache_mb=40.0, boost_clock_mhz=2000, memory_gb=80)
+    np.testing.assert_array_equal(feature_matrix(head, [node], t4), feature_matrix(head, [node], other))
+    v100 = get_device("V100-PCIE-32GB")
+    x_t4, x_v100 = (feature_matrix(head, [node], d)[0] for d in (t4, v100))
+    np.testing.assert_array_equal(x_t4[:-3], x_v100[:-3])  # the problem's own features
+    assert x_t4[-2] - x_v100[-2] == pytest.approx(math.log(v100.bandwidth_gbps / t4.bandwidth_gbps))
+    assert x_t4[-1] - x_v100[-1] == pytest.approx(math.log(v100.num_sms / t4.num_sms))
+    bytes_ms = math.exp(x_t4[-2])  # ms at the achieved bandwidth
+    assert bytes_ms == pytest.approx(node.bytes / (t4.bandwidth_gbps * 1e6))
