@@ -314,5 +314,7 @@ def test_the_row_heads_see_the_problem_against_the_gpu_not_its_spec_sheet(head: 
     np.testing.assert_array_equal(x_t4[:-3], x_v100[:-3])  # the problem's own features
     assert x_t4[-2] - x_v100[-2] == pytest.approx(math.log(v100.bandwidth_gbps / t4.bandwidth_gbps))
     assert x_t4[-1] - x_v100[-1] == pytest.approx(math.log(v100.num_sms / t4.num_sms))
-    bytes_ms = math.exp(x_t4[-2])  # ms at the achieved bandwidth
-    assert bytes_ms == pytest.approx(node.bytes / (t4.bandwidth_gbps * 1e6))
+    assert math.exp(x_t4[-2]) == pytest.approx(node.bytes / (t4.bandwidth_gbps * 1e6))  # ms at the bandwidth
+    assert math.exp(x_t4[-1]) == pytest.approx(4096 / t4.num_sms)  # rows per SM
+    ridge = math.log(t4.fp32_tflops * 1e12 / (t4.mem_bandwidth_gbps * 1e9))
+    assert x_t4[-3] == pytest.approx(x_t4[4] - ridge)  # intensity over the ridge point

@@ -7,8 +7,8 @@ One small MLP per op class (``linear``, ``bmm``, ``conv``, ``ew``, ``ln``, ``sof
 bandwidth it achieves allow. The features say what sets that efficiency: log problem dims, FLOPs,
 bytes, arithmetic intensity against the GPU's ridge point, GEMM tile waves per SM, and the GPU's
 spec-sheet facts (:func:`device_features`). The convolution head reads no spec-sheet fact but the
-ridge point, and the row heads (layer norm, softmax) see the GPU only through the problem's size
-against it (:func:`with_device`).
+ridge point, and the row heads (layer norm, softmax) the ridge point and the problem's size against
+the GPU: the time its bytes take at the achieved bandwidth and its rows per SM (:func:`with_device`).
 
 The heads were trained on fp32 measurements. A half-precision node takes its efficiency from its fp32
 twin: its features see the bytes the node would move in fp32 (:func:`fp32_bytes`), its roofline its own.
@@ -61,8 +61,8 @@ HEADS = ("linear", "bmm", "conv", "ew", "ln", "softmax")
 HEAD_OUTPUT: Output = "softplus"
 
 # Bumped whenever the features change, so trained heads and checkpoints of another version are redone.
-# The targets also read the training GPUs' calibrated bandwidths (REFERENCE): retrain the heads after
-# `benchmarks/calibrate_devices.py --write` changes them.
+# The targets also read the training GPUs' calibrated bandwidths (REFERENCE), and so do the row heads'
+# features (RELATIVE_HEADS): retrain the heads after `benchmarks/calibrate_devices.py --write` changes them.
 FEATURE_VERSION = 8
 
 CLOCKED_HEADS = frozenset({"conv"})
@@ -72,8 +72,9 @@ watts (:func:`roofline_ms`), and which read no spec-sheet features but the ridge
 
 RELATIVE_HEADS = frozenset({"ln", "softmax"})
 """Heads that read no spec-sheet fact but the ridge point: the GPU enters their features as the
-problem's size against it, the time its bytes take at the GPU's achieved bandwidth and its rows per SM
-(:func:`with_device`)."""
+problem's size against it, the time its (fp32 twin's) bytes take at the GPU's achieved bandwidth and
+its rows per SM (:func:`with_device`). Beside the problem's own log bytes and rows, these tell the
+network three device quantities (achieved bandwidth, SMs, ridge), where the others read six."""
 
 # Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
 EW_OPS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
@@ -177,6 +178,10 @@ _TILES = ((128, 128), (128, 64), (64, 64), (32, 128))
 # Position of the log 128x128 tile count in the GEMM features: after the 4 dims and the tile uses.
 _GEMM_TILES = 4 + len(_TILES)
 
+# Positions of the log rows and the log bytes in the row heads' features (rows, row length, FLOPs,
+# bytes, intensity).
+_ROW_ROWS, _ROW_BYTES = 0, 3
+
 
 def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
@@ -243,7 +248,8 @@ class Group:
 
 def feature_matrix(head: str, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
     """Rows of problem features + device features (none for :data:`CLOCKED_HEADS` and
-    :data:`RELATIVE_HEADS`) + intensity over the device's ridge point (see :func:`with_device`)."""
+    :data:`RELATIVE_HEADS`) + intensity over the device's ridge point (+ the row heads' problem
+    against the GPU, the GEMMs' waves: see :func:`with_device`)."""
     return with_device(head, [node_features(head, n) for n in nodes], device)
 
 
@@ -261,9 +267,10 @@ def with_device(head: str, problem: Sequence[Sequence[float]] | np.ndarray, devi
     bound, 30% and 29%).
 
     The row heads (:data:`RELATIVE_HEADS`) see the same ridge and, in place of the spec-sheet facts,
-    the problem against the GPU: the log time its bytes take at the achieved bandwidth, and its log
-    rows per SM. Their efficiency is set by how a row kernel's passes meet the caches and by how full
-    the GPU is, not by which GPU it is; four GPUs cannot teach six spec features that. On the GPUs
+    the problem against the GPU (the last two columns): the log time its bytes (its fp32 twin's, as
+    the problem features count them) take at the achieved bandwidth, and its log rows per SM. Their
+    efficiency is set by how a row kernel's passes meet the caches and by how full the GPU is, not
+    by which GPU it is; four GPUs cannot teach six spec features that. On the GPUs
     left out (``benchmarks/generalization.py --full``, seeds 0 and 1) layer norm went from 11.2 and
     13.1% (LOO) to 10.4 and 11.0, softmax from 18.0 and 17.6% to 15.0 and 15.8; in distribution too
     (layer norm 7.0 and 7.2 to 6.0 and 6.9, softmax 13.1 and 13.5 to 12.3 and 11.5).
@@ -273,9 +280,10 @@ def with_device(head: str, problem: Sequence[Sequence[float]] | np.ndarray, devi
     ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
     rows = np.asarray(problem, dtype=np.float64).reshape(len(problem), -1)
     x = np.c_[rows, np.broadcast_to(dev, (len(rows), len(dev))), rows[:, -1] - ridge]
-    if head in RELATIVE_HEADS:  # rows first, then FLOPs, bytes, intensity (node_features)
-        at_bandwidth = rows[:, -2] - math.log(float(device.bandwidth_gbps) * 1e6)  # type: ignore[arg-type]
-        x = np.c_[x, at_bandwidth, rows[:, 0] - math.log(float(device.num_sms))]  # type: ignore[arg-type]
+    if head in RELATIVE_HEADS:
+        at_bandwidth = rows[:, _ROW_BYTES] - math.log(float(device.bandwidth_gbps) * 1e6)  # type: ignore[arg-type]
+        per_sm = rows[:, _ROW_ROWS] - math.log(float(device.num_sms))  # type: ignore[arg-type]
+        x = np.c_[x, at_bandwidth, per_sm]
     if head in ("linear", "bmm"):
         # One 128x128 tile per SM at a time: the waves of the grid, and the share of the last wave filled.
         tiles = np.rint(np.exp(x[:, _GEMM_TILES]))
