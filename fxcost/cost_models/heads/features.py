@@ -270,10 +270,10 @@ def with_device(head: str, problem: Sequence[Sequence[float]] | np.ndarray, devi
     the problem against the GPU (the last two columns): the log time its bytes (its fp32 twin's, as
     the problem features count them) take at the achieved bandwidth, and its log rows per SM. Their
     efficiency is set by how a row kernel's passes meet the caches and by how full the GPU is, not
-    by which GPU it is; four GPUs cannot teach six spec features that. On the GPUs
-    left out (``benchmarks/generalization.py --full``, seeds 0 and 1) layer norm went from 11.2 and
-    13.1% (LOO) to 10.4 and 11.0, softmax from 18.0 and 17.6% to 15.0 and 15.8; in distribution too
-    (layer norm 7.0 and 7.2 to 6.0 and 6.9, softmax 13.1 and 13.5 to 12.3 and 11.5).
+    by which GPU it is; four GPUs cannot teach six spec features that. On the GPUs left out
+    (``benchmarks/generalization.py --full``, seeds 0 and 1) layer norm went from 11.2 and 13.1%
+    (LOO) to 10.4 and 11.0, softmax from 18.0 and 17.6% to 15.0 and 15.8; in distribution too (layer
+    norm 7.0 and 7.2 to 6.0 and 6.9, softmax 13.1 and 13.5 to 12.3 and 11.5).
     """
     dev = device_features(device) if head not in CLOCKED_HEADS | RELATIVE_HEADS else []
     # The ridge of the spec sheet, a feature like the others (the bound itself takes the achieved bandwidth).
