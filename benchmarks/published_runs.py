@@ -259,9 +259,7 @@ def iteration_flops(run: Run, hardware: bool) -> float:
     """FLOPs of one iteration in Megatron's count; ``hardware``: the recomputed forward counted."""
     m = run.model
     passes = 4 if hardware else 3
-    layers = (
-        2 * (m.matmul_params - m.vocab * m.hidden) + m.layers * 4 * m.seq * m.hidden
-    )  # per token, forward
+    layers = 2 * (m.matmul_params - m.vocab * m.hidden) + m.layers * 4 * m.seq * m.hidden  # a token's forward
     return run.global_batch * m.seq * (passes * layers + 6 * m.hidden * m.vocab)
 
 

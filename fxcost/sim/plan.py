@@ -50,10 +50,9 @@ from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, s
 from fxcost.sim.dims import vocabulary, width_and_tokens
 from fxcost.sim.layers import in_tp_region, layer_of, layers_of, region_of
 from fxcost.sim.moe import expert_plan, is_expert
-from fxcost.sim.recompute import activations, core_attention, reruns
+from fxcost.sim.recompute import LINEAR, activations, core_attention, reruns
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import (
-    PRODUCTS,
     attention_heads,
     check_tp,
     shard_column,
@@ -380,7 +379,7 @@ def _last_products(ordered: Sequence[tuple[NodeCost, int]], layer_by_module: Map
     ones before it are column-parallel."""
     last = {}
     for i, (n, _) in enumerate(ordered):
-        if n.op in PRODUCTS and layer_by_module[n.module] and n.module != layer_by_module[n.module]:
+        if n.op in LINEAR and layer_by_module[n.module] and n.module != layer_by_module[n.module]:
             last[n.module.rpartition(".")[0]] = i
     return set(last.values())
 

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from fxcost.lowering import recorded_bytes
 from fxcost.lowering.nodes import MATMULS, matmul_operands
 from fxcost.records import NodeCost, Shape
+from fxcost.sim.recompute import LINEAR
 
 __all__ = [
-    "PRODUCTS",
     "attention_heads",
     "check_tp",
     "shard_column",
@@ -46,17 +46,13 @@ def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | 
                     [_split(s, tp, hidden) for s in node.out_shapes])  # fmt: skip
 
 
-PRODUCTS = ("aten.mm.default", "aten.addmm.default")
-"""The unbatched products, which a region splits by columns but its last (:func:`shard_column`)."""
-
-
 def shard_column(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:
     """A product of a layer's attention or MLP that is not its last, split along its output features:
     column-parallel, each rank on the whole input (Megatron's QKV and first MLP product, a Llama's
     ``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj`` and ``up_proj``, square or not). The last product
     of the region is the row-parallel one, :func:`shard_node`'s. None for a batched product, or where
     the features do not split."""
-    return _shard_matmul(node, tp, tokens, column=True) if node.op in PRODUCTS else None
+    return _shard_matmul(node, tp, tokens, column=True) if node.op in LINEAR else None
 
 
 def shard_sequence(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | None:

@@ -76,6 +76,8 @@ problem's size against it, the time its (fp32 twin's) bytes take at the GPU's ac
 its rows per SM (:func:`with_device`). Beside the problem's own log bytes and rows, these tell the
 network three device quantities (achieved bandwidth, SMs, ridge), where the others read six."""
 
+_SPECLESS = CLOCKED_HEADS | RELATIVE_HEADS  # the heads that read no spec-sheet fact but the ridge
+
 # Elementwise ops the training data measures, as one-hot features; other pointwise ops count as "other".
 EW_OPS = ("add", "mul", "div", "pow", "relu", "gelu", "tanh")
 
@@ -275,7 +277,7 @@ def with_device(head: str, problem: Sequence[Sequence[float]] | np.ndarray, devi
     (LOO) to 10.4 and 11.0, softmax from 18.0 and 17.6% to 15.0 and 15.8; in distribution too (layer
     norm 7.0 and 7.2 to 6.0 and 6.9, softmax 13.1 and 13.5 to 12.3 and 11.5).
     """
-    dev = device_features(device) if head not in CLOCKED_HEADS | RELATIVE_HEADS else []
+    dev = device_features(device) if head not in _SPECLESS else []
     # The ridge of the spec sheet, a feature like the others (the bound itself takes the achieved bandwidth).
     ridge = math.log(float(device.fp32_tflops) * 1e12 / (float(device.mem_bandwidth_gbps) * 1e9))  # type: ignore[arg-type]
     rows = np.asarray(problem, dtype=np.float64).reshape(len(problem), -1)

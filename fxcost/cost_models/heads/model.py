@@ -36,7 +36,7 @@ from fxcost.cost_models.heads.features import (
 from fxcost.cost_models.heads.sustained import GemmFit, load_gemm_fit, shipped_gemm_fit
 from fxcost.cost_models.heads.tensor_core import TiledGemms
 from fxcost.cost_models.heads.tensor_work import TensorWork, tensor_work
-from fxcost.cost_models.heads.weights import clocked_watts, load_heads, shipped_heads
+from fxcost.cost_models.heads.weights import load_trained, shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
 from fxcost.cost_models.latency import latency_floor_ms
 from fxcost.cost_models.mlp import MLP
@@ -90,8 +90,8 @@ class Heads:
             ValueError: its clocked heads were trained against another GEMM fit than its ``gemm.json``
                 (files of two trainings mixed): their efficiencies would read a bound they never saw.
         """
-        heads, gemm = load_heads(directory), load_gemm_fit(directory)
-        watts, clocked = clocked_watts(directory), sorted(CLOCKED_HEADS & set(heads))
+        (heads, watts), gemm = load_trained(directory), load_gemm_fit(directory)
+        clocked = sorted(CLOCKED_HEADS & set(heads))
         if clocked and watts is not None and not math.isclose(watts, gemm.watts):
             raise ValueError(
                 f"{directory}: heads.npz's {', '.join(clocked)} head was trained against a GEMM fit of "

@@ -20,6 +20,7 @@ __all__ = [
     "CLOCKED_WATTS",
     "clocked_watts",
     "load_heads",
+    "load_trained",
     "measured_in_training",
     "shipped_heads",
     "shipped_manifest",
@@ -38,18 +39,30 @@ def clocked_watts(directory: str | Path | None = None) -> float | None:
     """The GEMM fit's watts the clocked heads in ``directory``'s ``heads.npz`` (the shipped one where
     None) were trained against; None where it holds no clocked head or does not say (an older fxcost's)."""
     with _npz(directory) as arrays:
-        return float(arrays[CLOCKED_WATTS]) if arrays is not None and CLOCKED_WATTS in arrays.files else None
+        return None if arrays is None else _watts(arrays)
 
 
 def load_heads(directory: str | Path | None = None) -> dict[str, MLP]:
     """Heads from ``directory`` (``heads.npz``), or the ones shipped with fxcost."""
-    if directory is None:
-        return dict(shipped_heads())
+    return dict(shipped_heads()) if directory is None else load_trained(directory)[0]
+
+
+def load_trained(directory: str | Path) -> tuple[dict[str, MLP], float | None]:
+    """The heads in ``directory``'s ``heads.npz`` and the watts its clocked heads were trained against
+    (:func:`clocked_watts`), read in one pass.
+
+    Raises:
+        FileNotFoundError: the directory holds no ``heads.npz``.
+    """
+    path = Path(directory) / "heads.npz"
     with _npz(directory) as arrays:
         if arrays is None:
-            path = Path(directory) / "heads.npz"
             raise FileNotFoundError(f"{path}: no trained heads (run `fxcost train --out {directory}`)")
-        return _read(arrays, str(Path(directory) / "heads.npz"))
+        return _read(arrays, str(path)), _watts(arrays)
+
+
+def _watts(arrays: Any) -> float | None:
+    return float(arrays[CLOCKED_WATTS]) if CLOCKED_WATTS in arrays.files else None
 
 
 @functools.cache
