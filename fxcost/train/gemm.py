@@ -122,7 +122,9 @@ def fit_gemm(rows: GemmRows, test: GemmRows | None = None) -> GemmFit:
         return np.log(predict_rows(rows, tiling, scale[rows.gpu_index], sharpness)) - np.log(rows.ms)
 
     # The fastest tile is a kink in the loss: gradients find a minimum of a smooth stand-in first,
-    # sharper and sharper, then the fastest tile itself (from any start, the same minimum).
+    # sharper and sharper, then the fastest tile itself. The minimum is one of several of nearly equal
+    # loss, and which one the fit stops at can depend on the order of the rows (README, "The fp32
+    # tile fit").
     found = np.r_[np.ones(tiles), math.log(8.0), np.zeros(count)]
     for sharpness in (*_SHARPNESS, None):
         found = least_squares(residuals, found, args=(sharpness,), loss="soft_l1", f_scale=0.1).x
