@@ -44,8 +44,8 @@ _CHUNK = 512  # held-out rows matched at once (the distance table is chunk x tra
 
 def matched_ratios(train: pd.DataFrame, test: pd.DataFrame, dims: list[str]) -> np.ndarray:
     """Per held-out row with a training row of the same op within a factor of :data:`TOLERANCE` in
-    every dim, its ms per unit of work over the nearest training configuration's (the median of that
-    configuration's repeats); rows of one GPU."""
+    every dim, its ms per unit of work over the nearest training rows' (the median of the rows at the
+    nearest distance: a configuration's repeats, or configurations as near); rows of one GPU."""
     ratios = []
     for op, held in test.groupby("OPName"):
         seen = train[train["OPName"] == op]
@@ -59,7 +59,7 @@ def matched_ratios(train: pd.DataFrame, test: pd.DataFrame, dims: list[str]) -> 
             block = asked[start : start + _CHUNK]
             distance = np.abs(block[:, None, :] - known[None, :, :]).max(axis=2)
             nearest = distance.min(axis=1, keepdims=True)
-            tied = np.where(distance == nearest, known_ms_per_unit, np.nan)  # a configuration's repeats
+            tied = np.where(distance == nearest, known_ms_per_unit, np.nan)  # the nearest rows only
             close = nearest[:, 0] < math.log(TOLERANCE)
             own = ms_per_unit[start : start + _CHUNK]
             ratios.append(own[close] / np.nanmedian(tied[close], axis=1))
