@@ -21,8 +21,11 @@ GPU would see it: the kernel the row ran where fxcost can price it, else the ker
 would choose. One line per sweep file and ``sweep_median_err=.. sweep_sum_err=.. sweep_rows=N``, printed
 before the traces' lines.
 
-Last line: ``sdpa_node_median_err=.. sdpa_sum_err=.. sdpa_nodes=N`` (percent, absolute per-node
-median; signed error of the summed kernel time).
+Last line: ``sdpa_node_median_err=.. sdpa_sum_err=.. sdpa_interval_coverage=.. sdpa_bmm_interval_coverage=..
+sdpa_nodes=N`` (percent, absolute per-node median; signed error of the summed kernel time; the share of
+nodes whose recorded time lies inside their nominal 80% interval, and inside the ``bmm`` class's
+interval alone, the one fused attention had before its own spread:
+:func:`fxcost.cost_models.heads.intervals.node_bounds`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,13 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from fxcost.cost_models.attention import attention_kind, fused_attention_ms
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import default_heads
-from fxcost.gpus import UnknownDeviceError, get_device
+from fxcost.cost_models.heads.intervals import node_bounds
+from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.lowering.attention import (
     ATTENTION_OPS,
     AttentionCall,
@@ -48,6 +54,7 @@ from fxcost.lowering.attention import (
 )
 from fxcost.lowering.attention_kernels import fused_attention
 from fxcost.propagate.eager import eager_kernel_ms
+from fxcost.records import NodeCost
 from fxcost.report import Report
 
 
@@ -62,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweeps:
         sweeps(args.fixtures, args.sweep_rows)
     errors: list[float] = []
+    covered: list[bool] = []
+    covered_bmm: list[bool] = []  # the baseline: the bmm class's interval alone
     predicted_sum = recorded_sum = 0.0
     traces = (p for p in args.fixtures.rglob("*.json.gz") if not p.name.endswith("-kernels.json.gz"))
     for path in sorted(traces):
@@ -92,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             if predicted is not None and recorded is not None:
                 err = (predicted - recorded) / recorded * 100
                 errors.append(abs(err))
+                covered.append(_inside(guess, target, predicted, recorded))
+                covered_bmm.append(_inside(guess, target, predicted, recorded, spread=False))
                 predicted_sum += predicted
                 recorded_sum += recorded
             if row < args.rows:
@@ -101,8 +112,24 @@ def main(argv: list[str] | None = None) -> int:
                       f"{_fmt(predicted):>9s} {_fmt(recorded):>9s} {_fmt(err, 1):>7s}  {names}")  # fmt: skip
     median = statistics.median(errors) if errors else float("nan")
     total = (predicted_sum - recorded_sum) / recorded_sum * 100 if recorded_sum else float("nan")
-    print(f"sdpa_node_median_err={median:.1f} sdpa_sum_err={total:.1f} sdpa_nodes={len(errors)}")
+    coverage, baseline = (statistics.fmean(c) if c else float("nan") for c in (covered, covered_bmm))
+    print(f"sdpa_node_median_err={median:.1f} sdpa_sum_err={total:.1f} sdpa_interval_coverage={coverage:.2f} "
+          f"sdpa_bmm_interval_coverage={baseline:.2f} sdpa_nodes={len(errors)}")  # fmt: skip
     return 0
+
+
+def _inside(
+    node: NodeCost, device: Device, kernel_ms: float, recorded_ms: float, spread: bool = True
+) -> bool:
+    """Whether ``recorded_ms`` lies inside the nominal 80% interval of ``node``'s predicted kernel time
+    ``kernel_ms`` on ``device``: the node's interval (:func:`node_bounds`, the op timed alone) less
+    the overhead its kernel time leaves out. ``spread=False``: the ``bmm`` class's interval alone,
+    without the fused kernel's own spread (the interval before it had one)."""
+    name = device.name
+    ms = node.pred_ms[name] or 0.0
+    sources = [node.pred_source.get(name)]
+    low, high = node_bounds([node], np.array([ms]), sources, device=device if spread else None)
+    return bool(low[0] - ms + kernel_ms <= recorded_ms <= high[0] - ms + kernel_ms)
 
 
 def _recorded(kernels: str) -> Backend | None:

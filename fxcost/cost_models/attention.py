@@ -126,11 +126,21 @@ def _intensity(backend: str, call: AttentionCall) -> float | None:
 
 
 def fused_attention_ms(
-    call: AttentionCall, fused: FusedAttention, device: Device, sustained_tflops: float | None = None
+    call: AttentionCall,
+    fused: FusedAttention,
+    device: Device,
+    sustained_tflops: float | None = None,
+    serial: bool = False,
 ) -> float | None:
     """Kernel time of a fused attention call on ``device`` in ms, None where a rate is unknown.
     ``sustained_tflops``: the GPU's sustained tensor rate for the call's :func:`attention_kind` (what the
     tensor-core GEMMs are priced at); the spec peak where None.
+
+    ``serial``: the same structure with nothing overlapped, the other end of what it allows: each
+    tile's GEMMs and softmax one after the other (cuDNN's pipeline too), and the main kernel's DRAM
+    traffic, every re-read from DRAM, after its compute rather than under it. Its time is never below
+    the overlapped one; the recorded kernels fall between the two (``benchmarks/attention_nodes.py``),
+    and :func:`fxcost.cost_models.heads.intervals.node_bounds` spans them.
 
     Example:
         >>> from fxcost.gpus import get_device
@@ -160,18 +170,14 @@ def fused_attention_ms(
         split_ops = SPLIT_OPS_PER_OPERAND * fused.flops_per_tile / WARP_TILE  # a 32x32 tile: 32 FLOPs each
         mma_ms += split_ops / (alu_per_clock * sms * clock_hz) * 1e3
     softmax_ms = fused.scores_per_tile * score_cycles / (sms * clock_hz) * 1e3
-    if fused.backend == "cudnn":
+    if fused.backend == "cudnn" and not serial:
         # Two stages (the GEMMs, the softmax) overlapped across a block's tiles: n tiles take n times
         # the longer stage, and each block's first and last tile add the shorter once (the pipeline's
         # fill and drain).
         tile_ms, block_ms = max(mma_ms, softmax_ms), min(mma_ms, softmax_ms)
-        per_sm = 1  # persistent: one 384-thread block per SM (its launches: the SM count, 1 per SM)
     else:
         tile_ms, block_ms = mma_ms + softmax_ms, 0.0
-        try:
-            per_sm = blocks_per_sm(device, 32 * fused.warps, REGISTERS_PER_THREAD, fused.shared_memory_bytes)
-        except ValueError:
-            per_sm = 1
+    per_sm = _blocks_per_sm(fused, device)
     # Waves: the busiest SM's tiles against a perfect spread of them.
     slots = per_sm * sms
     walked = fused.tiles_per_block
@@ -181,9 +187,23 @@ def fused_attention_ms(
     busiest = max(rounds * sum(walked) / len(walked), max(walked))
     compute_ms = (busiest * tile_ms + rounds * block_ms) * slots  # a slot's tile: slots x its device time
     floor = device.launch_floor_ms or LAUNCH_FLOOR_MS
-    dram = fused.bytes_main + (fused.reread_bytes if _rereads_miss_l2(call, fused, device, slots) else 0)
-    main = max(compute_ms, dram / (bandwidth * 1e6), floor)
+    if serial:
+        main = max(compute_ms + (fused.bytes_main + fused.reread_bytes) / (bandwidth * 1e6), floor)
+    else:
+        rereads = fused.reread_bytes if _rereads_miss_l2(call, fused, device, slots) else 0
+        main = max(compute_ms, (fused.bytes_main + rereads) / (bandwidth * 1e6), floor)
     return main + sum(max(b / (bandwidth * 1e6), floor) for b in fused.bytes_passes)
+
+
+def _blocks_per_sm(fused: FusedAttention, device: Device) -> int:
+    """Thread blocks of ``fused`` resident per SM: cuDNN's persistent launch one (its launches: as
+    many 384-thread blocks as SMs), the others' as the occupancy calculator allows."""
+    if fused.backend == "cudnn":
+        return 1
+    try:
+        return blocks_per_sm(device, 32 * fused.warps, REGISTERS_PER_THREAD, fused.shared_memory_bytes)
+    except ValueError:
+        return 1
 
 
 def _rereads_miss_l2(call: AttentionCall, fused: FusedAttention, device: Device, slots: int) -> bool:

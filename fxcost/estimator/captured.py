@@ -190,7 +190,7 @@ class Captured:
         step = phase_end[-1]
         # The interval of the isolated sum, scaled as the eager step scales it (Report.eager_interval_ms).
         scale = step / isolated if isolated > 0 else 1.0
-        bounds = node_bounds(batch.nodes, ms, sources)
+        bounds = node_bounds(batch.nodes, ms, sources, device=target)
         low, high = (scale * sum(phase_totals(b, self.counts).values()) for b in bounds)
         result = Cost(ms=step, fw_ms=phase_end[0], bw_ms=phase_end[1] - phase_end[0], device=target.name,
                       low_ms=low, high_ms=high, caveat=spec_sheet_caveat(target),

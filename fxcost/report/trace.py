@@ -144,7 +144,7 @@ class Report:
         name = self._predicted_name(device)
         nodes = self._phase(phase)
         ms = np.array([n.pred_ms.get(name) or 0.0 for n in nodes])
-        low, high = node_bounds(nodes, ms, [n.pred_source.get(name) for n in nodes])
+        low, high = node_bounds(nodes, ms, [n.pred_source.get(name) for n in nodes], device=get_device(name))
         return float(low.sum()), float(high.sum())
 
     def eager_interval_ms(

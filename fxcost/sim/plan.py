@@ -163,7 +163,7 @@ def compile_plan(
         batch_nodes = NodeBatch.of(split_sequence(batch_nodes.nodes, s.cp, seqlen, whole_tokens))
     ms, source = predict_batch(batch_nodes, chain, device)
     kernel = _kernels_of(batch_nodes, ms, source, device)
-    interval = _interval(batch_nodes.nodes, ms, source, captured.counts.sum(axis=1))
+    interval = _interval(batch_nodes.nodes, ms, source, captured.counts.sum(axis=1), device)
     hidden, tokens = width_and_tokens(batch_nodes.nodes)
     vocab = vocabulary(batch_nodes.nodes)
     itemsize = itemsize_of(precision)
@@ -351,11 +351,11 @@ def _shards(
 
 
 def _interval(
-    nodes: Sequence[NodeCost], ms: np.ndarray, source: np.ndarray, counts: np.ndarray
+    nodes: Sequence[NodeCost], ms: np.ndarray, source: np.ndarray, counts: np.ndarray, device: Device
 ) -> tuple[float, float]:
-    """The interval of the step's time (each distinct node ``counts`` times), as factors of it."""
+    """The interval of the step's time on ``device`` (each distinct node ``counts`` times), as factors."""
     ms = np.nan_to_num(ms)
-    low, high = node_bounds(nodes, ms, source)
+    low, high = node_bounds(nodes, ms, source, device=device)
     total = float(ms @ counts)
     return (float(low @ counts) / total, float(high @ counts) / total) if total > 0 else (1.0, 1.0)
 

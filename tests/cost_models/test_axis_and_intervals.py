@@ -135,6 +135,35 @@ def test_a_lowered_rnn_takes_the_gemm_interval() -> None:
     assert (low[0], high[0]) == pytest.approx((math.exp(-0.5), math.exp(0.25)))
 
 
+def test_fused_attention_reaches_up_to_its_kernel_with_nothing_overlapped() -> None:
+    """The bmm class's interval, widened up to the serial structure's time on the GPU priced; without
+    a GPU (or for a math-backend node) the class's interval alone."""
+    from fxcost.cost_models.attention import fused_attention_ms
+    from fxcost.lowering.attention import attention_call
+    from fxcost.lowering.attention_kernels import attention_work, fused_attention
+
+    h100 = get_device("H100-SXM")
+    q = (4, 16, 2048, 128)
+    sdpa = NodeCost(name="sdpa", op="aten._scaled_dot_product_cudnn_attention.default", phase="fw",
+                    in_shapes=[q, q, q, (4, 1, 2048, 2048)], in_dtypes=["bfloat16"] * 4, out_shapes=[q],
+                    out_dtypes=["bfloat16"])  # fmt: skip
+    call, found = attention_call(sdpa), attention_work(sdpa, h100)
+    assert found is not None and found[0] == "cudnn" and call is not None and call.masked
+    fused = fused_attention(call, "cudnn")
+    heads = Heads()
+    ms = heads.predict(NodeBatch.of([sdpa]), h100)
+    intervals = Intervals({"bmm": (-0.3, 0.6)})
+    low, high = node_bounds([sdpa], ms, ["mlp"], intervals, device=h100)
+    rate = heads.tiled.sustained_tflops(h100, "bfloat16")
+    serial = fused_attention_ms(call, fused, h100, rate, serial=True)
+    overlapped = fused_attention_ms(call, fused, h100, rate)
+    assert serial is not None and overlapped is not None
+    assert low[0] == pytest.approx(ms[0] * math.exp(-0.3))
+    assert high[0] == pytest.approx(ms[0] + serial - overlapped) and high[0] > ms[0] * math.exp(0.6)
+    alone = node_bounds([sdpa], ms, ["mlp"], intervals)
+    assert alone[1][0] == pytest.approx(ms[0] * math.exp(0.6))
+
+
 def test_shipped_intervals_cover_every_head_and_widen_around_the_prediction() -> None:
     intervals = shipped_intervals()
     assert intervals is not None and intervals.nominal == 0.8

@@ -331,6 +331,25 @@ def test_fused_attention_is_never_faster_than_its_flops_or_bytes_allow() -> None
             assert ms >= fused.bytes_main / (device.mem_bandwidth_gbps * 1e6)
 
 
+def test_nothing_overlapped_is_the_slow_end_of_a_fused_kernel() -> None:
+    """``serial``: every tile's GEMMs then its softmax, the main kernel's traffic (re-reads too) after
+    its compute. Never faster than the overlapped price; for cuDNN's pipelined kernel, slower by about
+    the softmax hidden under its GEMMs."""
+    h100 = get_device("H100-SXM")
+    masked = replace(_call(s=2048, d=128), masked=True, mask_bytes=4 * 2048 * 2048 * 2)
+    for call in (_call(s=2048), _call(s=2048, backward=True), masked, _call("float32", s=1024)):
+        for backend in ("cudnn", "efficient", "flash"):
+            fused = fused_attention(call, backend)
+            overlapped = fused_attention_ms(call, fused, h100)
+            serial = fused_attention_ms(call, fused, h100, serial=True)
+            assert overlapped is not None and serial is not None and serial >= overlapped, (call, backend)
+            # The traffic adds to the compute: above the time of the bytes alone, re-reads included.
+            assert serial > (fused.bytes_main + fused.reread_bytes) / (h100.mem_bandwidth_gbps * 1e6)
+    fused = fused_attention(masked, "cudnn")
+    overlapped, serial = (fused_attention_ms(masked, fused, h100, serial=s) for s in (False, True))
+    assert overlapped is not None and serial is not None and serial > 1.5 * overlapped
+
+
 def test_a_grid_smaller_than_the_gpu_takes_one_blocks_time() -> None:
     """Waves: 1 to 8 sequences of 8 heads x 4 query blocks fill at most 256 of an H100's 264 slots."""
     h100 = get_device("H100-SXM")

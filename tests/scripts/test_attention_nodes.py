@@ -45,6 +45,9 @@ def test_attention_nodes_compares_sdpa_nodes_with_their_kernels(load_script, tmp
     assert fields["sdpa_nodes"] == "2"
     assert float(fields["sdpa_node_median_err"]) == 50.0
     assert float(fields["sdpa_sum_err"]) == -50.0
+    # The fused kernel's interval holds the bmm class's: it only widens it.
+    coverage = [float(fields[k]) for k in ("sdpa_bmm_interval_coverage", "sdpa_interval_coverage")]
+    assert 0.0 <= coverage[0] <= coverage[1] <= 1.0
 
 
 def test_attention_nodes_reads_the_collect_sweeps(load_script, tmp_path, capsys) -> None:

@@ -217,6 +217,21 @@ class Heads:
         fused_ms = fused_attention_ms(call, work, device, sustained)
         return (math.nan, False) if fused_ms is None else (fused_ms + hidden_overhead_ms(device), True)
 
+    def attention_spread_ms(self, node: NodeCost, device: Device) -> float:
+        """How much longer than its price a fused attention node may take on ``device``: its kernel's
+        time with nothing overlapped (:func:`fused_attention_ms`'s ``serial``) less the overlapped
+        time it is priced at; 0 for other nodes, the math backend and what cannot be priced."""
+        try:
+            found = attention_work(node, device) if node.op in ATTENTION_OPS else None
+        except (IndexError, KeyError, TypeError, ValueError):
+            return 0.0
+        call = attention_call(node)
+        if found is None or isinstance(found[1], list) or call is None:
+            return 0.0
+        sustained = self.tiled.sustained_tflops(device, attention_kind(call))
+        both = [fused_attention_ms(call, found[1], device, sustained, serial) for serial in (False, True)]
+        return 0.0 if None in both else max(both[1] - both[0], 0.0)  # type: ignore[operator]
+
 
 def _tensor_works(batch: NodeBatch) -> tuple[np.ndarray, list[TensorWork]] | None:
     """The positions and tiled work of the nodes the tiled GEMM model prices (None if none)."""
