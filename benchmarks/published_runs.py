@@ -51,7 +51,12 @@ tensor-parallel collectives, pipeline sends, exposed data-parallel collectives, 
 idle: the bubble) with
 the compute's share of the GPU's peak, and the rank's memory by kind.
 
-Last line: ``mape_published=.. max_err_published=.. rows=N rows_flagged=N rows_failed=N``.
+Each row also prints the simulated iteration's nominal 80% interval in the row's unit
+(:attr:`fxcost.sim.SimResult.interval_ms`: every compute task at its interval's ends, collectives as
+predicted), marked ``!`` where the measured figure lies outside it.
+
+Last line: ``mape_published=.. max_err_published=.. coverage80_published=.. rows=N rows_flagged=N
+rows_failed=N`` (coverage: the share of rows whose measured figure lies inside the interval).
 
     python benchmarks/published_runs.py --runs ../shared/data/published_runs.csv
 """
@@ -283,8 +288,9 @@ def cluster_of(run: Run) -> tuple[Device, Cluster, list[str]]:
 
 
 def simulated(run: Run, cluster: Cluster, cache: Path | None) -> dict[str, Any]:
-    """The simulated iteration of ``run`` on ``cluster``: ``iteration_s``, ``oom``, the first and
-    the last stage's ``breakdown`` (ms) and their ``memory_gib``; cached by the row."""
+    """The simulated iteration of ``run`` on ``cluster``: ``iteration_s`` and its nominal 80%
+    ``interval_s``, ``oom``, the first and the last stage's ``breakdown`` (ms) and their
+    ``memory_gib``; cached by the row."""
     c = cluster
     key = json.dumps([fxcost.__version__, config_of(run), str(run.strategy), run.global_batch,
                       run.model.layers, run.precision, str(c), c.intra.bandwidth_gbps,
@@ -292,12 +298,15 @@ def simulated(run: Run, cluster: Cluster, cache: Path | None) -> dict[str, Any]:
                      sort_keys=True)  # fmt: skip
     path = cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json" if cache else None
     if path is not None and path.exists():
-        return dict(json.loads(path.read_text()))
+        saved = dict(json.loads(path.read_text()))
+        if "interval_s" in saved:  # else kept by a version that did not keep the interval
+            return saved
     result: SimResult = simulate(config_of(run), run.strategy, cluster, batch=run.global_batch,
                                  seqlen=run.model.seq, precision=parse_precision(run.precision),
                                  layers=run.model.layers)  # fmt: skip
     ends = sorted({0, run.pp - 1})
     saved = {"iteration_s": result.iteration_ms / 1000, "oom": result.oom,
+             "interval_s": [t / 1000 for t in result.interval_ms],
              "breakdown": [breakdown(result, i) for i in ends],
              "memory_gib": [vars_gib(result.memory[i]) for i in ends]}  # fmt: skip
     if path is not None:
@@ -346,9 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     start = time.perf_counter()
     errors: list[float] = []
+    inside: list[bool] = []
     flagged = failed = 0
     print(f"{'#':>3} {'model':18s} {'gpu':16s} {'gpus':>5} {'plan':38s} {'unit':21s} {'measured':>9} "
-          f"{'predicted':>9} {'error':>7}  flags")  # fmt: skip
+          f"{'predicted':>9} {'80% interval':>19} {'error':>7}  flags")  # fmt: skip
     for number, raw in enumerate(rows, 1):
         head = f"{number:3d} {(raw.get('model') or '?')[:18]:18s} {(raw.get('gpu') or '?')[:16]:16s}"
         try:
@@ -356,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             device, cluster, read = cluster_of(run)
             saved = simulated(run, cluster, cache)
             predicted = in_unit(run, saved["iteration_s"], device)
+            low, high = sorted(in_unit(run, t, device) for t in saved["interval_s"])
         except (ValueError, KeyError) as e:  # one bad row (an unknown GPU, a plan that does not fit)
             failed += 1
             print(f"{head} ERROR: {e}", flush=True)
@@ -365,16 +376,19 @@ def main(argv: list[str] | None = None) -> int:
         flags += read + run.readings
         error = (predicted - run.measured) / run.measured * 100
         errors.append(error)
+        inside.append(low <= run.measured <= high)
         plan = f"{run.strategy}" + (f",mbs={run.micro_batch}" if run.micro_batch > 1 else "")
+        span = f"{low:.4g}-{high:.4g}{'' if inside[-1] else ' !'}"
         print(f"{head} {run.gpus:5d} {plan[:38]:38s} {run.unit:21s} {run.measured:9.4g} {predicted:9.4g} "
-              f"{error:+6.1f}%  {'; '.join(flags)}", flush=True)  # fmt: skip
+              f"{span:>19} {error:+6.1f}%  {'; '.join(flags)}", flush=True)  # fmt: skip
         if args.breakdown:
             print_breakdown(run, saved, device)
     mape = sum(abs(e) for e in errors) / len(errors) if errors else math.nan
     worst = max((abs(e) for e in errors), default=math.nan)
     print(f"({time.perf_counter() - start:.0f} s)")
-    print(f"mape_published={mape:.2f} max_err_published={worst:.2f} rows={len(errors)} "
-          f"rows_flagged={flagged} rows_failed={failed}")  # fmt: skip
+    coverage = sum(inside) / len(inside) if inside else math.nan
+    print(f"mape_published={mape:.2f} max_err_published={worst:.2f} coverage80_published={coverage:.2f} "
+          f"rows={len(errors)} rows_flagged={flagged} rows_failed={failed}")  # fmt: skip
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,18 @@ def test_a_tiny_csv_runs_end_to_end_and_a_bad_row_fails_in_its_place(
     assert sum("tiny" in line and "%" in line for line in lines) == 2
     last = lines[-1]
     assert last.startswith("mape_published=") and last.endswith("rows=2 rows_flagged=0 rows_failed=1")
+    # Each row's interval in its unit holds the prediction; the coverage counts the rows inside it.
+    fields = dict(item.split("=") for item in last.split())
+    inside = matched = 0
+    for line in lines:
+        found = re.search(r" ([\d.e+]+) +([\d.e+]+) +([\d.e+]+)-([\d.e+]+)( !)? +[+-][\d.]+%", line)
+        if "tiny" in line and found:
+            measured, predicted, low, high = (float(found.group(i)) for i in range(1, 5))
+            assert low <= predicted <= high
+            assert (found.group(5) is None) == (low <= measured <= high)
+            inside += low <= measured <= high
+            matched += 1
+    assert matched == 2 and float(fields["coverage80_published"]) == inside / 2
     # Resumed from the cache: the same figures.
     assert script.main(["--runs", str(path), "--cache", str(tmp_path / "cache")]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == last
