@@ -179,12 +179,13 @@ class Captured:
         isolated = sum(phase_totals(ms, self.counts).values())
         # The step (Report.step_ms_in), split where each phase's last kernel ends.
         per_node = kernel_times(batch, ms, sources, target)
+        launches = np.ones(len(self._issued))  # each kernel's launches, each costing the host HOST_MS
         if execution == "compiled":
-            kernels, issued_phase = self._compiled(batch, per_node, sources, target)
+            kernels, issued_phase, launches = self._compiled(batch, per_node, sources, target)
         else:
             kernels, issued_phase = per_node[self._issued], self._issued_phase
         known = np.isfinite(kernels)
-        host = 0.0 if execution == "cudagraphs" else HOST_MS
+        host = (0.0 if execution == "cudagraphs" else HOST_MS) * launches[known]
         ends, phases = replay_ends(kernels[known], host), issued_phase[known]
         phase_end = [float(ends[phases <= p].max(initial=0.0)) for p in range(len(PHASES))]
         step = phase_end[-1]
@@ -201,9 +202,9 @@ class Captured:
 
     def _compiled(
         self, batch: NodeBatch, per_node: np.ndarray, sources: np.ndarray, device: Device
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The compiled step's kernel times in run order, and each kernel's phase: Inductor's fusion
-        of the traced step, its kernels priced at the sizes of ``batch``."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The compiled step's kernel times in run order, each kernel's phase and its launches:
+        Inductor's fusion of the traced step, its kernels priced at the sizes of ``batch``."""
         if self._fused is None:  # the step's structure: the same at every batch and precision
             kernels = fuse(self.report.nodes)
             # The phase of the step's own node: a distinct node stands for equal nodes of every phase.
@@ -217,9 +218,8 @@ class Captured:
             per_node = without_layout_transposes(batch.nodes, per_node, device, sources=list(sources))
         eager = np.array([np.nan if i is None else per_node[i] for i in self.index], dtype=np.float64)
         work = batch.derived("compiled.work", lambda: kernel_work(nodes, kernels))  # the same on every GPU
-        return fused_kernel_ms(
-            nodes, kernels, eager, device, self.chain, channels_last=layout, work=work
-        ), phases
+        times = fused_kernel_ms(nodes, kernels, eager, device, self.chain, channels_last=layout, work=work)
+        return times, phases, np.array([k.launches for k in kernels], dtype=np.float64)
 
     def _relative(self, batch_size: int | None) -> int | None:
         """None for the traced batch: one cache entry, and no polynomials to evaluate there."""

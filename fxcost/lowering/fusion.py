@@ -17,6 +17,10 @@ step the way its scheduler does, a pure function of the records, so it works on 
 - a reduction fuses with a pointwise prologue over its input and a pointwise epilogue over its
   input or its output (softmax, a residual add with the layer norm after it, bias-gradient sums
   with the pointwise backward they read); two reductions share a kernel only over the same ranges;
+- a batch norm (or its backward) over many elements per channel is a split reduction
+  (:func:`~fxcost.lowering.fusion_rules.split_reduction`): its kernel is three launches, a partial
+  and a final reduction and the normalizing pointwise pass with its epilogue, which reads again
+  what the reduction read;
 - random ops (dropout) are pointwise: Inductor draws the numbers inside the fused kernel;
   in-place ops (``add_``, ``copy_``) are pointwise ops writing their input;
 - a kernel reads each tensor it takes from outside once (a tensor two members read from one
@@ -32,9 +36,8 @@ apart (:mod:`fxcost.lowering.fusion_layout`): it changes kernel times, not the g
 
 Not modelled: Inductor's own decompositions (a ``native_layer_norm_backward``'s weight gradient is
 a second, column-wise reduction in Inductor, here part of the row reduction's kernel), split
-reductions (a reduction to few outputs split over two kernels; a batch norm over a large batch is
-split, and its normalizing pointwise epilogue then runs as a kernel of its own re-reading the input:
-the ResNet-50 H100 step's pointwise kernels), loop reordering and tiling choices,
+reductions other than batch norms' (a column sum to few outputs is split over two kernels too;
+a row reduction to fewer rows than twice the SMs), loop reordering and tiling choices,
 combo kernels of foreach ops and CUDA-graph trees. In a training step, which activations the
 forward writes for the backward and which the backward recomputes follow Inductor's partitioner
 as far as the records tell (:mod:`fxcost.lowering.fusion_saved`); a GEMM with an unaligned
@@ -43,13 +46,14 @@ dimension runs padded where Inductor pads it (:mod:`fxcost.lowering.fusion_paddi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from fxcost.lowering.fusion_attention import attention_chains, attention_node
-from fxcost.lowering.fusion_rules import GATHERS, merged_ranges, node_ranges
+from fxcost.lowering.fusion_rules import GATHERS, merged_ranges, node_ranges, split_reduction
 from fxcost.lowering.fusion_saved import rematerialize
 from fxcost.lowering.traffic import recorded_bytes
 from fxcost.precision import itemsize
@@ -82,6 +86,10 @@ class FusedKernel:
         recomputes: in a training step's backward, the forward inputs (node position, input index)
             the kernel reads to recompute saved activations the forward did not write
             (:mod:`fxcost.lowering.fusion_saved`).
+        split_at: the member (its index in ``members``) whose reduction Inductor splits
+            (:func:`~fxcost.lowering.fusion_rules.split_reduction`), None where none is: the kernel
+            is then three launches, the partial and the final reduction and the pointwise pass, which
+            reads again what the members up to the split one read.
     """
 
     kind: KernelKind
@@ -89,6 +97,12 @@ class FusedKernel:
     reads: tuple[tuple[int, ...], ...]
     writes: tuple[tuple[bool, ...], ...]
     recomputes: tuple[tuple[int, int], ...] = ()
+    split_at: int | None = None
+
+    @property
+    def launches(self) -> int:
+        """The kernels it launches: three for a split reduction's, else one."""
+        return 1 if self.split_at is None else 3
 
     def nodes(self, nodes: Sequence[NodeCost]) -> list[NodeCost]:
         """Its member records among ``nodes`` (the list it was fused from, or that list re-sized)."""
@@ -100,14 +114,21 @@ class FusedKernel:
             return self.stands_for(nodes).bytes_read or 0
         if self.kind == "extern":
             return sum(nodes[i].bytes_read or 0 for i in self.members)
+        total = self._member_reads(nodes, len(self.members))
+        for i, k in self.recomputes:
+            total += _bytes(nodes[i].in_shapes[k], nodes[i].in_dtypes[k])
+        if self.split_at is not None:  # the pointwise pass after the split reduction reads it all again
+            total += self._member_reads(nodes, self.split_at + 1)
+        return total
+
+    def _member_reads(self, nodes: Sequence[NodeCost], first: int) -> int:
+        """DRAM bytes the ``first`` members read (in program order)."""
         total = 0
-        for i, reads in zip(self.members, self.reads, strict=True):
+        for i, reads in zip(self.members[:first], self.reads[:first], strict=True):
             node = nodes[i]
             written = recorded_bytes(node.out_shapes, node.out_dtypes)
             for shape, dtype, how in zip(node.in_shapes, node.in_dtypes, reads, strict=True):
                 total += _bytes(shape, dtype) if how == _DRAM else written if how == _GATHERED else 0
-        for i, k in self.recomputes:
-            total += _bytes(nodes[i].in_shapes[k], nodes[i].in_dtypes[k])
         return total
 
     def bytes_written(self, nodes: Sequence[NodeCost]) -> int:
@@ -239,7 +260,7 @@ class _Fuser:
                               for m, r in zip(kernel.members, kernel.reads, strict=True))  # fmt: skip
                 writes = tuple(tuple(w and (m, o) not in plan.unwritten for o, w in enumerate(ws))
                                for m, ws in zip(kernel.members, kernel.writes, strict=True))  # fmt: skip
-                kernel = FusedKernel(kernel.kind, kernel.members, reads, writes, tuple(sources))
+                kernel = dataclasses.replace(kernel, reads=reads, writes=writes, recomputes=tuple(sources))
             out.append(kernel)
         return out
 
@@ -334,7 +355,8 @@ class _Fuser:
             reads.append(tuple(how))
             writes.append(tuple(self._escapes(m, k, inside) for k in range(max(len(node.out_shapes), 1))))
         kind: KernelKind = "reduction" if group.reduction else "pointwise"
-        return FusedKernel(kind, tuple(group.members), tuple(reads), tuple(writes))
+        split = next((k for k, m in enumerate(group.members) if split_reduction(self.nodes[m])), None)
+        return FusedKernel(kind, tuple(group.members), tuple(reads), tuple(writes), split_at=split)
 
     def _escapes(self, m: int, output: int, inside: set[int]) -> bool:
         """Whether output ``output`` of node ``m`` is used outside the kernel (or by nothing: an output

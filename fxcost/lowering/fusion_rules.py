@@ -16,7 +16,7 @@ import torch
 from fxcost.lowering.kernels import resolve_op
 from fxcost.records import NodeCost
 
-__all__ = ["CHANNEL_REDUCTIONS", "GATHERS", "merged_ranges", "node_ranges"]
+__all__ = ["CHANNEL_REDUCTIONS", "GATHERS", "merged_ranges", "node_ranges", "split_reduction"]
 
 # Ops Inductor lowers to pointwise loops that no tag marks as pointwise.
 _POINTWISE = frozenset({
@@ -85,6 +85,28 @@ def node_ranges(node: NodeCost) -> tuple[tuple[int, int] | None, bool]:
             return None, False
         return (max(math.prod(shapes[0]), 1), 1), False
     return None, False
+
+
+# Inductor splits a reduction to few outputs over many reduced elements into a partial and a final
+# reduction (``Reduction.num_splits``), unless its outputs reach 64 per SM (2 x 32 per SM): a batch
+# norm's channels never do on a GPU of 32 SMs or more (ResNet-50's widest is 2,048). An outer
+# reduction (the channels of NCHW or channels-last data) splits once its reduced elements exceed 4
+# per thread over Inductor's smallest 32-element split.
+_SPLIT_MAX_OUTPUTS = 2048
+_SPLIT_MIN_REDUCED = 4 * 32
+
+
+def split_reduction(node: NodeCost) -> bool:
+    """Whether Inductor splits ``node``, a batch norm or its backward, into a partial and a final
+    reduction. A split reduction's pointwise epilogue over its input (the normalization, and what
+    fuses with it) cannot share its loop: it runs as a kernel of its own that reads the input again
+    (the ResNet-50 H100 step's ``triton_red_fused__native_batch_norm_legit_functional`` and
+    ``triton_poi_fused__native_batch_norm_legit_functional_relu`` kernels)."""
+    if node.op not in CHANNEL_REDUCTIONS or not node.in_shapes or len(node.in_shapes[0]) < 2:
+        return False
+    shape = node.in_shapes[0]
+    channels = shape[1]
+    return 0 < channels <= _SPLIT_MAX_OUTPUTS and math.prod(shape) // channels > _SPLIT_MIN_REDUCED
 
 
 def merged_ranges(

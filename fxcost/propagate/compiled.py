@@ -10,8 +10,10 @@ Execution modes (``execution=`` across the API):
   for one memory pass of its DRAM bytes (a ``relu``-like pass through the heads,
   :func:`~fxcost.lowering.nodes.memory_pass`), no less than its FLOPs at the GPU's fp32 peak, and,
   for a kernel holding a reduction, no less than the reduction's own kernel (a row reduction is not
-  faster for having a prologue). Extern kernels (GEMMs, convolutions, attention, ops run alone)
-  keep their eager kernel time, but for a GEMM with a dimension not a multiple of 16 bytes, which
+  faster for having a prologue); a split batch norm's kernel
+  (:attr:`~fxcost.lowering.fusion.FusedKernel.split_at`) moves its input twice and adds its final
+  reduction's kernel and two more launches. Extern kernels (GEMMs, convolutions, attention, ops run
+  alone) keep their eager kernel time, but for a GEMM with a dimension not a multiple of 16 bytes, which
   Inductor pads where that is faster (:mod:`fxcost.lowering.fusion_padding`): the aligned GEMM and
   its operands' copies, as predicted on the device, where more than 1.1 times faster.
 - Layout: where Inductor runs a conv net channels-last (:func:`~fxcost.lowering.fusion_layout.channels_last`),
@@ -226,6 +228,8 @@ def fused_kernel_ms(
             own = [eager_ms[i] for i in kernel.members if reduces(nodes[i])
                    and not (channels_last and nodes[i].op in CHANNEL_REDUCTIONS)]  # fmt: skip
             t = max([t, *(x for x in own if np.isfinite(x))])
+        if kernel.split_at is not None:  # its final reduction of the partial results: a tiny kernel
+            t += MIN_KERNEL_MS
         out[k] = t
     return out
 
@@ -242,10 +246,11 @@ def compiled_timeline(
     scale = pipeline.kernel_scale if pipeline.l2_explained else 1.0
     known = np.isfinite(times_ms)
     run = times_ms[known] * scale
-    ends = replay_ends(run, host_per_kernel)
     ran = [k for k, ok in zip(kernels, known.tolist(), strict=True) if ok]
-    return [KernelSpan(k, nodes[k.members[0]].phase, (i + 1) * host_per_kernel, end - ms, end)
-            for i, (k, ms, end) in enumerate(zip(ran, run.tolist(), ends.tolist(), strict=True))]  # fmt: skip
+    host = host_per_kernel * np.array([k.launches for k in ran], dtype=np.float64)
+    ends, issued = replay_ends(run, host).tolist(), np.cumsum(host).tolist()
+    return [KernelSpan(k, nodes[k.members[0]].phase, at, end - ms, end)
+            for k, ms, end, at in zip(ran, run.tolist(), ends, issued, strict=True)]  # fmt: skip
 
 
 _CONVOLUTIONS = frozenset({CONVOLUTION, "aten.convolution_backward.default"})

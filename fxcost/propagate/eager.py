@@ -240,12 +240,13 @@ def replay_ms(kernels: np.ndarray, host_ms: float) -> float:
     return float(replay_ends(kernels, host_ms)[-1]) if len(kernels) else 0.0
 
 
-def replay_ends(kernels: np.ndarray, host_ms: float) -> np.ndarray:
+def replay_ends(kernels: np.ndarray, host_ms: float | np.ndarray) -> np.ndarray:
     """When each kernel ends in the eager pipeline, kernel times in issue order: op ``j`` (1-based) is
     issued at ``j * host_ms`` and kernel ``i`` ends at ``max_{j <= i} (j * host_ms + sum(kernels[j-1:i]))``,
-    a prefix sum plus a running maximum."""
+    a prefix sum plus a running maximum. ``host_ms`` per kernel where an array (a kernel that is
+    several launches costs the host each): op ``j`` is issued once the host spent the first ``j``."""
     prefix = np.cumsum(kernels)
-    issued = np.arange(1, len(kernels) + 1) * host_ms
+    issued = np.cumsum(np.broadcast_to(host_ms, np.shape(kernels)))
     return prefix + np.maximum.accumulate(issued - (prefix - kernels))
 
 

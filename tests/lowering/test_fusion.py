@@ -139,3 +139,34 @@ def test_a_view_between_two_pointwise_ops_does_not_split_their_kernel() -> None:
     (kernel,) = fuse(nodes)
     assert kernel.members == (0, 1, 3)
     assert kernel.bytes_written(nodes) == 32 * 16 * 2
+
+
+def _conv_bn_relu(batch: int, size: int) -> fxcost.Report:
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU())
+    return _report(model, (torch.randn(batch, 3, size, size),), train=True)
+
+
+def test_a_batch_norm_over_many_elements_splits_and_rereads_its_input() -> None:
+    """Inductor splits a batch norm's reduction over 8 x 30 x 30 elements per channel; its
+    normalization (with the relu) then reads the input again in a kernel of its own. Over 2 x 4 x 4
+    it does not: one kernel, one read."""
+    from dataclasses import replace
+
+    from fxcost.lowering.fusion_rules import split_reduction
+
+    for batch, size, splits in ((8, 32, True), (2, 6, False)):
+        report = _conv_bn_relu(batch, size)
+        bn = next(i for i, n in enumerate(report.nodes) if "batch_norm" in n.op and n.phase == "fw")
+        assert split_reduction(report.nodes[bn]) is splits
+        kernel = next(k for k in report.fused_kernels() if bn in k.members)
+        assert kernel.kind == "reduction" and "relu.default" in _ops(report, kernel)
+        if not splits:
+            assert kernel.split_at is None and kernel.launches == 1
+            continue
+        assert kernel.members[kernel.split_at] == bn and kernel.launches == 3
+        x = batch * 16 * (size - 2) ** 2 * 4  # the convolution's fp32 output, the batch norm's input
+        whole = replace(kernel, split_at=None).bytes_read(report.nodes)
+        assert whole + x <= kernel.bytes_read(report.nodes) <= whole + x + 1024  # + its 16-channel parameters
+    layer_norm = next(n for n in _report(_Block(), (torch.randn(32, 64),), train=True).nodes
+                      if "layer_norm" in n.op)  # fmt: skip
+    assert not split_reduction(layer_norm)  # a row reduction to many rows: one loop

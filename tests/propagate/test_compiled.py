@@ -109,3 +109,26 @@ def test_repeated_kernels_are_priced_once_and_as_if_each_alone() -> None:
     alone = [fused_kernel_ms([n], one, eager[i : i + 1], DEVICE)[0] for i, n in enumerate(nodes)]
     assert together.tolist() == pytest.approx(alone)
     assert together[1] > together[0]
+
+
+def test_a_split_reduction_costs_the_host_three_launches_and_the_gpu_its_final_kernel() -> None:
+    nodes = [_relu(i) for i in range(3)]
+    kernels = [FusedKernel("pointwise", (i,), ((0,),), ((True,),)) for i in range(3)]
+    kernels[1] = FusedKernel("reduction", (1,), ((0,),), ((True,),), split_at=0)
+    host = Pipeline(host_ms=1.0, fitted=True)
+    spans = compiled_timeline(nodes, kernels, np.full(3, 1e-4), host, host_ms=1.0)
+    assert [s.issued_ms for s in spans] == pytest.approx([1.0, 4.0, 5.0])
+    assert spans[-1].end_ms == pytest.approx(5.0 + 1e-4)
+    whole = fused_kernel_ms(nodes[1:2], [FusedKernel("reduction", (0,), ((0,),), ((True,),))],
+                            np.array([0.0]), DEVICE)[0]  # fmt: skip
+    split = fused_kernel_ms(nodes[1:2], [FusedKernel("reduction", (0,), ((0,),), ((True,),), split_at=0)],
+                            np.array([0.0]), DEVICE)[0]  # fmt: skip
+    assert split > whole  # its input read twice, and the final reduction's kernel
+
+
+def test_replay_with_a_host_time_per_kernel_issues_each_after_the_host_spent_the_ones_before() -> None:
+    from fxcost.propagate import replay_ends
+
+    kernels = np.array([1.0, 0.1, 0.1])
+    assert replay_ends(kernels, 0.5).tolist() == pytest.approx(replay_ends(kernels, np.full(3, 0.5)).tolist())
+    assert replay_ends(kernels, np.array([0.5, 3.0, 0.5])).tolist() == pytest.approx([1.5, 3.6, 4.1])
