@@ -137,7 +137,7 @@ def test_a_lowered_rnn_takes_the_gemm_interval() -> None:
 
 def test_fused_attention_reaches_up_to_its_kernel_with_nothing_overlapped() -> None:
     """The bmm class's interval, widened up to the serial structure's time on the GPU priced; without
-    a GPU (or for a math-backend node) the class's interval alone."""
+    a GPU the class's interval alone, and a node another model priced gets none."""
     from fxcost.cost_models.attention import fused_attention_ms
     from fxcost.lowering.attention import attention_call
     from fxcost.lowering.attention_kernels import attention_work, fused_attention
@@ -162,6 +162,8 @@ def test_fused_attention_reaches_up_to_its_kernel_with_nothing_overlapped() -> N
     assert high[0] == pytest.approx(ms[0] + serial - overlapped) and high[0] > ms[0] * math.exp(0.6)
     alone = node_bounds([sdpa], ms, ["mlp"], intervals)
     assert alone[1][0] == pytest.approx(ms[0] * math.exp(0.6))
+    other = node_bounds([sdpa], ms, ["roofline"], intervals, device=h100)
+    assert (other[0][0], other[1][0]) == (ms[0], ms[0])
 
 
 def test_shipped_intervals_cover_every_head_and_widen_around_the_prediction() -> None:

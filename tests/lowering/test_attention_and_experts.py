@@ -348,6 +348,10 @@ def test_nothing_overlapped_is_the_slow_end_of_a_fused_kernel() -> None:
     fused = fused_attention(masked, "cudnn")
     overlapped, serial = (fused_attention_ms(masked, fused, h100, serial=s) for s in (False, True))
     assert overlapped is not None and serial is not None and serial > 1.5 * overlapped
+    # Every re-read comes from DRAM, after the compute.
+    unread = fused_attention_ms(masked, replace(fused, reread_bytes=0), h100, serial=True)
+    assert fused.reread_bytes > 0 and unread is not None
+    assert serial - unread == pytest.approx(fused.reread_bytes / (h100.mem_bandwidth_gbps * 1e6))
 
 
 def test_a_grid_smaller_than_the_gpu_takes_one_blocks_time() -> None:

@@ -45,9 +45,18 @@ def test_attention_nodes_compares_sdpa_nodes_with_their_kernels(load_script, tmp
     assert fields["sdpa_nodes"] == "2"
     assert float(fields["sdpa_node_median_err"]) == 50.0
     assert float(fields["sdpa_sum_err"]) == -50.0
-    # The fused kernel's interval holds the bmm class's: it only widens it.
-    coverage = [float(fields[k]) for k in ("sdpa_bmm_interval_coverage", "sdpa_interval_coverage")]
-    assert 0.0 <= coverage[0] <= coverage[1] <= 1.0
+    # Recorded at the predicted kernel time, every node lies inside both intervals; at 100 times it,
+    # inside neither.
+    for factor, covered in ((1.0, "1.00"), (100.0, "0.00")):
+        for node, guess in zip(report.nodes, report.predict([h100]).nodes, strict=True):
+            if node.op in ATTENTION_OPS:
+                ms = kernel_ms(guess.pred_ms[h100.name], guess.pred_source[h100.name], h100)
+                node.kernels = [KernelRecord(name="flash_fwd_kernel", duration_ms=factor * ms)]
+        report.save(tmp_path / "gpu" / "sdpa.json.gz")
+        assert script.main(["--fixtures", str(tmp_path / "gpu")]) == 0
+        last = capsys.readouterr().out.strip().splitlines()[-1]
+        fields = dict(item.split("=") for item in last.split())
+        assert fields["sdpa_interval_coverage"] == fields["sdpa_bmm_interval_coverage"] == covered
 
 
 def test_attention_nodes_reads_the_collect_sweeps(load_script, tmp_path, capsys) -> None:

@@ -155,7 +155,7 @@ def node_bounds(
     (a memory-bound op).
     Nodes other models predicted (a measured origin scaled, the roofline's fallback) add their
     prediction to both ends: no interval is known for them. ``intervals`` defaults to the shipped
-    ones; without any, both ends are the prediction.
+    ones; without any, both ends are the prediction (but a fused attention node's high end, below).
 
     A fused attention kernel (priced on ``device``, where given) reaches at least to its time with
     nothing overlapped (:meth:`~fxcost.cost_models.heads.model.Heads.attention_spread_ms`, at the

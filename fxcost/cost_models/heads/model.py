@@ -44,7 +44,7 @@ from fxcost.gpus import Device
 from fxcost.gpus.order import stronger_than, weaker_than
 from fxcost.lowering import KernelSpec, lower
 from fxcost.lowering.attention import ATTENTION_OPS, attention_call
-from fxcost.lowering.attention_kernels import attention_work
+from fxcost.lowering.attention_kernels import FusedAttention, attention_work
 from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
 from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward, memory_pass
 from fxcost.precision import is_float
@@ -200,37 +200,45 @@ class Heads:
 
     def _attention_own_ms(self, node: NodeCost, device: Device) -> tuple[float, bool]:
         """:meth:`_attention_ms` on ``device`` alone, and whether it ran a fused kernel."""
-        try:
-            found = attention_work(node, device)
-        except (IndexError, KeyError, TypeError, ValueError):  # a node without the arguments we read
+        work = _attention_work(node, device)
+        if work is None:
             return math.nan, False
-        if found is None:
-            return math.nan, False
-        _, work = found
         if isinstance(work, list):
             ms = self.predict(NodeBatch.of([w for w, _ in work]), device)
             return float(np.sum(ms * [c for _, c in work])), False
-        call = attention_call(node)
-        if call is None:
-            return math.nan, False
-        sustained = self.tiled.sustained_tflops(device, attention_kind(call))
-        fused_ms = fused_attention_ms(call, work, device, sustained)
+        fused_ms = self._fused_ms(node, work, device)
         return (math.nan, False) if fused_ms is None else (fused_ms + hidden_overhead_ms(device), True)
 
     def attention_spread_ms(self, node: NodeCost, device: Device) -> float:
-        """How much longer than its price a fused attention node may take on ``device``: its kernel's
-        time with nothing overlapped (:func:`fused_attention_ms`'s ``serial``) less the overlapped
-        time it is priced at; 0 for other nodes, the math backend and what cannot be priced."""
-        try:
-            found = attention_work(node, device) if node.op in ATTENTION_OPS else None
-        except (IndexError, KeyError, TypeError, ValueError):
+        """How much longer than its own price a fused attention node may take on ``device``: its
+        kernel's time with nothing overlapped (:func:`fused_attention_ms`'s ``serial``) less the
+        overlapped one; 0 for other nodes, the math backend and what cannot be priced. (The node's
+        price may be a stronger GPU's time, a hair above its own: :meth:`_attention_ms`.)"""
+        work = _attention_work(node, device)
+        if work is None or isinstance(work, list):
             return 0.0
-        call = attention_call(node)
-        if found is None or isinstance(found[1], list) or call is None:
-            return 0.0
-        sustained = self.tiled.sustained_tflops(device, attention_kind(call))
-        both = [fused_attention_ms(call, found[1], device, sustained, serial) for serial in (False, True)]
+        both = [self._fused_ms(node, work, device, serial) for serial in (False, True)]
         return 0.0 if None in both else max(both[1] - both[0], 0.0)  # type: ignore[operator]
+
+    def _fused_ms(
+        self, node: NodeCost, work: FusedAttention, device: Device, serial: bool = False
+    ) -> float | None:
+        """The fused kernel's time (:func:`fused_attention_ms`), at the rate the GEMMs are priced at."""
+        call = attention_call(node)
+        if call is None:
+            return None
+        sustained = self.tiled.sustained_tflops(device, attention_kind(call))
+        return fused_attention_ms(call, work, device, sustained, serial)
+
+
+def _attention_work(node: NodeCost, device: Device) -> FusedAttention | list[tuple[NodeCost, int]] | None:
+    """The work of an attention node on ``device`` (:func:`attention_work`), None where it has none or
+    lacks the arguments it is read from."""
+    try:
+        found = attention_work(node, device)
+    except (IndexError, KeyError, TypeError, ValueError):  # a node without the arguments we read
+        return None
+    return None if found is None else found[1]
 
 
 def _tensor_works(batch: NodeBatch) -> tuple[np.ndarray, list[TensorWork]] | None:
