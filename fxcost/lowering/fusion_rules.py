@@ -104,6 +104,8 @@ def split_reduction(node: NodeCost) -> bool:
     ``triton_poi_fused__native_batch_norm_legit_functional_relu`` kernels)."""
     if node.op not in CHANNEL_REDUCTIONS or not node.in_shapes or len(node.in_shapes[0]) < 2:
         return False
+    if node.args.get("training") is False:  # normalized by running statistics: nothing to reduce
+        return False
     shape = node.in_shapes[0]
     channels = shape[1]
     return 0 < channels <= _SPLIT_MAX_OUTPUTS and math.prod(shape) // channels > _SPLIT_MIN_REDUCED

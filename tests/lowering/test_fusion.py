@@ -167,6 +167,9 @@ def test_a_batch_norm_over_many_elements_splits_and_rereads_its_input() -> None:
         x = batch * 16 * (size - 2) ** 2 * 4  # the convolution's fp32 output, the batch norm's input
         whole = replace(kernel, split_at=None).bytes_read(report.nodes)
         assert whole + x <= kernel.bytes_read(report.nodes) <= whole + x + 1024  # + its 16-channel parameters
+    evaluated = NodeCost("bn", "aten.native_batch_norm.default", "fw", in_shapes=[[8, 16, 30, 30]],
+                         args={"training": False})  # fmt: skip
+    assert not split_reduction(evaluated)
     layer_norm = next(n for n in _report(_Block(), (torch.randn(32, 64),), train=True).nodes
                       if "layer_norm" in n.op)  # fmt: skip
     assert not split_reduction(layer_norm)  # a row reduction to many rows: one loop
