@@ -42,6 +42,7 @@ _ROW_REDUCTIONS = {
 _DIM_REDUCTIONS = frozenset(
     {
         "aten._softmax.default",
+        "aten._safe_softmax.default",
         "aten._log_softmax.default",
         "aten._softmax_backward_data.default",
         "aten._log_softmax_backward_data.default",

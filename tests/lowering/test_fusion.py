@@ -173,3 +173,14 @@ def test_a_batch_norm_over_many_elements_splits_and_rereads_its_input() -> None:
     layer_norm = next(n for n in _report(_Block(), (torch.randn(32, 64),), train=True).nodes
                       if "layer_norm" in n.op)  # fmt: skip
     assert not split_reduction(layer_norm)  # a row reduction to many rows: one loop
+
+
+def test_the_safe_softmax_of_sdpas_math_path_is_a_generated_reduction() -> None:
+    """Inductor generates ``_safe_softmax`` (``triton_per_fused__safe_softmax_add_..._native_dropout``
+    in the BERT-large H100 step), so it fuses with the mask's add and the dropout like ``_softmax``."""
+    from fxcost.lowering.fusion_rules import node_ranges
+
+    shape = [2, 4, 8, 8]
+    node = NodeCost("s", "aten._safe_softmax.default", "fw", in_shapes=[shape], in_dtypes=["float32"],
+                    out_shapes=[shape], out_dtypes=["float32"], args={"dim": -1})  # fmt: skip
+    assert node_ranges(node) == ((2 * 4 * 8, 8), True)
