@@ -63,11 +63,11 @@ def main() -> int:
         count, ms = Counter[str](), Counter[str]()
         for span in spans:
             kind = "extern" if span.kernel.kind in ("extern", "attention") else span.kernel.kind
-            count[kind] += span.kernel.launches  # a split reduction's three, its time as one
+            count[kind] += span.launches  # a split reduction's three, its time as one
             ms[kind] += span.end_ms - span.start_ms
         rows.append((meta.parent.name, recorded["case"], recorded.get("mode", ""), recorded["step_ms"],
                      predicted.compiled_ms(device), predicted.eager_ms(device),
-                     sum(s.kernel.launches for s in spans),
+                     sum(s.launches for s in spans),
                      int(recorded["kernels"])))  # fmt: skip
         case = f"{meta.parent.name} {recorded['case']} {recorded['precision']} ({recorded.get('mode', '')})"
         print(f"\n{case}: step measured {recorded['step_ms']:.1f} ms, compiled predicted "

@@ -86,10 +86,10 @@ class FusedKernel:
         recomputes: in a training step's backward, the forward inputs (node position, input index)
             the kernel reads to recompute saved activations the forward did not write
             (:mod:`fxcost.lowering.fusion_saved`).
-        split_at: the member (its index in ``members``) whose reduction Inductor splits
-            (:func:`~fxcost.lowering.fusion_rules.split_reduction`), None where none is: the kernel
-            is then three launches, the partial and the final reduction and the pointwise pass, which
-            reads again what the members up to the split one read.
+
+    A reduction kernel whose member Inductor splits at the sizes priced (:meth:`split_at`) is three
+    launches: the partial and the final reduction and the pointwise pass, which reads again what the
+    members up to the split one read.
     """
 
     kind: KernelKind
@@ -97,12 +97,17 @@ class FusedKernel:
     reads: tuple[tuple[int, ...], ...]
     writes: tuple[tuple[bool, ...], ...]
     recomputes: tuple[tuple[int, int], ...] = ()
-    split_at: int | None = None
 
-    @property
-    def launches(self) -> int:
-        """The kernels it launches: three for a split reduction's, else one."""
-        return 1 if self.split_at is None else 3
+    def split_at(self, nodes: Sequence[NodeCost]) -> int | None:
+        """The member (its index in ``members``) whose reduction Inductor splits at the sizes of
+        ``nodes`` (:func:`~fxcost.lowering.fusion_rules.split_reduction`), None where none is."""
+        if self.kind != "reduction":
+            return None
+        return next((k for k, m in enumerate(self.members) if split_reduction(nodes[m])), None)
+
+    def launches(self, nodes: Sequence[NodeCost]) -> int:
+        """The kernels it launches at the sizes of ``nodes``: three for a split reduction's, else one."""
+        return 1 if self.split_at(nodes) is None else 3
 
     def nodes(self, nodes: Sequence[NodeCost]) -> list[NodeCost]:
         """Its member records among ``nodes`` (the list it was fused from, or that list re-sized)."""
@@ -117,8 +122,9 @@ class FusedKernel:
         total = self._member_reads(nodes, len(self.members))
         for i, k in self.recomputes:
             total += _bytes(nodes[i].in_shapes[k], nodes[i].in_dtypes[k])
-        if self.split_at is not None:  # the pointwise pass after the split reduction reads it all again
-            total += self._member_reads(nodes, self.split_at + 1)
+        split = self.split_at(nodes)
+        if split is not None:  # the pointwise pass after the split reduction reads it all again
+            total += self._member_reads(nodes, split + 1)
         return total
 
     def _member_reads(self, nodes: Sequence[NodeCost], first: int) -> int:
@@ -355,8 +361,7 @@ class _Fuser:
             reads.append(tuple(how))
             writes.append(tuple(self._escapes(m, k, inside) for k in range(max(len(node.out_shapes), 1))))
         kind: KernelKind = "reduction" if group.reduction else "pointwise"
-        split = next((k for k, m in enumerate(group.members) if split_reduction(self.nodes[m])), None)
-        return FusedKernel(kind, tuple(group.members), tuple(reads), tuple(writes), split_at=split)
+        return FusedKernel(kind, tuple(group.members), tuple(reads), tuple(writes))
 
     def _escapes(self, m: int, output: int, inside: set[int]) -> bool:
         """Whether output ``output`` of node ``m`` is used outside the kernel (or by nothing: an output

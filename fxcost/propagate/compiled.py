@@ -11,7 +11,7 @@ Execution modes (``execution=`` across the API):
   :func:`~fxcost.lowering.nodes.memory_pass`), no less than its FLOPs at the GPU's fp32 peak, and,
   for a kernel holding a reduction, no less than the reduction's own kernel (a row reduction is not
   faster for having a prologue); a split batch norm's kernel
-  (:attr:`~fxcost.lowering.fusion.FusedKernel.split_at`) moves its input twice and adds its final
+  (:meth:`~fxcost.lowering.fusion.FusedKernel.split_at`) moves its input twice and adds its final
   reduction's kernel and two more launches. Extern kernels (GEMMs, convolutions, attention, ops run
   alone) keep their eager kernel time, but for a GEMM with a dimension not a multiple of 16 bytes, which
   Inductor pads where that is faster (:mod:`fxcost.lowering.fusion_padding`): the aligned GEMM and
@@ -90,6 +90,7 @@ class KernelSpan:
     issued_ms: float
     start_ms: float
     end_ms: float
+    launches: int = 1  # a split reduction's three (FusedKernel.launches)
 
 
 def node_kernel_ms(
@@ -228,7 +229,7 @@ def fused_kernel_ms(
             own = [eager_ms[i] for i in kernel.members if reduces(nodes[i])
                    and not (channels_last and nodes[i].op in CHANNEL_REDUCTIONS)]  # fmt: skip
             t = max([t, *(x for x in own if np.isfinite(x))])
-        if kernel.split_at is not None:  # its final reduction of the partial results: a tiny kernel
+        if kernel.split_at(nodes) is not None:  # its final reduction of the partial results: tiny
             t += MIN_KERNEL_MS
         out[k] = t
     return out
@@ -247,10 +248,11 @@ def compiled_timeline(
     known = np.isfinite(times_ms)
     run = times_ms[known] * scale
     ran = [k for k, ok in zip(kernels, known.tolist(), strict=True) if ok]
-    host = host_per_kernel * np.array([k.launches for k in ran], dtype=np.float64)
+    launches = [k.launches(nodes) for k in ran]
+    host = host_per_kernel * np.array(launches, dtype=np.float64)
     ends, issued = replay_ends(run, host).tolist(), np.cumsum(host).tolist()
-    return [KernelSpan(k, nodes[k.members[0]].phase, at, end - ms, end)
-            for k, ms, end, at in zip(ran, run.tolist(), ends, issued, strict=True)]  # fmt: skip
+    return [KernelSpan(k, nodes[k.members[0]].phase, at, end - ms, end, n)
+            for k, ms, end, at, n in zip(ran, run.tolist(), ends, issued, launches, strict=True)]  # fmt: skip
 
 
 _CONVOLUTIONS = frozenset({CONVOLUTION, "aten.convolution_backward.default"})

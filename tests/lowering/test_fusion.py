@@ -161,11 +161,15 @@ def test_a_batch_norm_over_many_elements_splits_and_rereads_its_input() -> None:
         kernel = next(k for k in report.fused_kernels() if bn in k.members)
         assert kernel.kind == "reduction" and "relu.default" in _ops(report, kernel)
         if not splits:
-            assert kernel.split_at is None and kernel.launches == 1
+            assert kernel.split_at(report.nodes) is None and kernel.launches(report.nodes) == 1
             continue
-        assert kernel.members[kernel.split_at] == bn and kernel.launches == 3
+        split = kernel.split_at(report.nodes)
+        assert split is not None and kernel.members[split] == bn and kernel.launches(report.nodes) == 3
         x = batch * 16 * (size - 2) ** 2 * 4  # the convolution's fp32 output, the batch norm's input
-        whole = replace(kernel, split_at=None).bytes_read(report.nodes)
+        # The same kernel where the batch norm would not split (running statistics: nothing to reduce).
+        unsplit = list(report.nodes)
+        unsplit[bn] = replace(report.nodes[bn], args={**report.nodes[bn].args, "training": False})
+        whole = kernel.bytes_read(unsplit)
         assert whole + x <= kernel.bytes_read(report.nodes) <= whole + x + 1024  # + its 16-channel parameters
     evaluated = NodeCost("bn", "aten.native_batch_norm.default", "fw", in_shapes=[[8, 16, 30, 30]],
                          args={"training": False})  # fmt: skip
