@@ -18,7 +18,8 @@ With ``--sweeps`` it also reads the op sweeps ``collect`` recorded beside the tr
 (``<gpu>/collect/[<precision>/]ops/sdpa{,_bwd}/*.csv``: one row per unmasked call without dropout,
 its latency and kernel names) and predicts each row's call on the GPU of the row, as a capture on that
 GPU would see it: the kernel the row ran where fxcost can price it, else the kernel the row's torch
-would choose. One line per sweep file and ``sweep_median_err=.. sweep_sum_err=.. sweep_rows=N``, printed
+would choose. One line per sweep file and ``sweep_median_err=.. sweep_sum_err=.. sweep_interval_coverage=..
+sweep_bmm_interval_coverage=.. sweep_rows=N`` (coverage as the traces' below), printed
 before the traces' lines.
 
 Last line: ``sdpa_node_median_err=.. sdpa_sum_err=.. sdpa_interval_coverage=.. sdpa_bmm_interval_coverage=..
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -42,7 +44,7 @@ import numpy as np
 from fxcost.cost_models.attention import attention_kind, fused_attention_ms
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import default_heads
-from fxcost.cost_models.heads.intervals import node_bounds
+from fxcost.cost_models.heads.intervals import attention_high, node_bounds, shipped_intervals
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.lowering.attention import (
     ATTENTION_OPS,
@@ -158,6 +160,9 @@ def sweeps(fixtures: Path, every_row: bool = False) -> None:
     :func:`fxcost.lowering.attention.attention_flops`: a causal call's half)."""
     heads = default_heads()
     errors: list[float] = []
+    inside: list[tuple[bool, bool]] = []  # (in the interval, in the bmm class's alone)
+    intervals = shipped_intervals()
+    low_q, high_q = intervals.quantiles["bmm"] if intervals is not None else (0.0, 0.0)
     predicted_sum = recorded_sum = 0.0
     for path in sorted(fixtures.rglob("ops/sdpa*/*.csv")):
         with path.open(newline="") as f:
@@ -174,10 +179,15 @@ def sweeps(fixtures: Path, every_row: bool = False) -> None:
             if backend == "math":
                 continue
             sustained = heads.tiled.sustained_tflops(device, attention_kind(call))
-            ms = fused_attention_ms(call, fused_attention(call, backend), device, sustained)
+            fused = fused_attention(call, backend)
+            ms = fused_attention_ms(call, fused, device, sustained)
+            serial = fused_attention_ms(call, fused, device, sustained, serial=True)
             recorded = float(row["Latency"])
-            if ms is None or recorded <= 0:
+            if ms is None or serial is None or recorded <= 0:
                 continue
+            low, bmm_high = ms * math.exp(low_q), ms * math.exp(high_q)
+            high = ms * attention_high(math.exp(high_q), ms, serial - ms)
+            inside.append((low <= recorded <= high, low <= recorded <= bmm_high))
             file_errors.append((ms - recorded) / recorded * 100)
             predicted_sum += ms
             recorded_sum += recorded
@@ -197,7 +207,9 @@ def sweeps(fixtures: Path, every_row: bool = False) -> None:
                   f"range={min(file_errors):.1f}..{max(file_errors):.1f}")  # fmt: skip
     median = statistics.median(errors) if errors else float("nan")
     total = (predicted_sum - recorded_sum) / recorded_sum * 100 if recorded_sum else float("nan")
-    print(f"sweep_median_err={median:.1f} sweep_sum_err={total:.1f} sweep_rows={len(errors)}")
+    coverage, baseline = (statistics.fmean(c[k] for c in inside) if inside else float("nan") for k in (0, 1))
+    print(f"sweep_median_err={median:.1f} sweep_sum_err={total:.1f} sweep_interval_coverage={coverage:.2f} "
+          f"sweep_bmm_interval_coverage={baseline:.2f} sweep_rows={len(errors)}")  # fmt: skip
 
 
 def _flops(call: AttentionCall) -> int:

@@ -166,6 +166,14 @@ def test_fused_attention_reaches_up_to_its_kernel_with_nothing_overlapped() -> N
     assert (other[0][0], other[1][0]) == (ms[0], ms[0])
 
 
+def test_a_fused_kernels_high_end_is_the_later_of_its_class_and_its_serial_time() -> None:
+    from fxcost.cost_models.heads.intervals import attention_high
+
+    assert attention_high(1.8, 2.0, 0.5) == 1.8  # serial 2.5 ms, below the class's 3.6
+    assert attention_high(1.8, 2.0, 4.0) == pytest.approx(3.0)  # serial 6 ms
+    assert attention_high(1.8, 0.0, 4.0) == 1.8  # nothing priced: no factor to widen
+
+
 def test_shipped_intervals_cover_every_head_and_widen_around_the_prediction() -> None:
     intervals = shipped_intervals()
     assert intervals is not None and intervals.nominal == 0.8

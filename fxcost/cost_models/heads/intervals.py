@@ -34,7 +34,7 @@ from fxcost.lowering.attention import ATTENTION_OPS
 from fxcost.lowering.composite import COMPOSITE_OPS, composite_head
 from fxcost.records import NodeCost
 
-__all__ = ["NOMINAL", "Intervals", "node_bounds", "shipped_intervals", "write_intervals"]
+__all__ = ["NOMINAL", "Intervals", "attention_high", "node_bounds", "shipped_intervals", "write_intervals"]
 
 NOMINAL = 0.8
 """The share of a GPU nobody measured's rows an interval is meant to hold."""
@@ -178,6 +178,12 @@ def node_bounds(
     if device is not None:
         heads = default_heads()
         for i, (node, source) in enumerate(zip(nodes, sources, strict=True)):
-            if source == "mlp" and node.op in ATTENTION_OPS and ms[i] > 0:
-                high[i] = max(high[i], 1.0 + heads.attention_spread_ms(node, device) / ms[i])
+            if source == "mlp" and node.op in ATTENTION_OPS:
+                high[i] = attention_high(high[i], ms[i], heads.attention_spread_ms(node, device))
     return ms * low, ms * high
+
+
+def attention_high(high: float, ms: float, spread_ms: float) -> float:
+    """The high end of a fused attention kernel's predicted ``ms`` as a factor of it: its class's
+    ``high``, or its time with nothing overlapped (``ms + spread_ms``), whichever is later."""
+    return max(high, 1.0 + spread_ms / ms) if ms > 0 else high
