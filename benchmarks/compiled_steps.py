@@ -7,7 +7,9 @@ too, the eager trace is predicted in compiled mode on its own GPU (``report.comp
 fusion applied to the recorded ATen graphs; library kernels at their recorded times, generated
 kernels priced from the bytes they move) and compared with the compiled step: the step time, the
 number of kernels, and kernels and GPU time by family (Inductor's ``triton_poi_*`` pointwise,
-``triton_red_*``/``triton_per_*`` reductions, the rest library calls). Nothing is fit on these
+``triton_red_*``/``triton_per_*`` reductions, the rest library calls; a split batch norm's
+reductions count as reductions, its pointwise pass as pointwise, its time, one price, as a
+reduction's). Nothing is fit on these
 recordings (DESIGN.md).
 
     python -m benchmarks.compiled_steps [--fixtures benchmarks/fixtures/gpu]
@@ -63,7 +65,8 @@ def main() -> int:
         count, ms = Counter[str](), Counter[str]()
         for span in spans:
             kind = "extern" if span.kernel.kind in ("extern", "attention") else span.kernel.kind
-            count[kind] += span.launches  # a split reduction's three, its time as one
+            count[kind] += 1 if span.launches == 1 else span.launches - 1  # a split's reductions
+            count["pointwise"] += span.launches > 1  # and its pointwise pass; its time, one price, above
             ms[kind] += span.end_ms - span.start_ms
         rows.append((meta.parent.name, recorded["case"], recorded.get("mode", ""), recorded["step_ms"],
                      predicted.compiled_ms(device), predicted.eager_ms(device),

@@ -87,9 +87,9 @@ class FusedKernel:
             the kernel reads to recompute saved activations the forward did not write
             (:mod:`fxcost.lowering.fusion_saved`).
 
-    A reduction kernel whose member Inductor splits at the sizes priced (:meth:`split_at`) is three
-    launches: the partial and the final reduction and the pointwise pass, which reads again what the
-    members up to the split one read.
+    A reduction kernel whose members Inductor splits at the sizes priced (:meth:`splits`) launches a
+    partial and a final reduction for each and one pointwise pass after them, which reads again what
+    the members up to the last split one read.
     """
 
     kind: KernelKind
@@ -98,16 +98,18 @@ class FusedKernel:
     writes: tuple[tuple[bool, ...], ...]
     recomputes: tuple[tuple[int, int], ...] = ()
 
-    def split_at(self, nodes: Sequence[NodeCost]) -> int | None:
-        """The member (its index in ``members``) whose reduction Inductor splits at the sizes of
-        ``nodes`` (:func:`~fxcost.lowering.fusion_rules.split_reduction`), None where none is."""
+    def splits(self, nodes: Sequence[NodeCost]) -> list[int]:
+        """The members (their indices in ``members``) whose reductions Inductor splits at the sizes of
+        ``nodes`` (:func:`~fxcost.lowering.fusion_rules.split_reduction`)."""
         if self.kind != "reduction":
-            return None
-        return next((k for k, m in enumerate(self.members) if split_reduction(nodes[m])), None)
+            return []
+        return [k for k, m in enumerate(self.members) if split_reduction(nodes[m])]
 
     def launches(self, nodes: Sequence[NodeCost]) -> int:
-        """The kernels it launches at the sizes of ``nodes``: three for a split reduction's, else one."""
-        return 1 if self.split_at(nodes) is None else 3
+        """The kernels it launches at the sizes of ``nodes``: a partial and a final reduction per split
+        member and the pointwise pass after them, else one."""
+        split = len(self.splits(nodes))
+        return 2 * split + 1 if split else 1
 
     def nodes(self, nodes: Sequence[NodeCost]) -> list[NodeCost]:
         """Its member records among ``nodes`` (the list it was fused from, or that list re-sized)."""
@@ -122,9 +124,9 @@ class FusedKernel:
         total = self._member_reads(nodes, len(self.members))
         for i, k in self.recomputes:
             total += _bytes(nodes[i].in_shapes[k], nodes[i].in_dtypes[k])
-        split = self.split_at(nodes)
-        if split is not None:  # the pointwise pass after the split reduction reads it all again
-            total += self._member_reads(nodes, split + 1)
+        splits = self.splits(nodes)
+        if splits:  # the pointwise pass after the split reductions reads again what they read
+            total += self._member_reads(nodes, splits[-1] + 1)
         return total
 
     def _member_reads(self, nodes: Sequence[NodeCost], first: int) -> int:

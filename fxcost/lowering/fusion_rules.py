@@ -88,11 +88,14 @@ def node_ranges(node: NodeCost) -> tuple[tuple[int, int] | None, bool]:
     return None, False
 
 
-# Inductor splits a reduction to few outputs over many reduced elements into a partial and a final
-# reduction (``Reduction.num_splits``), unless its outputs reach 64 per SM (2 x 32 per SM): a batch
-# norm's channels never do on a GPU of 32 SMs or more (ResNet-50's widest is 2,048). An outer
-# reduction (the channels of NCHW or channels-last data) splits once its reduced elements exceed 4
-# per thread over Inductor's smallest 32-element split.
+# Inductor splits a reduction to few outputs over many reduced elements into partial and final
+# reductions (``Reduction.num_splits``). A batch norm over channels-last data (a conv net's, as
+# Inductor lays it out: ``fusion_layout``) or over ``[N, C]`` reduces a strided dimension, an outer
+# reduction: it stays whole only where its channels reach 64 per SM, which 2,048 never do on a GPU of
+# more than 32 SMs (ResNet-50's widest is 2,048), and splits once its elements per channel exceed 4
+# per thread over Inductor's smallest 32-element split. Over ``[N, C, L]`` the reduced ``L`` is
+# contiguous, an inner reduction, which Inductor splits only to fewer outputs than twice the SMs and
+# over more than 8,192 elements each: not modelled, it stays whole here.
 _SPLIT_MAX_OUTPUTS = 2048
 _SPLIT_MIN_REDUCED = 4 * 32
 
@@ -103,9 +106,9 @@ def split_reduction(node: NodeCost) -> bool:
     fuses with it) cannot share its loop: it runs as a kernel of its own that reads the input again
     (the ResNet-50 H100 step's ``triton_red_fused__native_batch_norm_legit_functional`` and
     ``triton_poi_fused__native_batch_norm_legit_functional_relu`` kernels)."""
-    if node.op not in CHANNEL_REDUCTIONS or not node.in_shapes or len(node.in_shapes[0]) < 2:
+    if node.op not in CHANNEL_REDUCTIONS or not node.in_shapes or len(node.in_shapes[0]) not in (2, 4):
         return False
-    if node.args.get("training") is False:  # normalized by running statistics: nothing to reduce
+    if False in (node.args.get("training"), node.args.get("train")):  # running statistics: no reduction
         return False
     shape = node.in_shapes[0]
     channels = shape[1]

@@ -11,8 +11,8 @@ Execution modes (``execution=`` across the API):
   :func:`~fxcost.lowering.nodes.memory_pass`), no less than its FLOPs at the GPU's fp32 peak, and,
   for a kernel holding a reduction, no less than the reduction's own kernel (a row reduction is not
   faster for having a prologue); a split batch norm's kernel
-  (:meth:`~fxcost.lowering.fusion.FusedKernel.split_at`) moves its input twice and adds its final
-  reduction's kernel and two more launches. Extern kernels (GEMMs, convolutions, attention, ops run
+  (:meth:`~fxcost.lowering.fusion.FusedKernel.splits`) moves its input twice and adds its final
+  reductions' kernels and their launches. Extern kernels (GEMMs, convolutions, attention, ops run
   alone) keep their eager kernel time, but for a GEMM with a dimension not a multiple of 16 bytes, which
   Inductor pads where that is faster (:mod:`fxcost.lowering.fusion_padding`): the aligned GEMM and
   its operands' copies, as predicted on the device, where more than 1.1 times faster.
@@ -90,7 +90,7 @@ class KernelSpan:
     issued_ms: float
     start_ms: float
     end_ms: float
-    launches: int = 1  # a split reduction's three (FusedKernel.launches)
+    launches: int = 1  # more for split reductions (FusedKernel.launches)
 
 
 def node_kernel_ms(
@@ -229,8 +229,7 @@ def fused_kernel_ms(
             own = [eager_ms[i] for i in kernel.members if reduces(nodes[i])
                    and not (channels_last and nodes[i].op in CHANNEL_REDUCTIONS)]  # fmt: skip
             t = max([t, *(x for x in own if np.isfinite(x))])
-        if kernel.split_at(nodes) is not None:  # its final reduction of the partial results: tiny
-            t += MIN_KERNEL_MS
+        t += len(kernel.splits(nodes)) * MIN_KERNEL_MS  # each split's final reduction: a tiny kernel
         out[k] = t
     return out
 

@@ -4,6 +4,7 @@ the bytes a fused kernel moves."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -161,10 +162,10 @@ def test_a_batch_norm_over_many_elements_splits_and_rereads_its_input() -> None:
         kernel = next(k for k in report.fused_kernels() if bn in k.members)
         assert kernel.kind == "reduction" and "relu.default" in _ops(report, kernel)
         if not splits:
-            assert kernel.split_at(report.nodes) is None and kernel.launches(report.nodes) == 1
+            assert kernel.splits(report.nodes) == [] and kernel.launches(report.nodes) == 1
             continue
-        split = kernel.split_at(report.nodes)
-        assert split is not None and kernel.members[split] == bn and kernel.launches(report.nodes) == 3
+        split = kernel.splits(report.nodes)
+        assert [kernel.members[k] for k in split] == [bn] and kernel.launches(report.nodes) == 3
         x = batch * 16 * (size - 2) ** 2 * 4  # the convolution's fp32 output, the batch norm's input
         # The same kernel where the batch norm would not split (running statistics: nothing to reduce).
         unsplit = list(report.nodes)
@@ -188,3 +189,35 @@ def test_the_safe_softmax_of_sdpas_math_path_is_a_generated_reduction() -> None:
     node = NodeCost("s", "aten._safe_softmax.default", "fw", in_shapes=[shape], in_dtypes=["float32"],
                     out_shapes=[shape], out_dtypes=["float32"], args={"dim": -1})  # fmt: skip
     assert node_ranges(node) == ((2 * 4 * 8, 8), True)
+
+
+class _Downsample(nn.Module):
+    """ResNet's downsampling block end: two batch norms, one per branch, added, then a relu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(3, 16, 1)
+        self.bn_a, self.bn_b = nn.BatchNorm2d(16), nn.BatchNorm2d(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn_a(self.a(x)) + self.bn_b(self.b(x)))
+
+
+def test_two_split_batch_norms_in_one_kernel_each_reduce_apart_and_are_read_again() -> None:
+    """Both branches' batch norms join the add and relu in one kernel: two partial and two final
+    reductions, one pointwise pass that reads both inputs again; in the backward too, with the
+    relu's gradient the pointwise pass recomputes from its inputs."""
+    report = _report(_Downsample(), (torch.randn(8, 3, 16, 16),), train=True)
+    x = 8 * 16 * 16 * 16 * 4  # each convolution's fp32 output
+    for phase in ("fw", "bw"):
+        kernel = next(k for k in report.fused_kernels() if k.kind == "reduction"
+                      and sum("batch_norm" in report.nodes[m].op for m in k.members) == 2
+                      and report.nodes[k.members[0]].phase == phase)  # fmt: skip
+        splits = kernel.splits(report.nodes)
+        assert len(splits) == 2 and kernel.launches(report.nodes) == 5
+        unsplit = list(report.nodes)
+        for k in splits:
+            node = report.nodes[kernel.members[k]]
+            unsplit[kernel.members[k]] = replace(node, args={**node.args, "training": False, "train": False})
+        reread = kernel.bytes_read(report.nodes) - kernel.bytes_read(unsplit)
+        assert reread >= 2 * x, phase  # both inputs (and, backward, the gradients) read again
