@@ -17,10 +17,8 @@ step the way its scheduler does, a pure function of the records, so it works on 
 - a reduction fuses with a pointwise prologue over its input and a pointwise epilogue over its
   input or its output (softmax, a residual add with the layer norm after it, bias-gradient sums
   with the pointwise backward they read); two reductions share a kernel only over the same ranges;
-- a batch norm (or its backward) over many elements per channel is a split reduction
-  (:func:`~fxcost.lowering.fusion_rules.split_reduction`): its kernel is three launches, a partial
-  and a final reduction and the normalizing pointwise pass with its epilogue, which reads again
-  what the reduction read;
+- a batch norm over many elements per channel is a split reduction (:meth:`FusedKernel.splits`):
+  partial and final reductions, then the normalizing pointwise pass, which reads their inputs again;
 - random ops (dropout) are pointwise: Inductor draws the numbers inside the fused kernel;
   in-place ops (``add_``, ``copy_``) are pointwise ops writing their input;
 - a kernel reads each tensor it takes from outside once (a tensor two members read from one
@@ -87,9 +85,8 @@ class FusedKernel:
             the kernel reads to recompute saved activations the forward did not write
             (:mod:`fxcost.lowering.fusion_saved`).
 
-    A reduction kernel whose members Inductor splits at the sizes priced (:meth:`splits`) launches a
-    partial and a final reduction for each and one pointwise pass after them, which reads again what
-    the members up to the last split one read.
+    A reduction kernel whose members Inductor splits (:meth:`splits`) launches a partial and a final
+    reduction for each and one pointwise pass, which reads again what the members up to them read.
     """
 
     kind: KernelKind
