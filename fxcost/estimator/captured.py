@@ -219,7 +219,7 @@ class Captured:
         eager = np.array([np.nan if i is None else per_node[i] for i in self.index], dtype=np.float64)
         work = batch.derived("compiled.work", lambda: kernel_work(nodes, kernels))  # the same on every GPU
         times = fused_kernel_ms(nodes, kernels, eager, device, self.chain, channels_last=layout, work=work)
-        return times, phases, np.array([k.launches(nodes) for k in kernels], dtype=np.float64)
+        return times, phases, work.launches
 
     def _relative(self, batch_size: int | None) -> int | None:
         """None for the traced batch: one cache entry, and no polynomials to evaluate there."""

@@ -44,14 +44,13 @@ dimension runs padded where Inductor pads it (:mod:`fxcost.lowering.fusion_paddi
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from fxcost.lowering.fusion_attention import attention_chains, attention_node
-from fxcost.lowering.fusion_rules import GATHERS, merged_ranges, node_ranges, split_reduction
+from fxcost.lowering.fusion_rules import GATHERS, launches_of, merged_ranges, node_ranges, split_reduction
 from fxcost.lowering.fusion_saved import rematerialize
 from fxcost.lowering.traffic import recorded_bytes
 from fxcost.precision import itemsize
@@ -103,10 +102,8 @@ class FusedKernel:
         return [k for k, m in enumerate(self.members) if split_reduction(nodes[m])]
 
     def launches(self, nodes: Sequence[NodeCost]) -> int:
-        """The kernels it launches at the sizes of ``nodes``: a partial and a final reduction per split
-        member and the pointwise pass after them, else one."""
-        split = len(self.splits(nodes))
-        return 2 * split + 1 if split else 1
+        """The kernels it launches at the sizes of ``nodes`` (:func:`launches_of` its splits)."""
+        return launches_of(len(self.splits(nodes)))
 
     def nodes(self, nodes: Sequence[NodeCost]) -> list[NodeCost]:
         """Its member records among ``nodes`` (the list it was fused from, or that list re-sized)."""
@@ -265,7 +262,7 @@ class _Fuser:
                               for m, r in zip(kernel.members, kernel.reads, strict=True))  # fmt: skip
                 writes = tuple(tuple(w and (m, o) not in plan.unwritten for o, w in enumerate(ws))
                                for m, ws in zip(kernel.members, kernel.writes, strict=True))  # fmt: skip
-                kernel = dataclasses.replace(kernel, reads=reads, writes=writes, recomputes=tuple(sources))
+                kernel = replace(kernel, reads=reads, writes=writes, recomputes=tuple(sources))
             out.append(kernel)
         return out
 

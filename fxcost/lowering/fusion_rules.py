@@ -16,7 +16,7 @@ import torch
 from fxcost.lowering.kernels import resolve_op
 from fxcost.records import NodeCost
 
-__all__ = ["CHANNEL_REDUCTIONS", "GATHERS", "merged_ranges", "node_ranges", "split_reduction"]
+__all__ = ["CHANNEL_REDUCTIONS", "GATHERS", "launches_of", "merged_ranges", "node_ranges", "split_reduction"]
 
 # Ops Inductor lowers to pointwise loops that no tag marks as pointwise.
 _POINTWISE = frozenset({
@@ -113,6 +113,12 @@ def split_reduction(node: NodeCost) -> bool:
     shape = node.in_shapes[0]
     channels = shape[1]
     return 0 < channels <= _SPLIT_MAX_OUTPUTS and math.prod(shape) // channels > _SPLIT_MIN_REDUCED
+
+
+def launches_of(splits: int) -> int:
+    """The launches of a kernel holding ``splits`` split reductions: a partial and a final reduction
+    for each and the pointwise pass after them, else one."""
+    return 2 * splits + 1 if splits else 1
 
 
 def merged_ranges(

@@ -60,7 +60,7 @@ from fxcost.gpus import Device
 from fxcost.lowering.fusion import FusedKernel, reduces
 from fxcost.lowering.fusion_layout import CONVOLUTION, layout_transpose_ms
 from fxcost.lowering.fusion_padding import PAD_SPEEDUP, PaddedGemm, compute_bound, padded_gemm
-from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS
+from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS, launches_of
 from fxcost.lowering.nodes import memory_pass
 from fxcost.precision import itemsize
 from fxcost.propagate.eager import Pipeline, checked_host_ms, eager_kernel_ms, replay_ends
@@ -156,6 +156,8 @@ class KernelWork:
     distinct: list[NodeCost]  # the distinct stand-ins
     slot: np.ndarray  # each generated kernel's stand-in in ``distinct``
     padded: list[tuple[int, PaddedGemm]]  # (extern kernel, its padded GEMM)
+    splits: np.ndarray  # each kernel's split reductions (FusedKernel.splits), each a final kernel more
+    launches: np.ndarray  # each kernel's launches (FusedKernel.launches)
 
 
 def kernel_work(nodes: Sequence[NodeCost], kernels: Sequence[FusedKernel]) -> KernelWork:
@@ -182,7 +184,10 @@ def kernel_work(nodes: Sequence[NodeCost], kernels: Sequence[FusedKernel]) -> Ke
     index: dict[tuple[object, ...], int] = {}
     slot = np.array([index.setdefault(_pass_key(node), len(index)) for node in passes], dtype=np.intp)
     firsts = {j: i for i, j in reversed(list(enumerate(slot.tolist())))}
-    return KernelWork(generated, [passes[firsts[j]] for j in range(len(index))], slot, padded)
+    splits = [len(k.splits(nodes)) for k in kernels]
+    launches = np.array([launches_of(n) for n in splits], dtype=np.float64)
+    distinct = [passes[firsts[j]] for j in range(len(index))]
+    return KernelWork(generated, distinct, slot, padded, np.array(splits), launches)
 
 
 def fused_kernel_ms(
@@ -229,7 +234,7 @@ def fused_kernel_ms(
             own = [eager_ms[i] for i in kernel.members if reduces(nodes[i])
                    and not (channels_last and nodes[i].op in CHANNEL_REDUCTIONS)]  # fmt: skip
             t = max([t, *(x for x in own if np.isfinite(x))])
-        t += len(kernel.splits(nodes)) * MIN_KERNEL_MS  # each split's final reduction: a tiny kernel
+        t += work.splits[k] * MIN_KERNEL_MS  # each split's final reduction: a tiny kernel
         out[k] = t
     return out
 
