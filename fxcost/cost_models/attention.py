@@ -21,7 +21,8 @@ may be fit: the time is built from spec-sheet rates and the kernel's launch stru
   NVIDIA GPU since Maxwell (CUDA C Programming Guide, arithmetic instruction throughput): one
   exponential, the packed conversion of each 16-bit matrix fed back to the tensor cores, and a few
   fp32 operations (scale, max, sum; the backward's ``dP - D`` and product with ``P``) at the CUDA-core
-  rate; Philox dropout adds its integer rounds; an additive mask (Hugging Face's models pass one,
+  rate; dropout draws its keep decisions from Philox, whose rounds run on the 32-bit integer units
+  (:data:`PHILOX`, :func:`_dropout_cycles`); an additive mask (Hugging Face's models pass one,
   ``[B, 1, Sq, Sk]``, with ``is_causal=False``) a load, a 16-bit unpack and an add per score, and its
   bytes. FlashAttention-2 runs the softmax between its two GEMMs in the same warps, so the two add;
   cuDNN's Hopper kernel overlaps them, so the larger counts: it is warp-specialized like
@@ -49,6 +50,7 @@ rate (:data:`EFFICIENT_BACKWARD_SHARE`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import Device
@@ -57,7 +59,8 @@ from fxcost.lowering.attention import AttentionCall
 from fxcost.lowering.attention_kernels import FusedAttention
 from fxcost.precision import itemsize
 
-__all__ = ["EFFICIENT_BACKWARD_SHARE", "MMA_SYNC_SHARE_SM90", "SPLIT_OPS_PER_OPERAND", "attention_kind",
+__all__ = ["EFFICIENT_BACKWARD_SHARE", "INT32_PER_CLOCK", "MMA_SYNC_SHARE_SM90", "PHILOX",
+           "PHILOX_OPS_PER_ROUND", "SPLIT_OPS_PER_OPERAND", "Draws", "attention_kind",
            "fused_attention_ms"]  # fmt: skip
 
 MMA_SYNC_SHARE_SM90 = 2 / 3
@@ -74,9 +77,44 @@ operands in registers and stages ``P`` and ``dS`` through shared memory at small
 SMEM_BYTES_PER_CLOCK = 128  # per SM, Volta onwards (32 banks of 4 bytes)
 SFU_PER_CLOCK = 16  # exponentials and conversions per SM per clock, cc 5.x to 9.0
 REGISTERS_PER_THREAD = 255
-DROPOUT_OPS_PER_SCORE = 10  # Philox 4x32-10: ten rounds of two multiplies and xors per four numbers
 MASK_OPS_PER_SCORE = 2  # the mask element's load-and-unpack to fp32, and the add
 WARP_TILE = 32  # rows and columns of a warp's tile in the mma.sync kernels
+
+INT32_PER_CLOCK = 64
+"""32-bit integer multiplies, adds and bitwise operations per clock per SM, compute capability 7.0 to
+9.0 (CUDA C++ Programming Guide, throughput of native arithmetic instructions): half the fp32 rate of
+an H100 or an RTX GPU, the fp32 rate of a V100 or an A100. Older GPUs emulate the 32-bit multiply in
+several instructions, which is not modelled (their dropout is read as fast as a Volta's)."""
+
+PHILOX_OPS_PER_ROUND = 8
+"""Integer instructions of one Philox-4x32 round (Salmon et al., SC'11): two 32-bit products, each
+high and low half (four), the two counter words xored with a key word and another word (two 3-input
+xors), and the key's two Weyl increments (two adds)."""
+
+
+@dataclass(frozen=True)
+class Draws:
+    """How a kernel draws its dropout keep decisions: Philox ``rounds`` per call, ``per_call`` decisions
+    from the call's 128 random bits, and whether each decision converts its number to a float."""
+
+    rounds: int
+    per_call: int
+    to_float: bool
+
+
+PHILOX = {
+    # PyTorch's copy of the kernel (mem_eff_attention/kernel_forward.h, kernel_backward.h):
+    # curand_uniform4 on a curandStatePhilox4_32_10_t, four floats per call, each compared to p.
+    "efficient": Draws(rounds=10, per_call=4, to_float=True),
+    # FlashAttention-2 (csrc/flash_attn/src/philox.cuh, dropout.h): seven rounds, the 128 bits read as
+    # sixteen bytes, each compared to p scaled to 0..255.
+    "flash": Draws(rounds=7, per_call=16, to_float=False),
+    # cuDNN's kernels are closed; PyTorch hands them a Philox seed and offset (the recordings'
+    # at::cuda::philox::unpack_cudnn). Read as curand's draws, one 32-bit number per decision: an
+    # assumption (FlashAttention-2's draws would price a dropout score's draw a fifth as dear).
+    "cudnn": Draws(rounds=10, per_call=4, to_float=True),
+}
+"""Each fused backend's dropout draws (a backend without a row: the ``efficient`` one's)."""
 
 SPLIT_OPS_PER_OPERAND = 2
 """CUDA-core operations per fp32 operand element a 3xTF32 warp loads (CUTLASS's ``FastF32``: the big
@@ -162,9 +200,11 @@ def fused_attention_ms(
     # Softmax: SFU results (exponential; packed 16-bit conversions, two per instruction) and fp32 ops.
     half = call.dtype != "float32"
     sfu = 1 + (1.0 if call.backward else 0.5) * half
-    alu = 3 + (DROPOUT_OPS_PER_SCORE if call.dropout else 0) + (MASK_OPS_PER_SCORE if call.masked else 0)
+    alu = 3 + (MASK_OPS_PER_SCORE if call.masked else 0)
     alu_per_clock = device.fp32_tflops * 1e12 / (2 * sms * clock_hz)
     score_cycles = sfu / SFU_PER_CLOCK + alu / alu_per_clock
+    if call.dropout:
+        score_cycles += _dropout_cycles(PHILOX.get(fused.backend, PHILOX["efficient"]), alu_per_clock)
     mma_ms = fused.flops_per_tile / (rate * 1e9)
     if _split_fp32(call, device):  # the big/small split of every loaded operand, in the same warps
         split_ops = SPLIT_OPS_PER_OPERAND * fused.flops_per_tile / WARP_TILE  # a 32x32 tile: 32 FLOPs each
@@ -193,6 +233,17 @@ def fused_attention_ms(
         rereads = fused.reread_bytes if _rereads_miss_l2(call, fused, device, slots) else 0
         main = max(compute_ms, (fused.bytes_main + rereads) / (bandwidth * 1e6), floor)
     return main + sum(max(b / (bandwidth * 1e6), floor) for b in fused.bytes_passes)
+
+
+def _dropout_cycles(draws: Draws, alu_per_clock: float) -> float:
+    """An SM's clocks per score for its dropout: the Philox call's rounds shared by its decisions and
+    the decision's own compare on the integer units; a float draw's conversion (at the conversion
+    units' 16 per clock, as the special functions') and its scale; the keep's select and the scale of
+    a kept score at the fp32 rate."""
+    integer = draws.rounds * PHILOX_OPS_PER_ROUND / draws.per_call + (0 if draws.to_float else 1)
+    conversions = 1 if draws.to_float else 0
+    floats = 2 + (2 if draws.to_float else 0)  # select, scale; a float draw's scale and compare
+    return integer / INT32_PER_CLOCK + conversions / SFU_PER_CLOCK + floats / alu_per_clock
 
 
 def _blocks_per_sm(fused: FusedAttention, device: Device) -> int:

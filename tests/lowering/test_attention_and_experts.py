@@ -12,7 +12,13 @@ import torch.nn.functional as F
 
 import fxcost
 from fxcost.cost_models import NodeBatch
-from fxcost.cost_models.attention import MMA_SYNC_SHARE_SM90, attention_kind, fused_attention_ms
+from fxcost.cost_models.attention import (
+    INT32_PER_CLOCK,
+    MMA_SYNC_SHARE_SM90,
+    _blocks_per_sm,
+    attention_kind,
+    fused_attention_ms,
+)
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import LOWERED, Heads, default_heads, head_of
 from fxcost.gpus import get_device
@@ -252,6 +258,31 @@ def test_an_additive_mask_costs_its_bytes_and_its_per_score_work() -> None:
             assert ms_a is not None and ms_b is not None and ms_b >= ms_a
             # cuDNN's backward at head dim 64 is bound by its GEMMs, under which the softmax overlaps.
             assert ms_b > ms_a or (backend == "cudnn" and backward)
+
+
+def test_dropout_draws_its_keep_decisions_from_philox_on_the_integer_units() -> None:
+    """Per score, the memory-efficient kernel's curand call (ten Philox rounds of eight integer
+    instructions for four floats) and its float conversion; FlashAttention-2's seven rounds shared by
+    sixteen byte-wide decisions: with nothing overlapped, each score the busiest SM walks adds that."""
+    device = _compute_bound()
+    assert device.num_sms and device.boost_clock_mhz and device.fp32_tflops
+    clock = device.boost_clock_mhz * 1e6
+    fp32 = device.fp32_tflops * 1e12 / (2 * device.num_sms * clock)  # per SM per clock
+    per_score = {
+        "efficient": 10 * 8 / 4 / INT32_PER_CLOCK + 1 / 16 + 4 / fp32,
+        "flash": (7 * 8 / 16 + 1) / INT32_PER_CLOCK + 2 / fp32,
+    }
+    call = _call(s=1024)
+    for backend, cycles in per_score.items():
+        fused = fused_attention(call, backend)
+        plain, dropped = (fused_attention_ms(c, fused, device, serial=True)
+                          for c in (call, replace(call, dropout=0.1)))  # fmt: skip
+        slots = _blocks_per_sm(fused, device) * device.num_sms
+        walked = fused.tiles_per_block
+        busiest = max(math.ceil(fused.blocks / slots) * sum(walked) / len(walked), max(walked))
+        added_ms = busiest * fused.scores_per_tile * cycles * slots / (device.num_sms * clock) * 1e3
+        assert plain is not None and dropped is not None
+        assert dropped - plain == pytest.approx(added_ms, rel=1e-9)
 
 
 def test_fused_attention_runs_at_the_sustained_tensor_rate() -> None:
