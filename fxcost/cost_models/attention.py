@@ -28,14 +28,18 @@ may be fit: the time is built from spec-sheet rates and the kernel's launch stru
   cuDNN's Hopper kernel overlaps them, so the larger counts: it is warp-specialized like
   FlashAttention-3 (its launches are 384 threads, a producer and two consumer warpgroups), whose
   paper (Shah et al. 2024, §3.1) schedules one consumer's softmax under the other's ``wgmma``
-  (ping-pong) and a warpgroup's own softmax under its next ``wgmma`` (asynchronous issue).
+  (ping-pong) and a warpgroup's own softmax under its next ``wgmma`` (asynchronous issue). That
+  scheduling is the forward pass's: the paper's backward (Appendix B.1) specializes warps for the
+  loads and for dQ's accumulation, not to hide the softmax, so cuDNN's backward (384 threads too)
+  adds its stages as FlashAttention-2's does.
 - **Waves**: thread blocks resident per SM from the occupancy calculator (the kernels use all 255
   registers a thread may have; cuDNN's, one per SM, below); the time is that of the busiest SM, at
   least the longest block (a causal forward's last query block walks every key tile).
-- **Pipeline** (cuDNN): a block's tiles overlap its two stages, so a block of ``n`` tiles takes ``n``
-  times the longer stage plus the shorter once (its first GEMM before any softmax, its last softmax
-  before the last GEMM). The launch is persistent (the recorded launches: as many 384-thread blocks as
-  SMs, fewer only where there are fewer tiles of work, one per SM), each SM taking blocks in turn.
+- **Pipeline** (cuDNN's forward): a block's tiles overlap its two stages, so a block of ``n`` tiles
+  takes ``n`` times the longer stage plus the shorter once (its first GEMM before any softmax, its
+  last softmax before the last GEMM). The launch is persistent (the recorded launches: as many
+  384-thread blocks as SMs, fewer only where there are fewer tiles of work, one per SM), each SM
+  taking blocks in turn.
 - **Memory**: the main kernel moves Q, K, V, O (and in the backward dO and fp32 dQ) once; the
   backward's two memory passes (``D = rowsum(dO·O)``, ``dQ``'s conversion) are kernels of their own.
   Each further block of a (batch, head) re-reads the tiles it walks (and each head a mask broadcast
@@ -210,10 +214,10 @@ def fused_attention_ms(
         split_ops = SPLIT_OPS_PER_OPERAND * fused.flops_per_tile / WARP_TILE  # a 32x32 tile: 32 FLOPs each
         mma_ms += split_ops / (alu_per_clock * sms * clock_hz) * 1e3
     softmax_ms = fused.scores_per_tile * score_cycles / (sms * clock_hz) * 1e3
-    if fused.backend == "cudnn" and not serial:
-        # Two stages (the GEMMs, the softmax) overlapped across a block's tiles: n tiles take n times
-        # the longer stage, and each block's first and last tile add the shorter once (the pipeline's
-        # fill and drain).
+    if fused.backend == "cudnn" and not serial and not call.backward:
+        # The forward's two stages (the GEMMs, the softmax) overlapped across a block's tiles: n tiles
+        # take n times the longer stage, and each block's first and last tile add the shorter once (the
+        # pipeline's fill and drain).
         tile_ms, block_ms = max(mma_ms, softmax_ms), min(mma_ms, softmax_ms)
     else:
         tile_ms, block_ms = mma_ms + softmax_ms, 0.0
