@@ -22,7 +22,7 @@ may be fit: the time is built from spec-sheet rates and the kernel's launch stru
   exponential, the packed conversion of each 16-bit matrix fed back to the tensor cores, and a few
   fp32 operations (scale, max, sum; the backward's ``dP - D`` and product with ``P``) at the CUDA-core
   rate; dropout draws its keep decisions from Philox, whose rounds run on the 32-bit integer units
-  (:data:`PHILOX`, :func:`_dropout_cycles`); an additive mask (Hugging Face's models pass one,
+  (:data:`PHILOX`, :func:`_dropout_cycles_per_score`); an additive mask (Hugging Face's models pass one,
   ``[B, 1, Sq, Sk]``, with ``is_causal=False``) a load, a 16-bit unpack and an add per score, and its
   bytes. FlashAttention-2 runs the softmax between its two GEMMs in the same warps, so the two add;
   cuDNN's Hopper kernel overlaps them, so the larger counts: it is warp-specialized like
@@ -91,9 +91,11 @@ an H100 or an RTX GPU, the fp32 rate of a V100 or an A100. Older GPUs emulate th
 several instructions, which is not modelled (their dropout is read as fast as a Volta's)."""
 
 PHILOX_OPS_PER_ROUND = 8
-"""Integer instructions of one Philox-4x32 round (Salmon et al., SC'11): two 32-bit products, each
-high and low half (four), the two counter words xored with a key word and another word (two 3-input
-xors), and the key's two Weyl increments (two adds)."""
+"""Integer instructions of one Philox-4x32 round (Salmon et al., SC'11), as the algorithm reads: two
+32-bit products, each high and low half (four), each product's high half xored with a counter word
+and a key word (two 3-input xors), and the key's two Weyl increments (two adds; one round fewer
+bumps it). A count of the algorithm, not of the compiled code: a wide multiply giving both halves
+would make the products two instructions."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ PHILOX = {
     # assumption (FlashAttention-2's draws would price a dropout score's draw a fifth as dear).
     "cudnn": Draws(rounds=10, per_call=4, to_float=True),
 }
-"""Each fused backend's dropout draws (a backend without a row: the ``efficient`` one's)."""
+"""Each fused backend's dropout draws."""
 
 SPLIT_OPS_PER_OPERAND = 2
 """CUDA-core operations per fp32 operand element a 3xTF32 warp loads (CUTLASS's ``FastF32``: the big
@@ -208,7 +210,7 @@ def fused_attention_ms(
     alu_per_clock = device.fp32_tflops * 1e12 / (2 * sms * clock_hz)
     score_cycles = sfu / SFU_PER_CLOCK + alu / alu_per_clock
     if call.dropout:
-        score_cycles += _dropout_cycles(PHILOX.get(fused.backend, PHILOX["efficient"]), alu_per_clock)
+        score_cycles += _dropout_cycles_per_score(PHILOX[fused.backend], alu_per_clock)
     mma_ms = fused.flops_per_tile / (rate * 1e9)
     if _split_fp32(call, device):  # the big/small split of every loaded operand, in the same warps
         split_ops = SPLIT_OPS_PER_OPERAND * fused.flops_per_tile / WARP_TILE  # a 32x32 tile: 32 FLOPs each
@@ -239,11 +241,11 @@ def fused_attention_ms(
     return main + sum(max(b / (bandwidth * 1e6), floor) for b in fused.bytes_passes)
 
 
-def _dropout_cycles(draws: Draws, alu_per_clock: float) -> float:
-    """An SM's clocks per score for its dropout: the Philox call's rounds shared by its decisions and
-    the decision's own compare on the integer units; a float draw's conversion (at the conversion
-    units' 16 per clock, as the special functions') and its scale; the keep's select and the scale of
-    a kept score at the fp32 rate."""
+def _dropout_cycles_per_score(draws: Draws, alu_per_clock: float) -> float:
+    """An SM's clocks per score for its dropout: the Philox call's rounds shared by its decisions on
+    the integer units, and a byte decision's compare there too; a float draw's conversion (at the
+    conversion units' 16 per clock, as the special functions'), its scale and its compare at the
+    fp32 rate; the keep's select and the scale of a kept score at the fp32 rate."""
     integer = draws.rounds * PHILOX_OPS_PER_ROUND / draws.per_call + (0 if draws.to_float else 1)
     conversions = 1 if draws.to_float else 0
     floats = 2 + (2 if draws.to_float else 0)  # select, scale; a float draw's scale and compare

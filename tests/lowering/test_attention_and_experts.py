@@ -260,27 +260,28 @@ def test_an_additive_mask_costs_its_bytes_and_its_per_score_work() -> None:
 
 def test_dropout_draws_its_keep_decisions_from_philox_on_the_integer_units() -> None:
     """Per score, the memory-efficient kernel's curand call (ten Philox rounds of eight integer
-    instructions for four floats) and its float conversion; FlashAttention-2's seven rounds shared by
-    sixteen byte-wide decisions: with nothing overlapped, each score the busiest SM walks adds that."""
+    instructions for four floats) and its float conversion, as cuDNN's are read; FlashAttention-2's
+    seven rounds shared by sixteen byte-wide decisions: with nothing overlapped, each score the
+    busiest SM walks adds that, forward and backward (which draws the same decisions again)."""
     device = _compute_bound()
     assert device.num_sms and device.boost_clock_mhz and device.fp32_tflops
     clock = device.boost_clock_mhz * 1e6
     fp32 = device.fp32_tflops * 1e12 / (2 * device.num_sms * clock)  # per SM per clock
-    per_score = {
-        "efficient": 10 * 8 / 4 / INT32_PER_CLOCK + 1 / 16 + 4 / fp32,
-        "flash": (7 * 8 / 16 + 1) / INT32_PER_CLOCK + 2 / fp32,
-    }
-    call = _call(s=1024)
-    for backend, cycles in per_score.items():
-        fused = fused_attention(call, backend)
-        plain, dropped = (fused_attention_ms(c, fused, device, serial=True)
-                          for c in (call, replace(call, dropout=0.1)))  # fmt: skip
-        slots = _blocks_per_sm(fused, device) * device.num_sms
-        walked = fused.tiles_per_block
-        busiest = max(math.ceil(fused.blocks / slots) * sum(walked) / len(walked), max(walked))
-        added_ms = busiest * fused.scores_per_tile * cycles * slots / (device.num_sms * clock) * 1e3
-        assert plain is not None and dropped is not None
-        assert dropped - plain == pytest.approx(added_ms, rel=1e-9)
+    rounds_of_eight = 8
+    curand = 10 * rounds_of_eight / 4 / INT32_PER_CLOCK + 1 / 16 + 4 / fp32  # + conversion, fp32 ops
+    flash = (7 * rounds_of_eight / 16 + 1) / INT32_PER_CLOCK + 2 / fp32  # + byte compare, fp32 ops
+    for backend, cycles in (("efficient", curand), ("cudnn", curand), ("flash", flash)):
+        for backward in (False, True):
+            call = _call(s=1024, backward=backward)
+            fused = fused_attention(call, backend)
+            plain, dropped = (fused_attention_ms(c, fused, device, serial=True)
+                              for c in (call, replace(call, dropout=0.1)))  # fmt: skip
+            slots = _blocks_per_sm(fused, device) * device.num_sms
+            walked = fused.tiles_per_block
+            busiest = max(math.ceil(fused.blocks / slots) * sum(walked) / len(walked), max(walked))
+            added_ms = busiest * fused.scores_per_tile * cycles * slots / (device.num_sms * clock) * 1e3
+            assert plain is not None and dropped is not None
+            assert dropped - plain == pytest.approx(added_ms, rel=1e-9), (backend, backward)
 
 
 def test_fused_attention_runs_at_the_sustained_tensor_rate() -> None:
@@ -487,7 +488,7 @@ def test_only_the_cudnn_forward_hides_its_softmax_under_its_gemms() -> None:
         overlapped, serial = (fused_attention_ms(call, fused, device, serial=s) for s in (False, True))
         assert overlapped is not None and serial is not None
         if backward:
-            assert overlapped == pytest.approx(serial, rel=1e-4)  # but the DRAM traffic serial adds
+            assert overlapped == pytest.approx(serial, rel=1e-4)  # serial adds its DRAM time, tiny here
         else:
             assert overlapped < 0.9 * serial
 

@@ -161,8 +161,9 @@ def node_bounds(
     nothing overlapped (:meth:`~fxcost.cost_models.heads.model.Heads.attention_spread_ms`, at the
     shipped heads' rates). No measurement of one is in the training data: the GEMMs' interval says
     nothing of how well its stages overlap. On the recorded H100 kernels
-    (``benchmarks/attention_nodes.py``) every one ran slower than its price; the ``bmm`` interval held
-    17% of the traces' nodes, this one 83%.
+    (``benchmarks/attention_nodes.py``) all but one of the traces' kernels (a forward with dropout,
+    3% faster) ran slower than its price; the ``bmm`` interval held 67% of the traces' nodes, this
+    one 83%.
     """
     intervals = intervals or shipped_intervals()
     ms = np.asarray(ms, dtype=np.float64)
