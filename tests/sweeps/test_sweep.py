@@ -95,7 +95,10 @@ def test_ray_sweep_gives_the_local_answers() -> None:
     finally:
         ray.shutdown()
     local = sweep(points, progress=False)
-    assert [r.ms for r in remote] == pytest.approx([r.ms for r in local], rel=1e-9)
+    # A GPU's axis tables are read in one batch with whatever other tables this process builds at the
+    # time, and the batch's BLAS blocking moves the last digits: 2.4e-9 apart after other tests, not
+    # in a fresh worker.
+    assert [r.ms for r in remote] == pytest.approx([r.ms for r in local], rel=1e-7)
     assert [r.point for r in remote] == points
 
 
