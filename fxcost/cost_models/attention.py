@@ -93,8 +93,8 @@ several instructions, which is not modelled (their dropout is read as fast as a 
 PHILOX_OPS_PER_ROUND = 8
 """Integer instructions of one Philox-4x32 round (Salmon et al., SC'11), as the algorithm reads: two
 32-bit products, each high and low half (four), each product's high half xored with a counter word
-and a key word (two 3-input xors), and the key's two Weyl increments (two adds; one round fewer
-bumps it). A count of the algorithm, not of the compiled code: a wide multiply giving both halves
+and a key word (two 3-input xors), and the key's two Weyl increments (two adds; after the last
+round, none). A count of the algorithm, not of the compiled code: a wide multiply giving both halves
 would make the products two instructions."""
 
 
@@ -112,8 +112,9 @@ PHILOX = {
     # PyTorch's copy of the kernel (mem_eff_attention/kernel_forward.h, kernel_backward.h):
     # curand_uniform4 on a curandStatePhilox4_32_10_t, four floats per call, each compared to p.
     "efficient": Draws(rounds=10, per_call=4, to_float=True),
-    # FlashAttention-2 (csrc/flash_attn/src/philox.cuh, dropout.h): seven rounds, the 128 bits read as
-    # sixteen bytes, each compared to p scaled to 0..255.
+    # FlashAttention-2 (csrc/flash_attn/src/philox.cuh, dropout.h, read elsewhere: PyTorch's headers
+    # hold only its API): seven rounds, the 128 bits read as sixteen bytes, each compared to p scaled
+    # to 0..255.
     "flash": Draws(rounds=7, per_call=16, to_float=False),
     # cuDNN's kernels are closed; PyTorch hands them a Philox seed and offset (the recordings'
     # at::cuda::philox::unpack_cudnn). Read as curand's draws, one 32-bit number per decision: an
