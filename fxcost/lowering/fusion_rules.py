@@ -10,7 +10,9 @@ softmax, dropout, copies, gathers).
 from __future__ import annotations
 
 import math
+from typing import TypeVar
 
+import numpy as np
 import torch
 
 from fxcost.lowering.kernels import resolve_op
@@ -115,10 +117,13 @@ def split_reduction(node: NodeCost) -> bool:
     return 0 < channels <= _SPLIT_MAX_OUTPUTS and math.prod(shape) // channels > _SPLIT_MIN_REDUCED
 
 
-def launches_of(splits: int) -> int:
-    """The launches of a kernel holding ``splits`` split reductions: a partial and a final reduction
-    for each and the pointwise pass after them, else one."""
-    return 2 * splits + 1 if splits else 1
+IntOrArray = TypeVar("IntOrArray", int, np.ndarray)
+
+
+def launches_of(splits: IntOrArray) -> IntOrArray:
+    """The launches of a kernel holding ``splits`` split reductions (an int, or an array of them): a
+    partial and a final reduction for each and the one pass after them (the whole kernel, for none)."""
+    return 2 * splits + 1
 
 
 def merged_ranges(

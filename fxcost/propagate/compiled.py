@@ -157,7 +157,11 @@ class KernelWork:
     slot: np.ndarray  # each generated kernel's stand-in in ``distinct``
     padded: list[tuple[int, PaddedGemm]]  # (extern kernel, its padded GEMM)
     splits: np.ndarray  # each kernel's split reductions (FusedKernel.splits), each a final kernel more
-    launches: np.ndarray  # each kernel's launches (FusedKernel.launches)
+
+    @property
+    def launches(self) -> np.ndarray:
+        """Each kernel's launches (:meth:`FusedKernel.launches`)."""
+        return launches_of(self.splits).astype(np.float64)
 
 
 def kernel_work(nodes: Sequence[NodeCost], kernels: Sequence[FusedKernel]) -> KernelWork:
@@ -184,10 +188,8 @@ def kernel_work(nodes: Sequence[NodeCost], kernels: Sequence[FusedKernel]) -> Ke
     index: dict[tuple[object, ...], int] = {}
     slot = np.array([index.setdefault(_pass_key(node), len(index)) for node in passes], dtype=np.intp)
     firsts = {j: i for i, j in reversed(list(enumerate(slot.tolist())))}
-    splits = [len(k.splits(nodes)) for k in kernels]
-    launches = np.array([launches_of(n) for n in splits], dtype=np.float64)
-    distinct = [passes[firsts[j]] for j in range(len(index))]
-    return KernelWork(generated, distinct, slot, padded, np.array(splits), launches)
+    splits = np.array([len(k.splits(nodes)) for k in kernels], dtype=np.intp)
+    return KernelWork(generated, [passes[firsts[j]] for j in range(len(index))], slot, padded, splits)
 
 
 def fused_kernel_ms(
