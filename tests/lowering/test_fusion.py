@@ -151,7 +151,6 @@ def test_a_batch_norm_over_many_elements_splits_and_rereads_its_input() -> None:
     """Inductor splits a batch norm's reduction over 8 x 30 x 30 elements per channel; its
     normalization (with the relu) then reads the input again in a kernel of its own. Over 2 x 4 x 4
     it does not: one kernel, one read."""
-    from dataclasses import replace
 
     from fxcost.lowering.fusion_rules import split_reduction
 
@@ -167,10 +166,7 @@ def test_a_batch_norm_over_many_elements_splits_and_rereads_its_input() -> None:
         split = kernel.splits(report.nodes)
         assert [kernel.members[k] for k in split] == [bn] and kernel.launches(report.nodes) == 3
         x = batch * 16 * (size - 2) ** 2 * 4  # the convolution's fp32 output, the batch norm's input
-        # The same kernel where the batch norm would not split (running statistics: nothing to reduce).
-        unsplit = list(report.nodes)
-        unsplit[bn] = replace(report.nodes[bn], args={**report.nodes[bn].args, "training": False})
-        whole = kernel.bytes_read(unsplit)
+        whole = kernel.bytes_read(_unsplit(report.nodes, [bn]))
         assert whole + x <= kernel.bytes_read(report.nodes) <= whole + x + 1024  # + its 16-channel parameters
     evaluated = NodeCost("bn", "aten.native_batch_norm.default", "fw", in_shapes=[[8, 16, 30, 30]],
                          args={"training": False})  # fmt: skip
@@ -189,6 +185,15 @@ def test_the_safe_softmax_of_sdpas_math_path_is_a_generated_reduction() -> None:
     node = NodeCost("s", "aten._safe_softmax.default", "fw", in_shapes=[shape], in_dtypes=["float32"],
                     out_shapes=[shape], out_dtypes=["float32"], args={"dim": -1})  # fmt: skip
     assert node_ranges(node) == ((2 * 4 * 8, 8), True)
+
+
+def _unsplit(nodes: list[NodeCost], batch_norms: list[int]) -> list[NodeCost]:
+    """``nodes`` with the given batch norms (and their backwards) on running statistics: nothing to
+    reduce, so nothing splits."""
+    out = list(nodes)
+    for i in batch_norms:
+        out[i] = replace(nodes[i], args={**nodes[i].args, "training": False, "train": False})
+    return out
 
 
 class _Downsample(nn.Module):
@@ -215,9 +220,6 @@ def test_two_split_batch_norms_in_one_kernel_each_reduce_apart_and_are_read_agai
                       and report.nodes[k.members[0]].phase == phase)  # fmt: skip
         splits = kernel.splits(report.nodes)
         assert len(splits) == 2 and kernel.launches(report.nodes) == 5
-        unsplit = list(report.nodes)
-        for k in splits:
-            node = report.nodes[kernel.members[k]]
-            unsplit[kernel.members[k]] = replace(node, args={**node.args, "training": False, "train": False})
+        unsplit = _unsplit(report.nodes, [kernel.members[k] for k in splits])
         reread = kernel.bytes_read(report.nodes) - kernel.bytes_read(unsplit)
         assert reread >= 2 * x, phase  # both inputs (and, backward, the gradients) read again
