@@ -45,11 +45,12 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
 
 A row that cannot run (an unknown GPU, a plan that does not fit the GPUs or the model) prints its error
 and the rest go on. ``--cache DIR`` keeps each row's simulated iteration so that an interrupted run
-resumes (keyed by the row and the fxcost version; delete the directory after changing the simulator).
-``--breakdown`` prints, under each row, where the first and last stage's iteration goes (compute,
-tensor-parallel collectives, pipeline sends, exposed data-parallel collectives, the optimizer step,
-idle: the bubble) with
-the compute's share of the GPU's peak, and the rank's memory by kind.
+resumes (keyed by the row, the fxcost version and :data:`CACHE_FORMAT`; delete the directory after
+changing the simulator). ``--breakdown`` prints, under each row, where the first and last stage's
+iteration goes, each instant counted once (:func:`fxcost.sim.runs.breakdown`: compute, then
+tensor-parallel collectives, pipeline sends, the optimizer step and data-parallel collectives where
+no kernel runs, idle: the bubble), the collectives' whole time (hidden included), the compute's
+share of the GPU's peak, and the rank's memory by kind.
 
 Each row also prints the simulated iteration's nominal 80% interval in the row's unit
 (:attr:`fxcost.sim.SimResult.interval_ms`: every compute task at its interval's ends, collectives as
@@ -92,6 +93,7 @@ from fxcost.sim.runs import (
 from fxcost.zoo.decoders import Decoder
 
 TRACED_LAYERS = 2
+CACHE_FORMAT = 2  # what a cached row keeps: 2, the breakdown's exposed parts and whole collectives
 UNITS = ("s_per_iter", "tflops_per_gpu", "tokens_per_s_per_gpu", "mfu_pct")
 REQUIRED = ("layers", "hidden", "seq", "gpu", "gpus", "measured", "unit")
 
@@ -292,15 +294,14 @@ def simulated(run: Run, cluster: Cluster, cache: Path | None) -> dict[str, Any]:
     ``interval_s``, ``oom``, the first and the last stage's ``breakdown`` (ms) and their
     ``memory_gib``; cached by the row."""
     c = cluster
-    key = json.dumps([fxcost.__version__, config_of(run), str(run.strategy), run.global_batch,
+    key = json.dumps([CACHE_FORMAT, fxcost.__version__, config_of(run), str(run.strategy), run.global_batch,
                       run.model.layers, run.precision, str(c), c.intra.bandwidth_gbps,
                       c.inter.bandwidth_gbps, c.nics_per_node],
                      sort_keys=True)  # fmt: skip
     path = cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json" if cache else None
     if path is not None and path.exists():
         saved = dict(json.loads(path.read_text()))
-        if "interval_s" in saved:  # else kept by a version that did not keep the interval
-            return saved
+        return saved
     result: SimResult = simulate(config_of(run), run.strategy, cluster, batch=run.global_batch,
                                  seqlen=run.model.seq, precision=parse_precision(run.precision),
                                  layers=run.model.layers)  # fmt: skip
@@ -329,7 +330,8 @@ def print_breakdown(run: Run, saved: dict[str, Any], device: Device) -> None:
         shares = "  ".join(f"{k} {part.get(k, 0.0):.0f} ms ({part.get(k, 0.0) / total:.0%})"
                            for k in BREAKDOWN_PARTS)  # fmt: skip
         at_peak = flops / peak * 1000
-        print(f"      iteration {total:.0f} ms: {shares}; dp total {part['dp']:.0f} ms; compute at "
+        totals = ", ".join(f"{k} {part[f'{k}_total' if k != 'dp' else k]:.0f}" for k in ("tp", "p2p", "dp"))
+        print(f"      iteration {total:.0f} ms: {shares}; hidden included, ms: {totals}; compute at "
               f"{at_peak / part['compute']:.0%} of peak ({at_peak:.0f} ms at peak)")  # fmt: skip
         print("      memory GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in memory.items()))
 

@@ -160,34 +160,50 @@ def cluster_for(
 BREAKDOWN_PARTS = ("compute", "tp", "p2p", "dp_exposed", "optimizer", "idle")
 """The parts of :func:`breakdown` that add up to the iteration."""
 
+# Who an instant of the iteration belongs to when several of a rank's streams run in it.
+_PRIORITY = ("compute", "tp", "p2p", "optimizer", "dp_exposed")
+
 
 def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
-    """Where the simulated rank of ``stage`` spends the iteration, in ms: ``compute`` (its kernels,
-    recomputed forwards included), ``tp`` (tensor-parallel collectives, in the compute's chain),
-    ``p2p`` (pipeline sends), ``dp_exposed`` (data-parallel and ZeRO collectives still running after
-    the rank's other work is done; ``dp`` is all of them), ``optimizer`` (its step, after them), and
-    ``idle`` (the rest: the pipeline bubble, waiting for other stages, and the slowdown of compute
-    overlapped with collectives)."""
-    mine = [t for t in result.tasks if t.stage == stage]
-    steps = [t for t in mine if t.name == OPTIMIZER_STEP]
-    mine = [t for t in mine if t.name != OPTIMIZER_STEP]
-    group: dict[str, float] = {"tp": 0.0, "pp": 0.0, "dp": 0.0}
-    for t in mine:
-        if t.stream != "compute":
-            group[t.args.get("group", "dp")] = group.get(t.args.get("group", "dp"), 0.0) + t.duration_ms
-    # The tail after the rank's other work: its data-parallel collectives and the step between them.
-    others = max((t.end_ms for t in mine if t.args.get("group") != "dp"), default=0.0)
-    reduced = [t for t in mine if t.args.get("group") == "dp"]
-    last = max((t.end_ms for t in (*reduced, *steps)), default=0.0)
-    optimizer = sum(t.duration_ms for t in steps)
-    parts = {
-        "iteration": result.iteration_ms,
-        "compute": sum(t.duration_ms for t in mine if t.stream == "compute"),
-        "tp": group["tp"],
-        "p2p": group["pp"],
-        "dp": group["dp"],
-        "dp_exposed": max(last - others - optimizer, 0.0),
-        "optimizer": optimizer,
-    }
-    parts["idle"] = result.iteration_ms - sum(parts[k] for k in BREAKDOWN_PARTS[:-1])
+    """Where the simulated rank of ``stage`` spends the iteration, in ms, each instant counted once:
+    ``compute`` (its kernels, recomputed forwards included), then what runs while no kernel does:
+    ``tp`` (tensor-parallel collectives), ``p2p`` (pipeline sends), ``optimizer`` (its step),
+    ``dp_exposed`` (data-parallel and ZeRO collectives), in that order where they overlap, and
+    ``idle`` (nothing of the rank's running: the pipeline bubble, waiting for other stages). The
+    parts add up to the iteration. ``tp``, ``p2p`` and ``dp`` are also given whole (``*_total``:
+    ``dp_total`` as ``dp``), hidden time included."""
+    spans: dict[str, list[tuple[float, float]]] = {part: [] for part in _PRIORITY}
+    totals = {"tp": 0.0, "p2p": 0.0, "dp": 0.0}
+    for t in result.tasks:
+        if t.stage != stage:
+            continue
+        if t.name == OPTIMIZER_STEP:
+            part = "optimizer"
+        elif t.stream == "compute":
+            part = "compute"
+        else:
+            group = {"tp": "tp", "pp": "p2p"}.get(t.args.get("group", "dp"), "dp")
+            totals[group] += t.duration_ms
+            part = "dp_exposed" if group == "dp" else group
+        spans[part].append((t.start_ms, t.end_ms))
+    parts = {"iteration": result.iteration_ms, **_exposed(spans), "dp": totals["dp"],
+             "tp_total": totals["tp"], "p2p_total": totals["p2p"]}  # fmt: skip
+    parts["idle"] = max(result.iteration_ms - sum(parts[k] for k in _PRIORITY), 0.0)
     return parts
+
+
+def _exposed(spans: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """The time each part holds when every instant goes to the first of :data:`_PRIORITY` running."""
+    events = sorted((time, rank, +1 if edge == 0 else -1)
+                    for rank, part in enumerate(_PRIORITY) for span in spans[part]
+                    for edge, time in enumerate(span))  # fmt: skip
+    running = [0] * len(_PRIORITY)
+    held = dict.fromkeys(_PRIORITY, 0.0)
+    last = 0.0
+    for time, rank, step in events:
+        owner = next((i for i, n in enumerate(running) if n > 0), None)
+        if owner is not None:
+            held[_PRIORITY[owner]] += time - last
+        running[rank] += step
+        last = time
+    return held
