@@ -166,12 +166,13 @@ _PRIORITY = ("compute", "tp", "p2p", "optimizer", "dp_exposed")
 
 def breakdown(result: SimResult, stage: int = 0) -> dict[str, float]:
     """Where the simulated rank of ``stage`` spends the iteration, in ms, each instant counted once:
-    ``compute`` (its kernels, recomputed forwards included), then what runs while no kernel does:
-    ``tp`` (tensor-parallel collectives), ``p2p`` (pipeline sends), ``optimizer`` (its step),
-    ``dp_exposed`` (data-parallel and ZeRO collectives), in that order where they overlap, and
-    ``idle`` (nothing of the rank's running: the pipeline bubble, waiting for other stages). The
-    parts add up to the iteration. ``tp``, ``p2p`` and ``dp`` are also given whole (``*_total``:
-    ``dp_total`` as ``dp``), hidden time included."""
+    ``compute`` (its kernels, recomputed forwards included, each as long as it ran: slowed beside
+    gradient and parameter collectives, :data:`~fxcost.sim.engine.GAMMA`), then what runs while no
+    kernel does: ``tp`` (tensor-parallel collectives), ``p2p`` (pipeline sends), ``optimizer`` (its
+    step), ``dp_exposed`` (data-parallel and ZeRO collectives), in that order where they overlap,
+    and ``idle`` (nothing of the rank's running: the pipeline bubble, waiting for other stages).
+    The parts add up to the iteration. Each kind of collective's whole time, hidden time included,
+    is also given: ``tp_total``, ``p2p_total`` and ``dp``."""
     spans: dict[str, list[tuple[float, float]]] = {part: [] for part in _PRIORITY}
     totals = {"tp": 0.0, "p2p": 0.0, "dp": 0.0}
     for t in result.tasks:
