@@ -62,6 +62,7 @@ from fxcost.lowering.fusion_layout import CONVOLUTION, layout_transpose_ms
 from fxcost.lowering.fusion_padding import PAD_SPEEDUP, PaddedGemm, compute_bound, padded_gemm
 from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS, launches_of
 from fxcost.lowering.nodes import memory_pass
+from fxcost.lowering.safe_softmax import SAFE_SOFTMAX, lower_safe_softmax
 from fxcost.precision import itemsize
 from fxcost.propagate.eager import Pipeline, checked_host_ms, eager_kernel_ms, replay_ends
 from fxcost.records import NodeCost, Phase
@@ -230,15 +231,32 @@ def fused_kernel_ms(
     # Not faster than its work at the fp32 peak (a roofline bound without the launch floor).
     compute = batch.flops / (roofline.peak_tflops(batch, device) * 1e9)
     times = np.fmax(times, compute)[work.slot]
+    floors = None
     for k, t in zip(work.generated, times.tolist(), strict=True):
         kernel = kernels[k]
         if kernel.kind == "reduction":  # no faster than its reductions' own kernels
-            own = [eager_ms[i] for i in kernel.members if reduces(nodes[i])
+            floors = _reduction_floors(nodes, eager_ms, device, model, origin) if floors is None else floors
+            own = [floors[i] for i in kernel.members if reduces(nodes[i])
                    and not (channels_last and nodes[i].op in CHANNEL_REDUCTIONS)]  # fmt: skip
             t = max([t, *(x for x in own if np.isfinite(x))])
         t += work.splits[k] * MIN_KERNEL_MS  # each split's final reduction: a tiny kernel
         out[k] = t
     return out
+
+
+def _reduction_floors(
+    nodes: Sequence[NodeCost], eager_ms: np.ndarray, device: Device, model: ModelSpec, origin: Device | None
+) -> np.ndarray:
+    """Each node's eager kernel time as a floor for the generated kernel that reduces it; a math-path
+    ``_safe_softmax``'s is its softmax's alone: eager runs the passes zeroing masked rows as kernels
+    of their own, which Inductor fuses into the softmax's."""
+    floors = eager_ms.copy()
+    safe = [i for i, n in enumerate(nodes) if n.op == SAFE_SOFTMAX]
+    if safe:
+        batch = NodeBatch.of([lower_safe_softmax(nodes[i])[0][0] for i in safe], origin)
+        ms, sources = predict_batch(batch, model_chain(model, origin), device)
+        floors[safe] = kernel_times(batch, ms, sources, device)
+    return floors
 
 
 def compiled_timeline(

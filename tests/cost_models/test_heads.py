@@ -114,6 +114,32 @@ def test_memory_bound_ops_are_priced_as_the_elementwise_passes_they_lower_to() -
     assert np.isnan(without)
 
 
+def test_the_math_paths_safe_softmax_is_a_softmax_and_the_passes_zeroing_masked_rows() -> None:
+    """PyTorch runs ``_safe_softmax`` as softmax, ``eq(x, -inf)``, ``all`` over each row, a scalar zero
+    and ``where``: five kernels, each through memory (the recorded H100 steps show them)."""
+    from fxcost.cost_models.heads import LOWERED
+    from fxcost.lowering.safe_softmax import lower_safe_softmax
+
+    x, rows = [8, 12, 512, 512], [8, 12, 512, 1]
+    numel = math.prod(x)
+    safe = NodeCost(name="s", op="aten._safe_softmax.default", phase="fw", in_shapes=[x],
+                    in_dtypes=["float32"], out_shapes=[x], out_dtypes=["float32"], args={"dim": -1},
+                    flops=5 * numel, bytes_read=4 * numel, bytes_written=4 * numel)  # fmt: skip
+    assert head_of(safe) == LOWERED
+    work = lower_safe_softmax(safe)
+    ops = [sub.op.split(".")[1] for sub, _ in work]
+    assert ops == ["_softmax", "eq", "all", "scalar_tensor", "where"] and {c for _, c in work} == {1}
+    (softmax, _), (eq, _), (reduce, _), (_, _), (where, _) = work
+    assert (eq.bytes_read, eq.bytes_written) == (4 * numel, numel)  # fp32 in, bool out
+    assert [list(s) for s in reduce.out_shapes] == [rows]
+    assert (reduce.bytes_read, reduce.bytes_written) == (numel, math.prod(rows))
+    assert (where.bytes_read, where.bytes_written) == (math.prod(rows) + 4 + 4 * numel, 4 * numel)
+    h100 = get_device("H100-SXM")
+    safe_ms, softmax_ms = Heads().predict(NodeBatch.of([safe, softmax]), h100)
+    parts = Heads().predict(NodeBatch.of([sub for sub, _ in work]), h100)
+    assert safe_ms == pytest.approx(parts.sum()) and safe_ms > 1.5 * softmax_ms
+
+
 def test_a_lowered_op_that_launches_nothing_costs_nothing() -> None:
     empty = NodeCost(name="cat", op="aten.cat.default", phase="fw", in_shapes=[(0, 4), (0, 4)],
                      in_dtypes=["float32"] * 2, out_shapes=[(0, 4)], out_dtypes=["float32"], bytes_read=0,

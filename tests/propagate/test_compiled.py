@@ -84,6 +84,23 @@ def test_a_batch_norm_is_not_held_to_its_nchw_kernel_when_channels_last() -> Non
     assert 0 < nhwc < 50.0
 
 
+def test_a_fused_safe_softmax_is_held_to_its_softmax_not_its_eager_passes() -> None:
+    """Eager runs SDPA's math-path softmax as five kernels; Inductor fuses the passes that zero masked
+    rows into the softmax's, so the fused kernel's floor is the softmax alone."""
+    from fxcost.lowering.safe_softmax import lower_safe_softmax
+
+    x = [32, 16, 512, 512]
+    safe = NodeCost("s", "aten._safe_softmax.default", "fw", in_shapes=[x], in_dtypes=["float32"],
+                    out_shapes=[x], out_dtypes=["float32"], args={"dim": -1}, flops=5 * 32 * 16 * 512**2,
+                    bytes_read=4 * 32 * 16 * 512**2, bytes_written=4 * 32 * 16 * 512**2)  # fmt: skip
+    kernel = FusedKernel("reduction", (0,), ((0,),), ((True,),))
+    eager = np.array([50.0])  # the five eager kernels, far slower than one pass
+    fused = fused_kernel_ms([safe], [kernel], eager, DEVICE)[0]
+    softmax = lower_safe_softmax(safe)[0][0]
+    alone = fused_kernel_ms([softmax], [kernel], np.array([0.0]), DEVICE)[0]
+    assert alone < fused < 50.0
+
+
 def test_the_eager_kernel_scale_applies_only_where_l2_explains_it() -> None:
     nodes = [_relu(i) for i in range(2)]
     kernels = [FusedKernel("pointwise", (i,), ((0,),), ((True,),)) for i in range(2)]

@@ -103,9 +103,9 @@ _HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "ate
          "aten.hardsigmoid_backward.default": "ew", "aten.hardtanh_backward.default": "ew",
          "aten.floor_divide.default": "ew",
          # Random fills, one elementwise pass over their output.
-         "aten.rand.default": "ew", "aten.bernoulli.p": "ew",
-         # Softmax that gives zeros for fully masked rows (SDPA's math path): the softmax kernel.
-         "aten._safe_softmax.default": "softmax"}  # fmt: skip
+         "aten.rand.default": "ew", "aten.bernoulli.p": "ew"}  # fmt: skip
+# SDPA's math-path ``_safe_softmax`` is lowered (``fxcost.lowering.safe_softmax``): a softmax and the
+# passes that zero its masked rows.
 
 # The reference roofline whose ratio to the measured time is the learned target: the peak compute rate
 # and the DRAM bandwidth the GPU achieves (calibrated, else its memory controller class's share of the
