@@ -32,7 +32,9 @@ def lower_safe_softmax(node: NodeCost) -> list[tuple[NodeCost, int]]:
     rows = (*x[:dim], 1, *x[dim + 1 :])
     numel = math.prod(x)
     dtype = node.out_dtypes[0]
-    softmax = dataclasses.replace(node, op="aten._softmax.default", name="_softmax")
+    # The softmax alone: none of the node's measurements, which hold all five kernels.
+    softmax = dataclasses.replace(node, op="aten._softmax.default", name="_softmax", origin_ms=None,
+                                  kernels=[], pred_ms={}, pred_source={})  # fmt: skip
     masked = _retyped(synthetic_node("aten.eq.Scalar", [x], [x], flops=numel), [node.in_dtypes[0]], ["bool"])
     reduce = synthetic_node("aten.all.dim", [x], [rows], {"dim": dim, "keepdim": True}, flops=0)
     masked_rows = _retyped(reduce, ["bool"], ["bool"])

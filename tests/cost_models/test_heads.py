@@ -24,7 +24,7 @@ from fxcost.cost_models.heads import (
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
 from fxcost.lowering.nodes import conv_node, gemm_node
-from fxcost.records import NodeCost
+from fxcost.records import KernelRecord, NodeCost
 
 WEIGHTS = Path(fxcost.__file__).parent / "cost_models" / "weights"
 
@@ -134,6 +134,8 @@ def test_the_math_paths_safe_softmax_is_a_softmax_and_the_passes_zeroing_masked_
     assert [list(s) for s in reduce.out_shapes] == [rows]
     assert (reduce.bytes_read, reduce.bytes_written) == (numel, math.prod(rows))
     assert (where.bytes_read, where.bytes_written) == (math.prod(rows) + 4 + 4 * numel, 4 * numel)
+    measured = dataclasses.replace(safe, origin_ms=2.0, kernels=[KernelRecord("eq", 0.4)])
+    assert (lambda sub: (sub.origin_ms, sub.kernels))(lower_safe_softmax(measured)[0][0]) == (None, [])
     h100 = get_device("H100-SXM")
     safe_ms, softmax_ms = Heads().predict(NodeBatch.of([safe, softmax]), h100)
     parts = Heads().predict(NodeBatch.of([sub for sub, _ in work]), h100)
