@@ -62,7 +62,7 @@ from fxcost.lowering.fusion_layout import CONVOLUTION, layout_transpose_ms
 from fxcost.lowering.fusion_padding import PAD_SPEEDUP, PaddedGemm, compute_bound, padded_gemm
 from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS, launches_of
 from fxcost.lowering.nodes import memory_pass
-from fxcost.lowering.safe_softmax import SAFE_SOFTMAX, lower_safe_softmax
+from fxcost.lowering.softmax import reduction_part
 from fxcost.precision import itemsize
 from fxcost.propagate.eager import Pipeline, checked_host_ms, eager_kernel_ms, replay_ends
 from fxcost.records import NodeCost, Phase
@@ -247,15 +247,16 @@ def fused_kernel_ms(
 def _reduction_floors(
     nodes: Sequence[NodeCost], eager_ms: np.ndarray, device: Device, model: ModelSpec, origin: Device | None
 ) -> np.ndarray:
-    """Each node's eager kernel time as a floor for the generated kernel that reduces it; a math-path
-    ``_safe_softmax``'s is its softmax's alone: eager runs the passes zeroing masked rows as kernels
-    of their own, which Inductor fuses into the softmax's."""
+    """Each node's eager kernel time as a floor for the generated kernel that reduces it; a lowered
+    softmax op's (SDPA's math-path ``_safe_softmax``, the softmax backward) is its softmax kernel's
+    alone: eager runs the masking passes or the gradient's product as kernels of their own, which
+    Inductor fuses into the softmax's."""
     floors = eager_ms.copy()
-    safe = [i for i, n in enumerate(nodes) if n.op == SAFE_SOFTMAX]
-    if safe:
-        batch = NodeBatch.of([lower_safe_softmax(nodes[i])[0][0] for i in safe], origin)
+    parts = {i: part for i, n in enumerate(nodes) if (part := reduction_part(n)) is not None}
+    if parts:
+        batch = NodeBatch.of(list(parts.values()), origin)
         ms, sources = predict_batch(batch, model_chain(model, origin), device)
-        floors[safe] = kernel_times(batch, ms, sources, device)
+        floors[list(parts)] = kernel_times(batch, ms, sources, device)
     return floors
 
 

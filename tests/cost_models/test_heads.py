@@ -118,7 +118,7 @@ def test_the_math_paths_safe_softmax_is_a_softmax_and_the_passes_zeroing_masked_
     """PyTorch runs ``_safe_softmax`` as softmax, ``eq(x, -inf)``, ``all`` over each row, a scalar zero
     and ``where``: five kernels, each through memory (the recorded H100 steps show them)."""
     from fxcost.cost_models.heads import LOWERED
-    from fxcost.lowering.safe_softmax import lower_safe_softmax
+    from fxcost.lowering.softmax import lower_safe_softmax
 
     x, rows = [8, 12, 512, 512], [8, 12, 512, 1]
     numel = math.prod(x)
@@ -140,6 +140,33 @@ def test_the_math_paths_safe_softmax_is_a_softmax_and_the_passes_zeroing_masked_
     safe_ms, softmax_ms = Heads().predict(NodeBatch.of([safe, softmax]), h100)
     parts = Heads().predict(NodeBatch.of([sub for sub, _ in work]), h100)
     assert safe_ms == pytest.approx(parts.sum()) and safe_ms > 1.5 * softmax_ms
+
+
+def test_the_softmax_backward_multiplies_the_gradient_by_the_output_in_a_kernel_of_its_own() -> None:
+    """ATen's CUDA softmax backward runs ``tmp = grad * output``, then the backward kernel on ``tmp``."""
+    from fxcost.cost_models.heads import LOWERED
+    from fxcost.lowering.softmax import PREMULTIPLIED, lower_softmax_backward
+
+    x = [8, 12, 512, 512]
+    numel = math.prod(x)
+    backward = NodeCost(name="b", op="aten._softmax_backward_data.default", phase="bw", in_shapes=[x, x],
+                        in_dtypes=["float32"] * 2, out_shapes=[x], out_dtypes=["float32"],
+                        args={"dim": -1}, flops=4 * numel, bytes_read=8 * numel, bytes_written=4 * numel,
+                        origin_ms=1.0)  # fmt: skip
+    assert head_of(backward) == LOWERED
+    (product, _), (kernel, _) = lower_softmax_backward(backward)
+    assert product.op == "aten.mul.Tensor" and (product.bytes_read, product.bytes_written) == (
+        8 * numel,
+        4 * numel,
+    )
+    assert kernel.args[PREMULTIPLIED] and kernel.origin_ms is None and head_of(kernel) == "softmax"
+    assert lower_softmax_backward(kernel) == []  # the kernel's own node is not lowered again
+    t4 = get_device("T4")
+    whole, parts = (
+        Heads().predict(NodeBatch.of([backward]), t4),
+        Heads().predict(NodeBatch.of([product, kernel]), t4),
+    )
+    assert whole[0] == pytest.approx(parts.sum())
 
 
 def test_a_lowered_op_that_launches_nothing_costs_nothing() -> None:
