@@ -62,7 +62,7 @@ from fxcost.lowering.fusion_layout import CONVOLUTION, layout_transpose_ms
 from fxcost.lowering.fusion_padding import PAD_SPEEDUP, PaddedGemm, compute_bound, padded_gemm
 from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS, launches_of
 from fxcost.lowering.nodes import memory_pass
-from fxcost.lowering.softmax import reduction_part
+from fxcost.lowering.row_ops import reduction_part
 from fxcost.precision import itemsize
 from fxcost.propagate.eager import Pipeline, checked_host_ms, eager_kernel_ms, replay_ends
 from fxcost.records import NodeCost, Phase

@@ -12,6 +12,7 @@ import torch
 
 import fxcost
 from fxcost.cost_models import NodeBatch
+from fxcost.cost_models.eager import MIN_KERNEL_MS, hidden_overhead_ms
 from fxcost.cost_models.heads import (
     HEADS,
     TILED_HEADS,
@@ -22,7 +23,7 @@ from fxcost.cost_models.heads import (
     shipped_manifest,
 )
 from fxcost.data.datasets import kernel_alike_node
-from fxcost.gpus import HELD_OUT_DEVICES, get_device
+from fxcost.gpus import HELD_OUT_DEVICES, Device, get_device
 from fxcost.lowering.nodes import conv_node, gemm_node
 from fxcost.records import KernelRecord, NodeCost
 
@@ -118,7 +119,7 @@ def test_the_math_paths_safe_softmax_is_a_softmax_and_the_passes_zeroing_masked_
     """PyTorch runs ``_safe_softmax`` as softmax, ``eq(x, -inf)``, ``all`` over each row, a scalar zero
     and ``where``: five kernels, each through memory (the recorded H100 steps show them)."""
     from fxcost.cost_models.heads import LOWERED
-    from fxcost.lowering.softmax import lower_safe_softmax
+    from fxcost.lowering.row_ops import lower_safe_softmax
 
     x, rows = [8, 12, 512, 512], [8, 12, 512, 1]
     numel = math.prod(x)
@@ -139,13 +140,13 @@ def test_the_math_paths_safe_softmax_is_a_softmax_and_the_passes_zeroing_masked_
     h100 = get_device("H100-SXM")
     safe_ms, softmax_ms = Heads().predict(NodeBatch.of([safe, softmax]), h100)
     parts = Heads().predict(NodeBatch.of([sub for sub, _ in work]), h100)
-    assert safe_ms == pytest.approx(parts.sum()) and safe_ms > 1.5 * softmax_ms
+    assert safe_ms == pytest.approx(_one_op(parts, h100)) and safe_ms > 1.5 * softmax_ms
 
 
 def test_the_softmax_backward_multiplies_the_gradient_by_the_output_in_a_kernel_of_its_own() -> None:
     """ATen's CUDA softmax backward runs ``tmp = grad * output``, then the backward kernel on ``tmp``."""
     from fxcost.cost_models.heads import LOWERED
-    from fxcost.lowering.softmax import PREMULTIPLIED, lower_softmax_backward
+    from fxcost.lowering.row_ops import PREMULTIPLIED, lower_softmax_backward
 
     x = [8, 12, 512, 512]
     numel = math.prod(x)
@@ -162,11 +163,40 @@ def test_the_softmax_backward_multiplies_the_gradient_by_the_output_in_a_kernel_
     assert kernel.args[PREMULTIPLIED] and kernel.origin_ms is None and head_of(kernel) == "softmax"
     assert lower_softmax_backward(kernel) == []  # the kernel's own node is not lowered again
     t4 = get_device("T4")
-    whole, parts = (
-        Heads().predict(NodeBatch.of([backward]), t4),
-        Heads().predict(NodeBatch.of([product, kernel]), t4),
-    )
-    assert whole[0] == pytest.approx(parts.sum())
+    (whole,) = Heads().predict(NodeBatch.of([backward]), t4)
+    assert whole == pytest.approx(_one_op(Heads().predict(NodeBatch.of([product, kernel]), t4), t4))
+
+
+def test_the_layer_norm_backward_reduces_the_parameters_gradients_in_a_kernel_of_its_own() -> None:
+    """``layer_norm_kernel.cu``: the input's gradient, then ``GammaBetaBackwardCUDAKernel`` reading the
+    output gradient, the input and the statistics again."""
+    from fxcost.cost_models.heads import LOWERED
+    from fxcost.lowering.row_ops import lower_layer_norm_backward
+
+    x, stats, w = (32, 512, 1024), (32, 512, 1), (1024,)
+    backward = NodeCost(name="b", op="aten.native_layer_norm_backward.default", phase="bw",
+                        in_shapes=[x, x, stats, stats, w, w], in_dtypes=["float32"] * 6,
+                        out_shapes=[x, w, w], out_dtypes=["float32"] * 3,
+                        args={"normalized_shape": [1024], "output_mask": [True, True, True]},
+                        flops=8 * math.prod(x), bytes_written=4 * (math.prod(x) + 2048),
+                        bytes_read=4 * (2 * math.prod(x) + 2 * math.prod(stats) + 2048))  # fmt: skip
+    assert head_of(backward) == LOWERED
+    (grad_input, _), (reduce, _) = lower_layer_norm_backward(backward)
+    assert head_of(grad_input) == "ln" and grad_input.out_shapes == [x]
+    assert grad_input.bytes_written == 4 * math.prod(x)
+    assert reduce.bytes == 4 * (2 * math.prod(x) + 2 * math.prod(stats) + 2 * 1024)
+    only_input = dataclasses.replace(backward, args={**backward.args, "output_mask": [True, False, False]})
+    assert head_of(only_input) == "ln" and lower_layer_norm_backward(only_input) == []
+    h100 = get_device("H100-SXM")
+    (whole,) = Heads().predict(NodeBatch.of([backward]), h100)
+    assert whole == pytest.approx(_one_op(Heads().predict(NodeBatch.of([grad_input, reduce]), h100), h100))
+
+
+def _one_op(parts: np.ndarray, device: Device) -> float:
+    """An op's time from its kernels' times each timed alone: their kernels back to back and the
+    per-op overhead once."""
+    hidden = hidden_overhead_ms(device)
+    return float(np.maximum(parts - hidden, MIN_KERNEL_MS).sum() + hidden)
 
 
 def test_a_lowered_op_that_launches_nothing_costs_nothing() -> None:

@@ -87,7 +87,7 @@ def test_a_batch_norm_is_not_held_to_its_nchw_kernel_when_channels_last() -> Non
 def test_a_fused_safe_softmax_is_held_to_its_softmax_not_its_eager_passes() -> None:
     """Eager runs SDPA's math-path softmax as five kernels; Inductor fuses the passes that zero masked
     rows into the softmax's, so the fused kernel's floor is the softmax alone."""
-    from fxcost.lowering.softmax import lower_safe_softmax
+    from fxcost.lowering.row_ops import lower_safe_softmax
 
     x = [32, 16, 512, 512]
     safe = NodeCost("s", "aten._safe_softmax.default", "fw", in_shapes=[x], in_dtypes=["float32"],

@@ -32,7 +32,7 @@ from fxcost.gpus import Device
 from fxcost.lowering import MEMORY_BOUND, is_pointwise, recorded_bytes
 from fxcost.lowering.composite import COMPOSITE_OPS
 from fxcost.lowering.nodes import conv_dims, gemm_dims
-from fxcost.lowering.softmax import PREMULTIPLIED, SOFTMAX_BACKWARD
+from fxcost.lowering.row_ops import lowers
 from fxcost.precision import HALF_DTYPES
 from fxcost.records import NodeCost
 
@@ -105,7 +105,7 @@ _HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "ate
          "aten.floor_divide.default": "ew",
          # Random fills, one elementwise pass over their output.
          "aten.rand.default": "ew", "aten.bernoulli.p": "ew"}  # fmt: skip
-# SDPA's math-path ``_safe_softmax`` is lowered (``fxcost.lowering.softmax``): a softmax and the
+# SDPA's math-path ``_safe_softmax`` is lowered (``fxcost.lowering.row_ops``): a softmax and the
 # passes that zero its masked rows.
 
 # The reference roofline whose ratio to the measured time is the learned target: the peak compute rate
@@ -126,8 +126,8 @@ def head_of(node: NodeCost) -> str | None:
     """The head that predicts ``node``, :data:`LOWERED` for work the heads predict, None if none does."""
     if not node.has_kernel:
         return None
-    if node.op == SOFTMAX_BACKWARD and not node.args.get(PREMULTIPLIED):
-        return LOWERED  # a product, then the backward kernel (``fxcost.lowering.softmax``)
+    if lowers(node):
+        return LOWERED  # a row op run as more than its row kernel (``fxcost.lowering.row_ops``)
     head = _HEAD_OF_OP.get(node.op)
     if head is not None:
         return head

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,21 +32,20 @@ from fxcost.cost_models.heads.features import (
     head_of,
     node_features,
 )
+from fxcost.cost_models.heads.lowered import Lowered, lowered_ms, lowered_work
 from fxcost.cost_models.heads.sustained import GemmFit, load_gemm_fit, shipped_gemm_fit
 from fxcost.cost_models.heads.tensor_core import TiledGemms
 from fxcost.cost_models.heads.tensor_work import TensorWork, tensor_work
 from fxcost.cost_models.heads.weights import load_trained, shipped_heads
 from fxcost.cost_models.interface import NodeBatch, register
-from fxcost.cost_models.latency import latency_floor_ms
 from fxcost.cost_models.mlp import MLP
 from fxcost.gpus import Device
 from fxcost.gpus.order import stronger_than, weaker_than
-from fxcost.lowering import KernelSpec, lower
+from fxcost.lowering import KernelSpec
 from fxcost.lowering.attention import ATTENTION_OPS, attention_call
 from fxcost.lowering.attention_kernels import FusedAttention, attention_work
-from fxcost.lowering.composite import COMPOSITE_OPS, lower_composite
-from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward, memory_pass
-from fxcost.precision import is_float
+from fxcost.lowering.composite import ROW_OPS
+from fxcost.lowering.nodes import conv_gradients, forward_conv, is_conv_backward
 from fxcost.records import NodeCost
 
 __all__ = ["TILED_HEADS", "Heads", "HeadsRatio", "default_heads"]
@@ -170,11 +168,8 @@ class Heads:
                 along = self.axis_tables.ms(head, self.heads[head], group, device)
                 out[group.index] = along * group.repeats
         if lowered is not None:  # a node's time is its work's; NaN if a head its work needs is missing
-            total = np.zeros(len(batch))
-            if len(lowered.work):
-                work_ms = _latency_floored(self.predict(lowered.work, device), lowered, device)
-                np.add.at(total, lowered.owner, work_ms * lowered.counts)
-            out[lowered.nodes] = total[lowered.nodes]
+            work_ms = self.predict(lowered.work, device) if len(lowered.work) else np.zeros(0)
+            out[lowered.nodes] = lowered_ms(work_ms, lowered, len(batch), device)[lowered.nodes]
         attention = batch.derived(
             "heads.attention",
             lambda: [i for i, n in enumerate(batch.nodes) if n.has_kernel and n.op in ATTENTION_OPS],
@@ -259,7 +254,7 @@ def _broadcasts(node: NodeCost) -> bool:
     return any(math.prod(s) != numel for s in node.in_shapes)
 
 
-def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
+def _groups(batch: NodeBatch) -> tuple[dict[str, Group], Lowered | None]:
     """Nodes by head with their device-independent features, and the work of the lowered nodes (for
     every head, so the result does not depend on which heads a model holds)."""
     members: dict[str, list[tuple[int, NodeCost, float, list[float]]]] = {}
@@ -268,7 +263,7 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
     for i, node in enumerate(batch.nodes):
         head = head_of(node) if node.has_kernel else None
         if head == LOWERED:
-            runs = _work(node)
+            runs = lowered_work(node)
             if runs is not None:  # an empty list: it launches nothing, and costs nothing
                 lowered_nodes.append(i)
                 work.extend((i, *run) for run in runs)
@@ -295,58 +290,15 @@ def _groups(batch: NodeBatch) -> tuple[dict[str, Group], _Lowered | None]:
     }
     lowered = None
     if lowered_nodes:
-        lowered = _Lowered(
+        lowered = Lowered(
             nodes=np.array(lowered_nodes),
             owner=np.array([i for i, *_ in work], dtype=int),
             work=NodeBatch.of([sub for _, sub, *_ in work]),
             counts=np.array([count for _, _, count, _ in work], dtype=float),
             latency=[(j, spec) for j, (*_, spec) in enumerate(work) if spec is not None and spec.round_trips],
+            row_op=np.array([batch.nodes[i].op in ROW_OPS for i, *_ in work], dtype=bool),
         )
     return groups, lowered
-
-
-@dataclass(frozen=True)
-class _Lowered:
-    """The lowered nodes of a batch (positions), their work as one batch, and the work item's owner
-    and repetitions: the owner's time is the sum of its work's times their counts. ``latency``: the
-    work items (positions in ``work``) that are kernels bound by memory latency, with their spec."""
-
-    nodes: np.ndarray
-    owner: np.ndarray
-    work: NodeBatch
-    counts: np.ndarray
-    latency: list[tuple[int, KernelSpec]]
-
-
-def _latency_floored(ms: np.ndarray, lowered: _Lowered, device: Device) -> np.ndarray:
-    """``ms`` (the heads' times of ``lowered.work`` as memory passes on ``device``), each kernel bound by
-    memory latency never below its latency floor (:func:`~fxcost.cost_models.latency.latency_floor_ms`:
-    its latency-bound time plus the per-op overhead every head's time carries)."""
-    if not lowered.latency:
-        return ms
-    floored = ms.copy()
-    for j, spec in lowered.latency:
-        floor = latency_floor_ms(spec, device)
-        if math.isfinite(floor) and math.isfinite(floored[j]):
-            floored[j] = max(floored[j], floor)
-    return floored
-
-
-def _work(node: NodeCost) -> list[tuple[NodeCost, int, KernelSpec | None]] | None:
-    """What a lowered node runs, as (node a head predicts, repetitions, the kernel it stands for where
-    lowered from one): empty if it launches nothing, None where it cannot tell."""
-    if node.op in ATTENTION_OPS:  # priced per GPU: its kernel depends on the target (Heads._attention_ms)
-        return None
-    if node.op in COMPOSITE_OPS:
-        try:
-            return [(sub, count, None) for sub, count in lower_composite(node)] or None
-        except (IndexError, KeyError, TypeError, ValueError):  # a node without the arguments we read
-            return None
-    dtype = next((d for d in (*node.out_dtypes, *node.in_dtypes) if is_float(d)), "float32")
-    kernels = lower(node)
-    if kernels is None or not all(math.isfinite(k.bytes) for k in kernels):
-        return None
-    return [(memory_pass(k.bytes, dtype), 1, k) for k in kernels]
 
 
 class HeadsRatio:

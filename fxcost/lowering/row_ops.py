@@ -1,4 +1,10 @@
-"""Softmax ops that PyTorch runs as more than the softmax kernel, as the kernels it runs.
+"""Row ops (softmax, layer norm) that PyTorch runs as more than their row kernel, as the kernels it runs.
+
+``native_layer_norm_backward`` (``layer_norm_kernel.cu``): the input's gradient in one kernel, the
+weight's and bias's in another (``GammaBetaBackwardCUDAKernel``), which reads the output gradient,
+the input and the saved statistics again and reduces them over the rows. Lowered to the first as a
+node of its own (``output_mask`` only the input's, which the layer-norm head prices) and the second
+as a memory pass moving its bytes. The recorded H100 steps show both kernels, about as long each.
 
 ``_softmax_backward_data``: ATen's CUDA softmax backward (``SoftMax.cu``) first multiplies the
 incoming gradient by the softmax's output in a kernel of its own (``tmp = grad * output``), then runs
@@ -21,23 +27,62 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fxcost.lowering.nodes import synthetic_node
+from fxcost.lowering.nodes import memory_pass, synthetic_node
 from fxcost.lowering.traffic import recorded_bytes
 from fxcost.records import NodeCost
 
 __all__ = [
+    "LAYER_NORM_BACKWARD",
     "PREMULTIPLIED",
     "SAFE_SOFTMAX",
     "SOFTMAX_BACKWARD",
+    "lower_layer_norm_backward",
     "lower_safe_softmax",
     "lower_softmax_backward",
+    "lowers",
     "reduction_part",
 ]
 
 SAFE_SOFTMAX = "aten._safe_softmax.default"
+LAYER_NORM_BACKWARD = "aten.native_layer_norm_backward.default"
 SOFTMAX_BACKWARD = "aten._softmax_backward_data.default"
 PREMULTIPLIED = "premultiplied"
 """The argument marking a softmax backward's kernel node, its gradient already times the output."""
+
+
+def lowers(node: NodeCost) -> bool:
+    """Whether ``node`` is a row op this module lowers (not one of the row kernels' own nodes it makes)."""
+    if node.op == SOFTMAX_BACKWARD:
+        return not node.args.get(PREMULTIPLIED)
+    if node.op == LAYER_NORM_BACKWARD:
+        return any(_mask(node)[1:])
+    return node.op == SAFE_SOFTMAX
+
+
+def lower_layer_norm_backward(node: NodeCost) -> list[tuple[NodeCost, int]]:
+    """The (sub-node, repetitions) a ``native_layer_norm_backward`` node runs: the input's gradient
+    (where asked for), then the weight's and bias's; empty for other ops and for a node asking for
+    the input's gradient alone (one kernel: the node as it is)."""
+    if node.op != LAYER_NORM_BACKWARD or len(node.in_shapes) < 5 or not lowers(node):
+        return []
+    mask = _mask(node)
+    dtype = node.in_dtypes[0]
+    work: list[tuple[NodeCost, int]] = []
+    if mask[0]:
+        shapes, dtypes = node.out_shapes[:1], node.out_dtypes[:1]
+        grad_input = dataclasses.replace(node, args={**node.args, "output_mask": [True, False, False]},
+                                         out_shapes=shapes, out_dtypes=dtypes,
+                                         bytes_written=recorded_bytes(shapes, dtypes))  # fmt: skip
+        work.append((_unmeasured(grad_input), 1))
+    # Reads the output gradient, the input and the statistics; writes a gradient per parameter asked.
+    read = recorded_bytes(node.in_shapes[:4], node.in_dtypes[:4])
+    written = sum(recorded_bytes([node.in_shapes[4]], [dtype]) for asked in mask[1:] if asked)
+    work.append((memory_pass(read + written, dtype), 1))
+    return work
+
+
+def _mask(node: NodeCost) -> list[bool]:
+    return [bool(m) for m in (node.args.get("output_mask") or [True, True, True])]
 
 
 def lower_softmax_backward(node: NodeCost) -> list[tuple[NodeCost, int]]:
@@ -72,12 +117,14 @@ def lower_safe_softmax(node: NodeCost) -> list[tuple[NodeCost, int]]:
 
 
 def reduction_part(node: NodeCost) -> NodeCost | None:
-    """The softmax kernel's own node of a lowered softmax op (None for other ops): what Inductor's
-    fused kernel, which folds the product or the masking passes into it, does no less than."""
-    work = lower_safe_softmax(node) or lower_softmax_backward(node)
-    if not work:
-        return None
-    return work[0][0] if node.op == SAFE_SOFTMAX else work[1][0]
+    """The row kernel's own node of a lowered softmax op (None for other ops): what Inductor's fused
+    kernel, which folds the product or the masking passes into it, does no less than. (A layer norm's
+    backward has none: Inductor reduces its two gradients in kernels of its own.)"""
+    if node.op == SAFE_SOFTMAX:
+        work = lower_safe_softmax(node)
+        return work[0][0] if work else None
+    work = lower_softmax_backward(node)
+    return work[1][0] if work else None
 
 
 def _unmeasured(node: NodeCost) -> NodeCost:
