@@ -212,9 +212,11 @@ def _softmax(node: NodeCost) -> list[KernelSpec]:
         block = max(1 << max(limit - 1, 0).bit_length(), 32)
         name = "cunn_SoftMaxBackward" if backward else "cunn_SoftMaxForward"
         # Forward: max pass, sum pass, then the write pass: the row is read twice more. Backward:
-        # a reduction over grad * output, then the write pass reads both again.
+        # a sum over the incoming gradient (log-softmax's, or softmax's already times the output:
+        # ATen multiplies it first, ``fxcost.lowering.row_ops``), then the write pass reads it again
+        # beside the output.
         row_bytes = size * item * (2 if backward else 1)
-        reread = outer * row_bytes * (1 if backward else 2)
+        reread = outer * size * item * (1 if backward else 2)
         spec = KernelSpec(name, Launch((outer, 1, 1), (block, 1, 1)), _f(node.flops), _f(node.bytes),
                           reread_bytes=reread, block_bytes=row_bytes)  # fmt: skip
         return [spec]

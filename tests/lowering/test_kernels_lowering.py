@@ -122,3 +122,21 @@ def test_batch_norm_backward_writes_the_input_gradient_only_when_asked() -> None
     weights_only = both.replace(out_shapes=[c, c], out_dtypes=["float32"] * 2,
                                 args={**both.args, "output_mask": [False, True, True]})  # fmt: skip
     assert [k.bytes for k in lower(weights_only)] == [2 * (8192 + 8192)]
+
+
+def test_a_long_rows_softmax_rereads_its_input_twice_forward_and_its_gradient_once_backward() -> None:
+    """``cunn_SoftMaxForward``: a max pass, a sum pass and a write pass over each row. The backward
+    (``cunn_SoftMaxBackward``): a sum over the incoming gradient, then the write pass reading it again
+    beside the output."""
+    rows, row = 64, 50_257  # a language model's loss: a log-softmax over the vocabulary
+    x = (rows, row)
+
+    def node(op: str, inputs: int) -> NodeCost:
+        return NodeCost("s", op, "fw", in_shapes=[x] * inputs, in_dtypes=["float32"] * inputs,
+                        out_shapes=[x], out_dtypes=["float32"], args={"dim": -1})  # fmt: skip
+
+    (forward,) = lower(node("aten._log_softmax.default", 1))
+    (backward,) = lower(node("aten._log_softmax_backward_data.default", 2))
+    assert forward.name == "cunn_SoftMaxForward" and backward.name == "cunn_SoftMaxBackward"
+    assert forward.reread_bytes == 2 * 4 * rows * row
+    assert backward.reread_bytes == 4 * rows * row and backward.block_bytes == 2 * 4 * row
