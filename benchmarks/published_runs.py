@@ -330,7 +330,7 @@ def print_breakdown(run: Run, saved: dict[str, Any], device: Device) -> None:
         shares = "  ".join(f"{k} {part.get(k, 0.0):.0f} ms ({part.get(k, 0.0) / total:.0%})"
                            for k in BREAKDOWN_PARTS)  # fmt: skip
         at_peak = flops / peak * 1000
-        totals = ", ".join(f"{k} {part[f'{k}_total' if k != 'dp' else k]:.0f}" for k in ("tp", "p2p", "dp"))
+        totals = f"tp {part['tp_total']:.0f}, p2p {part['p2p_total']:.0f}, dp {part['dp']:.0f}"
         print(f"      iteration {total:.0f} ms: {shares}; hidden included, ms: {totals}; compute at "
               f"{at_peak / part['compute']:.0%} of peak ({at_peak:.0f} ms at peak)")  # fmt: skip
         print("      memory GiB: " + ", ".join(f"{k} {v:.1f}" for k, v in memory.items()))

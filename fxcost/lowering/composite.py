@@ -16,7 +16,7 @@ from fxcost.lowering.row_ops import (
     SAFE_SOFTMAX,
     SOFTMAX_BACKWARD,
     lower_layer_norm_backward,
-    lower_safe_softmax,  # fmt: skip
+    lower_safe_softmax,
     lower_softmax_backward,
 )
 from fxcost.records import NodeCost

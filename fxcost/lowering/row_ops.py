@@ -76,7 +76,7 @@ def lower_layer_norm_backward(node: NodeCost) -> list[tuple[NodeCost, int]]:
         work.append((_unmeasured(grad_input), 1))
     # Reads the output gradient, the input and the statistics; writes a gradient per parameter asked.
     read = recorded_bytes(node.in_shapes[:4], node.in_dtypes[:4])
-    written = sum(recorded_bytes([node.in_shapes[4]], [dtype]) for asked in mask[1:] if asked)
+    written = recorded_bytes([node.in_shapes[4]], [dtype]) * sum(mask[1:])
     work.append((memory_pass(read + written, dtype), 1))
     return work
 

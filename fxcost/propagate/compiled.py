@@ -158,6 +158,7 @@ class KernelWork:
     slot: np.ndarray  # each generated kernel's stand-in in ``distinct``
     padded: list[tuple[int, PaddedGemm]]  # (extern kernel, its padded GEMM)
     splits: np.ndarray  # each kernel's split reductions (FusedKernel.splits), each a final kernel more
+    row_kernels: dict[int, NodeCost]  # node -> its row kernel's own node, for ops eager runs in more
 
     @property
     def launches(self) -> np.ndarray:
@@ -190,7 +191,9 @@ def kernel_work(nodes: Sequence[NodeCost], kernels: Sequence[FusedKernel]) -> Ke
     slot = np.array([index.setdefault(_pass_key(node), len(index)) for node in passes], dtype=np.intp)
     firsts = {j: i for i, j in reversed(list(enumerate(slot.tolist())))}
     splits = np.array([len(k.splits(nodes)) for k in kernels], dtype=np.intp)
-    return KernelWork(generated, [passes[firsts[j]] for j in range(len(index))], slot, padded, splits)
+    row_kernels = {i: part for i, n in enumerate(nodes) if (part := reduction_part(n)) is not None}
+    return KernelWork(generated, [passes[firsts[j]] for j in range(len(index))], slot, padded, splits,
+                      row_kernels)  # fmt: skip
 
 
 def fused_kernel_ms(
@@ -235,7 +238,7 @@ def fused_kernel_ms(
     for k, t in zip(work.generated, times.tolist(), strict=True):
         kernel = kernels[k]
         if kernel.kind == "reduction":  # no faster than its reductions' own kernels
-            floors = _reduction_floors(nodes, eager_ms, device, model, origin) if floors is None else floors
+            floors = _reduction_floors(work, eager_ms, device, model, origin) if floors is None else floors
             own = [floors[i] for i in kernel.members if reduces(nodes[i])
                    and not (channels_last and nodes[i].op in CHANNEL_REDUCTIONS)]  # fmt: skip
             t = max([t, *(x for x in own if np.isfinite(x))])
@@ -245,18 +248,17 @@ def fused_kernel_ms(
 
 
 def _reduction_floors(
-    nodes: Sequence[NodeCost], eager_ms: np.ndarray, device: Device, model: ModelSpec, origin: Device | None
+    work: KernelWork, eager_ms: np.ndarray, device: Device, model: ModelSpec, origin: Device | None
 ) -> np.ndarray:
     """Each node's eager kernel time as a floor for the generated kernel that reduces it; a lowered
     softmax op's (SDPA's math-path ``_safe_softmax``, the softmax backward) is its softmax kernel's
-    alone: eager runs the masking passes or the gradient's product as kernels of their own, which
-    Inductor fuses into the softmax's."""
+    alone (``work.row_kernels``): eager runs the masking passes or the gradient's product as kernels
+    of their own, which Inductor fuses into the softmax's."""
     floors = eager_ms.copy()
-    parts = {i: part for i, n in enumerate(nodes) if (part := reduction_part(n)) is not None}
-    if parts:
-        batch = NodeBatch.of(list(parts.values()), origin)
+    if work.row_kernels:
+        batch = NodeBatch.of(list(work.row_kernels.values()), origin)
         ms, sources = predict_batch(batch, model_chain(model, origin), device)
-        floors[list(parts)] = kernel_times(batch, ms, sources, device)
+        floors[list(work.row_kernels)] = kernel_times(batch, ms, sources, device)
     return floors
 
 

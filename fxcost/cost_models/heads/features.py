@@ -105,8 +105,8 @@ _HEAD_OF_OP = {"aten.mm.default": "linear", "aten.addmm.default": "linear", "ate
          "aten.floor_divide.default": "ew",
          # Random fills, one elementwise pass over their output.
          "aten.rand.default": "ew", "aten.bernoulli.p": "ew"}  # fmt: skip
-# SDPA's math-path ``_safe_softmax`` is lowered (``fxcost.lowering.row_ops``): a softmax and the
-# passes that zero its masked rows.
+# Row ops PyTorch runs as more than their row kernel (SDPA's math-path softmax, the softmax and layer
+# norm backward) are lowered before this table is read (``head_of``, ``fxcost.lowering.row_ops``).
 
 # The reference roofline whose ratio to the measured time is the learned target: the peak compute rate
 # and the DRAM bandwidth the GPU achieves (calibrated, else its memory controller class's share of the

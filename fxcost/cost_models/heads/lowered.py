@@ -74,8 +74,6 @@ def lowered_ms(work_ms: np.ndarray, lowered: Lowered, count: int, device: Device
     time carries counts once (the other lowered ops keep one per item: moving them too put the
     recorded H100 steps' GPU time further off, their small passes being priced fast)."""
     total = np.zeros(count)
-    if not len(lowered.work):
-        return total
     work_ms = _latency_floored(work_ms, lowered, device)
     hidden = hidden_overhead_ms(device)
     kernels_ms = np.where(lowered.row_op, np.maximum(work_ms - hidden, MIN_KERNEL_MS), work_ms)
