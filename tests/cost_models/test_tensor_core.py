@@ -190,6 +190,33 @@ def test_convolutions_run_as_implicit_gemms_with_layout_transposes() -> None:
     assert ms[0] < ms[1]
 
 
+def test_a_1x1_convolution_runs_per_image_or_transposed_whichever_is_faster() -> None:
+    """ResNet-50's last stage (7x7 maps: 49 pixels, one-element loads per image) ran on the H100 as the
+    implicit GEMM on transposed tensors; its 14x14 maps (196 pixels) per image. The price is the
+    faster candidate for each gradient."""
+    h100 = get_device("H100-SXM")
+    cores = default_heads().tiled
+    for size, transposed in ((7, True), (56, False)):
+        node = _typed(conv_node(256, 512, 2048, 1, size, 1, 0), "bfloat16")
+        work = tensor_work(node)
+        assert work is not None and work.passes == ()  # the per-image GEMMs, no transposes
+        assert [len(a.passes) for a in work.alternatives] == [3]  # x and w in, y out
+        own, alternative = cores.kernel_ms(
+            [dataclasses.replace(work, alternatives=()), *work.alternatives], h100
+        )
+        assert cores.kernel_ms([work], h100)[0] == min(own, alternative)
+        assert (alternative < own) == transposed
+    backward = dataclasses.replace(
+        _typed(conv_node(64, 1024, 256, 1, 14, 1, 0), "bfloat16"), op="aten.convolution_backward.default",
+        in_shapes=[(64, 256, 14, 14), (64, 1024, 14, 14), (256, 1024, 1, 1)],
+        args={"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "transposed": False, "groups": 1,
+              "output_mask": [True, True, True]},
+    )  # fmt: skip
+    work = tensor_work(backward)
+    assert work is not None and len(work.alternatives) == 3  # each gradient either way
+    assert all(len(c.gemms) == 2 and c.passes[-1] == 64 * 256 * 196 * 2 for c in (work, *work.alternatives))
+
+
 def test_isolated_times_keep_gpu_order_without_cutting_kernels() -> None:
     """The time a node is priced at (the op timed alone, kernel plus the overhead an eager step hides)
     is never longer on a GPU that beats another, and the kernel time the step takes back is never

@@ -95,7 +95,17 @@ class TiledGemms:
         return self.kernel_table(works, [device])[0]
 
     def kernel_table(self, works: Sequence[TensorWork], devices: Sequence[Device]) -> np.ndarray:
-        """:meth:`kernel_ms` on each of ``devices`` (rows), in one vectorized pass."""
+        """:meth:`kernel_ms` on each of ``devices`` (rows), in one vectorized pass: of a work with
+        other ways to run it (:attr:`TensorWork.alternatives`), the faster, as the library picks."""
+        alternatives = [(i, a) for i, w in enumerate(works) for a in w.alternatives]
+        table = self._candidate_table([*works, *(a for _, a in alternatives)], devices)
+        out = table[:, : len(works)]
+        if alternatives:  # each work's column the smallest of its own and its alternatives'
+            np.fmin.at(out.T, [i for i, _ in alternatives], table[:, len(works) :].T)
+        return out
+
+    def _candidate_table(self, works: Sequence[TensorWork], devices: Sequence[Device]) -> np.ndarray:
+        """Each work's own kernel time on each of ``devices`` (rows)."""
         out = np.full((len(devices), len(works)), np.nan)
         if not works:
             return out

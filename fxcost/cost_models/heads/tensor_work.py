@@ -9,9 +9,11 @@ input gradient ``M = B*H*W, N = C_in, K = C_out*kh*kw``; its weight gradient ``M
 N = C_in*kh*kw, K = B*Ho*Wo``; channels padded to 16 bytes. The tensor-core kernels are NHWC, and
 PyTorch tensors are NCHW unless a user asks for channels_last (which the records do not say): cuDNN
 transposes each tensor such a kernel reads or writes (NVIDIA's convolution performance guide says
-so; the recorded H100 kernels show it), one memory pass each; a 1x1 stride-1 convolution (and its
-gradients) is instead a plain GEMM per image, whose leading dimension is the image's pixels.
-Grouped, dilated and transposed convolutions stay with the heads.
+so; the recorded H100 kernels show it), one memory pass each. A 1x1 stride-1 convolution (and each
+of its gradients) can instead run as a plain GEMM per image, whose leading dimension is the image's
+pixels, which sets its load width: cuDNN picks per gradient, and the work carries both
+(:attr:`TensorWork.alternatives`), priced as the faster. Grouped, dilated and transposed convolutions
+stay with the heads.
 
 A GEMM whose dims are not multiples of 16 bytes runs on narrow-load kernels (cuBLAS ``align1`` /
 ``align2``), at the share of the rate its load width allows (:func:`load_share`): GPT-2's 50,257-word
@@ -22,6 +24,8 @@ where a larger problem may be predicted faster (a dim padded to 16 bytes); doubl
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -71,6 +75,7 @@ class TensorWork:
     gemm_bytes: tuple[float, ...]
     passes: tuple[float, ...]
     load_shares: tuple[float, ...] = ()
+    alternatives: tuple[TensorWork, ...] = ()  # other ways the library may run it: the fastest is priced
 
     def shares(self) -> tuple[float, ...]:
         return self.load_shares or (1.0,) * len(self.gemms)
@@ -108,46 +113,89 @@ def _conv_work(node: NodeCost, kind: str, size: int, align: int) -> TensorWork |
     x, w = (node.in_shapes[1], node.in_shapes[2]) if backward else (node.in_shapes[0], node.in_shapes[1])
     if len(x) != 4 or len(w) != 4 or len(dy) != 4:
         return None
-    batch, c_in, height, width = x
-    c_out, _, kh, kw = w
-    pixels, out_pixels = height * width, dy[2] * dy[3]
-    cin, cout = _up(c_in, align), _up(c_out, align)
-    x_bytes, w_bytes, y_bytes = (math.prod(s) * size for s in (x, w, dy))
     mask = [True, False, False] if not backward else list(args.get("output_mask") or [True, True, False])
-    bias = len(mask) > 2 and bool(mask[2])  # a bias gradient: one pass reading dy
-    plain = kh == kw == 1 and all(int(s) == 1 for s in (args.get("stride") or [1]))
-    if plain and all(int(p) == 0 for p in (args.get("padding") or [0])):
-        # A 1x1 stride-1 convolution of NCHW tensors is a GEMM per image over its pixels (the pixels
-        # the leading dimension): no layout transposes.
-        share = load_share(pixels, size)
-        found = []
-        if mask[0]:
-            found.append(((batch, cout, pixels, cin), x_bytes + w_bytes + y_bytes) if not backward else
-                         ((batch, cin, pixels, cout), y_bytes + w_bytes + x_bytes))  # fmt: skip
-        if mask[1]:  # the weight gradient, reduced over every image's pixels
-            found.append(((1, cout, cin, batch * pixels), y_bytes + x_bytes + w_bytes))
-        if not found:
-            return None
-        return TensorWork(kind, tuple(g for g, _ in found), tuple(float(b) for _, b in found),
-                          (float(y_bytes),) if bias else (), (share,) * len(found))  # fmt: skip
-    # cuDNN's implicit GEMM on NHWC: each tensor a kernel reads or writes transposed once.
-    gemms_list, moved_list, passes_list = [], [], []
-    if mask[0] and not backward:
-        gemms_list.append((1, batch * out_pixels, cout, cin * kh * kw))
-    elif mask[0]:  # input gradient: dy (x) w^T
-        gemms_list.append((1, batch * pixels, cin, cout * kh * kw))
-    if mask[0]:
-        moved_list.append(float(x_bytes + w_bytes + y_bytes))
-        passes_list += [2.0 * y_bytes, 2.0 * w_bytes, 2.0 * x_bytes]
-    if mask[1]:  # weight gradient: dy^T (x) x, reduced over the output pixels
-        gemms_list.append((1, cout, cin * kh * kw, batch * out_pixels))
-        moved_list.append(float(y_bytes + x_bytes + w_bytes))
-        passes_list += [2.0 * y_bytes, 2.0 * x_bytes, 2.0 * w_bytes]
-    if bias:
-        passes_list.append(float(y_bytes))
-    if not gemms_list:
+    single = [(g == 0, g == 1) for g in range(2) if mask[g]]  # each gradient asked for, on its own
+    if not single:
         return None
-    return TensorWork(kind, tuple(gemms_list), tuple(moved_list), tuple(passes_list))
+    conv = _Conv(kind, size, backward, tuple(x), tuple(w), tuple(dy))
+    bias_bytes = float(math.prod(dy) * size) if len(mask) > 2 and mask[2] else 0.0  # one pass reading dy
+    implicit = [conv.implicit_gemm(align, m) for m in single]
+    plain = w[2] == w[3] == 1 and all(int(s) == 1 for s in (args.get("stride") or [1]))
+    if not (plain and all(int(p) == 0 for p in (args.get("padding") or [0]))):
+        return _joined(implicit, bias_bytes)
+    # A 1x1 stride-1 convolution: each gradient a GEMM per image, or the implicit GEMM on transposed
+    # tensors where that is faster (pixels that load narrowly), as cuDNN picks per gradient (the H100
+    # recordings: ResNet-50's 7x7 maps, 49 pixels, run transposed; its 14x14 ones, 196, per image, but
+    # for the weight gradient, transposed).
+    per_image = [conv.per_image_gemm(align, m) for m in single]
+    pairs = zip(per_image, implicit, strict=True)
+    choices = [_joined(list(parts), bias_bytes) for parts in itertools.product(*pairs)]
+    return dataclasses.replace(choices[0], alternatives=tuple(choices[1:]))
+
+
+@dataclass(frozen=True)
+class _Conv:
+    """A convolution node's problem: input ``x``, weight ``w``, output (or its gradient) ``dy``."""
+
+    kind: str
+    size: int
+    backward: bool
+    x: tuple[int, ...]
+    w: tuple[int, ...]
+    dy: tuple[int, ...]
+
+    def _bytes(self) -> tuple[int, int, int]:
+        return math.prod(self.x) * self.size, math.prod(self.w) * self.size, math.prod(self.dy) * self.size
+
+    def implicit_gemm(self, align: int, mask: tuple[bool, bool]) -> TensorWork:
+        """cuDNN's implicit GEMM on NHWC for the gradients ``mask`` names: each tensor a kernel reads
+        or writes transposed once."""
+        batch, c_in, height, width = self.x
+        c_out, _, kh, kw = self.w
+        pixels, out_pixels = height * width, self.dy[2] * self.dy[3]
+        cin, cout = _up(c_in, align), _up(c_out, align)
+        x_bytes, w_bytes, y_bytes = self._bytes()
+        gemms, moved, passes = [], [], []
+        if mask[0] and not self.backward:
+            gemms.append((1, batch * out_pixels, cout, cin * kh * kw))
+        elif mask[0]:  # input gradient: dy (x) w^T
+            gemms.append((1, batch * pixels, cin, cout * kh * kw))
+        if mask[0]:
+            moved.append(float(x_bytes + w_bytes + y_bytes))
+            passes += [2.0 * y_bytes, 2.0 * w_bytes, 2.0 * x_bytes]
+        if mask[1]:  # weight gradient: dy^T (x) x, reduced over the output pixels
+            gemms.append((1, cout, cin * kh * kw, batch * out_pixels))
+            moved.append(float(y_bytes + x_bytes + w_bytes))
+            passes += [2.0 * y_bytes, 2.0 * x_bytes, 2.0 * w_bytes]
+        return TensorWork(self.kind, tuple(gemms), tuple(moved), tuple(passes))
+
+    def per_image_gemm(self, align: int, mask: tuple[bool, bool]) -> TensorWork:
+        """A 1x1 stride-1 convolution of NCHW tensors as a GEMM per image over its pixels, for the
+        gradients ``mask`` names: the pixels are the leading dimension, which sets the load width, and
+        nothing is transposed."""
+        batch, c_in, height, width = self.x
+        c_out = self.w[0]
+        pixels = height * width
+        cin, cout = _up(c_in, align), _up(c_out, align)
+        gemms = []
+        if mask[0]:
+            gemms.append((batch, cout, pixels, cin) if not self.backward else (batch, cin, pixels, cout))
+        if mask[1]:  # the weight gradient, reduced over every image's pixels
+            gemms.append((1, cout, cin, batch * pixels))
+        moved = float(sum(self._bytes()))
+        share = load_share(pixels, self.size)
+        return TensorWork(self.kind, tuple(gemms), (moved,) * len(gemms), (), (share,) * len(gemms))
+
+
+def _joined(parts: list[TensorWork], bias_bytes: float) -> TensorWork:
+    """One node's work run as ``parts`` (kernels one after another), with a bias gradient's pass."""
+    return TensorWork(
+        parts[0].kind,
+        tuple(g for p in parts for g in p.gemms),
+        tuple(b for p in parts for b in p.gemm_bytes),
+        tuple(b for p in parts for b in p.passes) + ((bias_bytes,) if bias_bytes else ()),
+        tuple(s for p in parts for s in p.shares()),
+    )
 
 
 def load_share(dim: int, size: int) -> float:
@@ -167,7 +215,9 @@ def _up(x: int, multiple: int) -> int:
 
 def layout_pass_bytes(node: NodeCost) -> tuple[float, ...]:
     """The bytes of the NCHW/NHWC transposes :func:`tensor_work` charges a convolution (none for other
-    nodes or a 1x1 stride-1 convolution): the passes a step running channels-last does not run."""
+    nodes or a 1x1 stride-1 convolution): the passes a step running channels-last does not run. A 1x1
+    convolution keeps the faster of its NCHW ways (per image, or transposed where its pixels load
+    narrowly): an upper bound on the plain GEMM it runs channels-last."""
     work = tensor_work(node) if node.op in _CONVS else None
     if work is None:
         return ()
