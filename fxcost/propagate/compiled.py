@@ -21,8 +21,9 @@ Execution modes (``execution=`` across the API):
   transposes, and a batch norm's kernel is not held to ATen's NCHW batch-norm kernel (Inductor
   decomposes it into its own reductions over channels-last data). Predicted on another GPU, a
   convolution's time scaled from its recording keeps the recording's share without transposes, and
-  the tensor-core model's (origin-free) drops the transposes it charges
-  (:func:`~fxcost.cost_models.heads.tensor_work.layout_pass_bytes`).
+  the tensor-core model's (origin-free) is priced on channels-last tensors instead
+  (:meth:`~fxcost.cost_models.heads.tensor_core.TiledGemms.layout_saving_ms`: nothing transposed, a
+  1x1 convolution as the implicit GEMM, not a GEMM per image).
 - Host: Inductor's generated wrapper calls each kernel directly (a Triton launcher, or an ATen op
   for a library call), without the model's Python and the per-op work of eager mode, which the host
   time fitted on a measured eager step holds. Each kernel costs the host one launch,
@@ -52,8 +53,7 @@ import numpy as np
 
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
 from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_times
-from fxcost.cost_models.heads.tensor_work import layout_pass_bytes
-from fxcost.cost_models.heads.tiling import pass_ms
+from fxcost.cost_models.heads import default_heads
 from fxcost.cost_models.roofline import Roofline
 from fxcost.execution import EXECUTIONS, Execution, check_execution
 from fxcost.gpus import Device
@@ -128,16 +128,14 @@ def _channels_last_ms(
     """A convolution's kernel time without the NCHW/NHWC transposes its eager time holds: on the
     origin its recorded kernels but the transposes; elsewhere, a time scaled from the recording
     (``mlp_ratio``, ``wave_scaling``) keeps the recording's share of the rest, and the tensor-core
-    model's (``mlp``) loses the transposes it charged."""
+    model's (``mlp``) takes the time channels-last tensors save in that model."""
     recorded = node.kernel_ms
     if on_origin and recorded is not None:
         return recorded - layout_transpose_ms(node)
     if source in _SCALED_FROM_ORIGIN and recorded:
         return eager_ms * (1 - layout_transpose_ms(node) / recorded)
     if source == "mlp":
-        return eager_ms - float(
-            pass_ms(np.array(layout_pass_bytes(node)), device.bandwidth_gbps or np.nan).sum()
-        )
+        return eager_ms - default_heads().tiled.layout_saving_ms(node, device)
     return eager_ms
 
 

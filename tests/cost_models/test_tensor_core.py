@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,14 @@ from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import Heads, default_heads
 from fxcost.cost_models.heads.sustained import shipped_gemm_fit
 from fxcost.cost_models.heads.tensor_core import TiledGemms, tensor_peak_tflops
-from fxcost.cost_models.heads.tensor_work import load_share, tensor_kind, tensor_work, work_kind
+from fxcost.cost_models.heads.tensor_work import (
+    channels_last_work,
+    load_share,
+    tensor_kind,
+    tensor_work,
+    work_kind,
+)
+from fxcost.cost_models.heads.tiling import pass_ms
 from fxcost.cost_models.interface import NodeBatch
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import get_device
@@ -192,29 +200,59 @@ def test_convolutions_run_as_implicit_gemms_with_layout_transposes() -> None:
 
 def test_a_1x1_convolution_runs_per_image_or_transposed_whichever_is_faster() -> None:
     """ResNet-50's last stage (7x7 maps: 49 pixels, one-element loads per image) ran on the H100 as the
-    implicit GEMM on transposed tensors; its 14x14 maps (196 pixels) per image. The price is the
-    faster candidate for each gradient."""
+    implicit GEMM on transposed tensors, its 14x14 maps (196 pixels) per image, its 56x56 ones (aligned
+    pixels) per image with no other way offered. Each gradient is priced at its fastest way."""
     h100 = get_device("H100-SXM")
     cores = default_heads().tiled
-    for size, transposed in ((7, True), (56, False)):
-        node = _typed(conv_node(256, 512, 2048, 1, size, 1, 0), "bfloat16")
-        work = tensor_work(node)
-        assert work is not None and work.passes == ()  # the per-image GEMMs, no transposes
-        assert [len(a.passes) for a in work.alternatives] == [3]  # x and w in, y out
-        own, alternative = cores.kernel_ms(
-            [dataclasses.replace(work, alternatives=()), *work.alternatives], h100
-        )
-        assert cores.kernel_ms([work], h100)[0] == min(own, alternative)
-        assert (alternative < own) == transposed
-    backward = dataclasses.replace(
-        _typed(conv_node(64, 1024, 256, 1, 14, 1, 0), "bfloat16"), op="aten.convolution_backward.default",
-        in_shapes=[(64, 256, 14, 14), (64, 1024, 14, 14), (256, 1024, 1, 1)],
+    aligned = tensor_work(_typed(conv_node(256, 64, 256, 1, 56, 1, 0), "bfloat16"))
+    assert aligned is not None and aligned.choices == () and aligned.gemms == ((256, 256, 56 * 56, 64),)
+    for size, transposed in ((7, True), (14, False)):
+        work = tensor_work(_typed(conv_node(256, 512, 2048, 1, size, 1, 0), "bfloat16"))
+        assert work is not None and work.gemms == () and len(work.choices) == 1
+        per_image, implicit = work.choices[0]
+        assert per_image.passes == () and len(implicit.passes) == 2  # x in, y out; a 1x1 filter as it is
+        ways = cores.kernel_ms([per_image, implicit], h100)
+        assert cores.kernel_ms([work], h100)[0] == pytest.approx(ways.min())
+        assert (ways[1] < ways[0]) == transposed
+    backwards = [_conv_backward(64, 1024, 256, size) for size in (7, 14, 28)]
+    works = [tensor_work(n) for n in backwards]
+    assert [len(w.choices) for w in works if w is not None] == [2, 2, 0]  # each gradient either way
+    assert works[0] is not None and works[0].passes == (64 * 256 * 49 * 2,)  # the bias gradient's pass
+    together = cores.kernel_ms(works, h100)  # several works' ways in one table
+    for work, ms in zip(works[:2], together, strict=False):
+        assert work is not None
+        fastest = sum(cores.kernel_ms(list(ways), h100).min() for ways in work.choices)
+        bias = cores.kernel_ms([replace(work, choices=())], h100)[0]
+        assert ms == pytest.approx(bias + fastest)
+
+
+def _conv_backward(batch: int, c_in: int, c_out: int, size: int) -> NodeCost:
+    """A bf16 1x1 convolution's backward, every gradient asked for."""
+    return replace(
+        _typed(conv_node(batch, c_in, c_out, 1, size, 1, 0), "bfloat16"),
+        op="aten.convolution_backward.default",
+        in_shapes=[(batch, c_out, size, size), (batch, c_in, size, size), (c_out, c_in, 1, 1)],
         args={"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "transposed": False, "groups": 1,
               "output_mask": [True, True, True]},
     )  # fmt: skip
-    work = tensor_work(backward)
-    assert work is not None and len(work.alternatives) == 3  # each gradient either way
-    assert all(len(c.gemms) == 2 and c.passes[-1] == 64 * 256 * 196 * 2 for c in (work, *work.alternatives))
+
+
+def test_channels_last_saves_the_transposes_and_prices_a_1x1_convolution_as_one_gemm() -> None:
+    h100 = get_device("H100-SXM")
+    cores = default_heads().tiled
+    three = _typed(conv_node(64, 128, 128, 3, 28, 1, 1), "bfloat16")
+    nchw, nhwc = tensor_work(three), channels_last_work(three)
+    assert nchw is not None and nhwc is not None
+    assert nhwc.gemms == nchw.gemms and nhwc.passes == () and len(nchw.passes) == 3
+    passes_ms = float(
+        sum(pass_ms(np.array([b]), np.array([[h100.bandwidth_gbps]]))[0, 0] for b in nchw.passes)
+    )
+    assert cores.layout_saving_ms(three, h100) == pytest.approx(passes_ms)
+    one = _typed(conv_node(64, 512, 2048, 1, 7, 1, 0), "bfloat16")
+    nhwc = channels_last_work(one)
+    assert nhwc is not None and nhwc.gemms == ((1, 64 * 49, 2048, 512),) and nhwc.choices == ()
+    assert cores.layout_saving_ms(one, h100) > 0  # its transposes, where the NCHW price took them
+    assert cores.layout_saving_ms(_gemm(256, 256, 256), h100) == 0.0
 
 
 def test_isolated_times_keep_gpu_order_without_cutting_kernels() -> None:

@@ -47,10 +47,11 @@ import numpy as np
 
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads.sustained import GemmFit
-from fxcost.cost_models.heads.tensor_work import TensorWork
+from fxcost.cost_models.heads.tensor_work import TensorWork, channels_last_work, tensor_work
 from fxcost.cost_models.heads.tiling import TENSOR_TILING, Tiling, gemm_kernel_ms, pass_ms
 from fxcost.gpus import Device, all_devices
 from fxcost.gpus.order import comparable, stronger_than, weaker_than
+from fxcost.records import NodeCost
 
 __all__ = ["TiledGemms", "tensor_peak_tflops"]
 
@@ -95,14 +96,29 @@ class TiledGemms:
         return self.kernel_table(works, [device])[0]
 
     def kernel_table(self, works: Sequence[TensorWork], devices: Sequence[Device]) -> np.ndarray:
-        """:meth:`kernel_ms` on each of ``devices`` (rows), in one vectorized pass: of a work with
-        other ways to run it (:attr:`TensorWork.alternatives`), the faster, as the library picks."""
-        alternatives = [(i, a) for i, w in enumerate(works) for a in w.alternatives]
-        table = self._candidate_table([*works, *(a for _, a in alternatives)], devices)
+        """:meth:`kernel_ms` on each of ``devices`` (rows), in one vectorized pass: each of a work's
+        :attr:`~TensorWork.choices` at its fastest way, as the library picks."""
+        choices = [(i, ways) for i, w in enumerate(works) for ways in w.choices]
+        ways = [way for _, found in choices for way in found]
+        table = self._candidate_table([*works, *ways], devices)
         out = table[:, : len(works)]
-        if alternatives:  # each work's column the smallest of its own and its alternatives'
-            np.fmin.at(out.T, [i for i, _ in alternatives], table[:, len(works) :].T)
+        if choices:
+            fastest = np.full((len(devices), len(choices)), np.nan)
+            which = np.repeat(np.arange(len(choices)), [len(found) for _, found in choices])
+            np.fmin.at(fastest.T, which, table[:, len(works) :].T)  # NaN only where every way is
+            np.add.at(out.T, [i for i, _ in choices], fastest.T)
         return out
+
+    def layout_saving_ms(self, node: NodeCost, device: Device) -> float:
+        """The kernel time a step running channels-last saves on a convolution node on ``device``: its
+        price on NCHW tensors (:func:`tensor_work`: the layout transposes; for a 1x1 one, per gradient
+        the faster of those and a GEMM per image) less its price on NHWC ones (:func:`channels_last_work`).
+        0 for other nodes."""
+        nchw, nhwc = tensor_work(node), channels_last_work(node)
+        if nchw is None or nhwc is None:
+            return 0.0
+        saving = float(np.subtract(*self.kernel_ms([nchw, nhwc], device)))
+        return saving if math.isfinite(saving) else 0.0
 
     def _candidate_table(self, works: Sequence[TensorWork], devices: Sequence[Device]) -> np.ndarray:
         """Each work's own kernel time on each of ``devices`` (rows)."""
@@ -150,9 +166,9 @@ class TiledGemms:
                     np.tile(shares[mine], count),
                 ).reshape(count, width)
             # A GPU without tensor cores for a kind has NaN there: kept out of the other works' sums.
-            ms += np.nan_to_num(gemm, nan=0.0) @ _owned_by(gemm_owner, len(works))
+            np.add.at(ms.T, gemm_owner, np.nan_to_num(gemm, nan=0.0).T)
         if len(pass_bytes):
-            ms += pass_ms(pass_bytes[None, :], per_gpu[1]) @ _owned_by(pass_owner, len(works))
+            np.add.at(ms.T, pass_owner, pass_ms(pass_bytes[None, :], per_gpu[1]).T)
         out[rows] = np.where(np.isfinite(rate), ms, np.nan)
         return out
 
@@ -228,13 +244,6 @@ class _State:
                 kernel = np.where(measured, own, kernel)
             found = self.own[device] = kernel + hidden_overhead_ms(device)
         return found
-
-
-def _owned_by(owner: np.ndarray, count: int) -> np.ndarray:
-    """The (items, owners) matrix summing items into their owners by a product."""
-    matrix = np.zeros((len(owner), count))
-    matrix[np.arange(len(owner)), owner] = 1.0
-    return matrix
 
 
 def _calibrated(device: Device, kind: str) -> float | None:

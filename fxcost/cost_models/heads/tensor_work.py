@@ -11,9 +11,9 @@ PyTorch tensors are NCHW unless a user asks for channels_last (which the records
 transposes each tensor such a kernel reads or writes (NVIDIA's convolution performance guide says
 so; the recorded H100 kernels show it), one memory pass each. A 1x1 stride-1 convolution (and each
 of its gradients) can instead run as a plain GEMM per image, whose leading dimension is the image's
-pixels, which sets its load width: cuDNN picks per gradient, and the work carries both
-(:attr:`TensorWork.alternatives`), priced as the faster. Grouped, dilated and transposed convolutions
-stay with the heads.
+pixels, which sets its load width: cuDNN picks per gradient, and the work carries both where the
+pixels load narrowly (:attr:`TensorWork.choices`), priced at the faster. Grouped, dilated and
+transposed convolutions stay with the heads.
 
 A GEMM whose dims are not multiples of 16 bytes runs on narrow-load kernels (cuBLAS ``align1`` /
 ``align2``), at the share of the rate its load width allows (:func:`load_share`): GPT-2's 50,257-word
@@ -24,16 +24,14 @@ where a larger problem may be predicted faster (a dim padded to 16 bytes); doubl
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fxcost.lowering.nodes import MATMULS, gemm_dims
 from fxcost.precision import HALF_DTYPES, itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["TensorWork", "layout_pass_bytes", "load_share", "tensor_kind", "tensor_work", "work_kind"]
+__all__ = ["TensorWork", "channels_last_work", "load_share", "tensor_kind", "tensor_work", "work_kind"]
 
 _CONV = "aten.convolution.default"
 _CONV_BACKWARD = "aten.convolution_backward.default"
@@ -68,14 +66,16 @@ def work_kind(node: NodeCost) -> str | None:
 class TensorWork:
     """What a tiled node runs, independent of the GPU: its GEMMs (batch, M, N, K) with the DRAM
     bytes of each kernel and the share of the rate its operand loads allow (:func:`load_share`), and
-    the bytes of each memory pass (layout transposes, a bias gradient)."""
+    the bytes of each memory pass (layout transposes, a bias gradient). ``choices``: further kernels
+    the node runs, each one of several ways the library may run it (works without choices of their
+    own), priced at the fastest: a 1x1 convolution's gradients."""
 
     kind: str
     gemms: tuple[tuple[int, int, int, int], ...]
     gemm_bytes: tuple[float, ...]
     passes: tuple[float, ...]
     load_shares: tuple[float, ...] = ()
-    alternatives: tuple[TensorWork, ...] = ()  # other ways the library may run it: the fastest is priced
+    choices: tuple[tuple[TensorWork, ...], ...] = ()
 
     def shares(self) -> tuple[float, ...]:
         return self.load_shares or (1.0,) * len(self.gemms)
@@ -102,98 +102,113 @@ def tensor_work(node: NodeCost) -> TensorWork | None:
         return None
 
 
-def _conv_work(node: NodeCost, kind: str, size: int, align: int) -> TensorWork | None:
-    args = node.args
-    if args.get("transposed") or int(args.get("groups") or 1) != 1:
+def _conv_work(node: NodeCost, kind: str, size: int, align: int, nhwc: bool = False) -> TensorWork | None:
+    conv = _Conv.of(node, kind, size, align)
+    if conv is None:
         return None
-    if any(int(d) != 1 for d in (args.get("dilation") or [1])):
-        return None
-    backward = node.op == _CONV_BACKWARD
-    dy = node.in_shapes[0] if backward else node.out_shapes[0]
-    x, w = (node.in_shapes[1], node.in_shapes[2]) if backward else (node.in_shapes[0], node.in_shapes[1])
-    if len(x) != 4 or len(w) != 4 or len(dy) != 4:
-        return None
-    mask = [True, False, False] if not backward else list(args.get("output_mask") or [True, True, False])
-    single = [(g == 0, g == 1) for g in range(2) if mask[g]]  # each gradient asked for, on its own
-    if not single:
-        return None
-    conv = _Conv(kind, size, backward, tuple(x), tuple(w), tuple(dy))
-    bias_bytes = float(math.prod(dy) * size) if len(mask) > 2 and mask[2] else 0.0  # one pass reading dy
-    implicit = [conv.implicit_gemm(align, m) for m in single]
-    plain = w[2] == w[3] == 1 and all(int(s) == 1 for s in (args.get("stride") or [1]))
-    if not (plain and all(int(p) == 0 for p in (args.get("padding") or [0]))):
-        return _joined(implicit, bias_bytes)
-    # A 1x1 stride-1 convolution: each gradient a GEMM per image, or the implicit GEMM on transposed
-    # tensors where that is faster (pixels that load narrowly), as cuDNN picks per gradient (the H100
-    # recordings: ResNet-50's 7x7 maps, 49 pixels, run transposed; its 14x14 ones, 196, per image, but
-    # for the weight gradient, transposed).
-    per_image = [conv.per_image_gemm(align, m) for m in single]
-    pairs = zip(per_image, implicit, strict=True)
-    choices = [_joined(list(parts), bias_bytes) for parts in itertools.product(*pairs)]
-    return dataclasses.replace(choices[0], alternatives=tuple(choices[1:]))
+    if nhwc:  # channels-last tensors: the implicit GEMMs, nothing transposed
+        return _joined([conv.implicit_gemm(g, transposed=False) for g in conv.gradients], conv)
+    if not conv.plain:
+        return _joined([conv.implicit_gemm(g) for g in conv.gradients], conv)
+    # A 1x1 stride-1 unpadded convolution: each gradient a GEMM per image. Where its pixels load
+    # narrowly, the implicit GEMM on transposed tensors may be faster, and cuDNN picks per gradient
+    # (the H100 recordings: ResNet-50's 7x7 maps, 49 pixels, run transposed; its 14x14 ones, 196, per
+    # image, but for the weight gradient, transposed; its 28x28 and 56x56 ones per image).
+    per_image = [conv.per_image_gemm(g) for g in conv.gradients]
+    if per_image[0].shares()[0] == 1.0:
+        return _joined(per_image, conv)
+    ways = zip(per_image, [conv.implicit_gemm(g) for g in conv.gradients], strict=True)
+    return replace(_joined([], conv), choices=tuple(ways))
 
 
 @dataclass(frozen=True)
 class _Conv:
-    """A convolution node's problem: input ``x``, weight ``w``, output (or its gradient) ``dy``."""
+    """A convolution node's problem: input ``x``, weight ``w``, output (or its gradient) ``dy``, in
+    ``size``-byte elements loaded ``align`` at a time; the GEMMs it runs (``gradients``: ``"data"``,
+    the forward's output or the input's gradient, and ``"weight"``), and whether it also computes a
+    bias gradient."""
 
     kind: str
     size: int
+    align: int
     backward: bool
     x: tuple[int, ...]
     w: tuple[int, ...]
     dy: tuple[int, ...]
+    gradients: tuple[str, ...]
+    bias: bool
+    plain: bool  # 1x1, stride 1, no padding: a GEMM per image on NCHW tensors
 
-    def _bytes(self) -> tuple[int, int, int]:
+    @classmethod
+    def of(cls, node: NodeCost, kind: str, size: int, align: int) -> _Conv | None:
+        args = node.args
+        if args.get("transposed") or int(args.get("groups") or 1) != 1:
+            return None
+        if any(int(d) != 1 for d in (args.get("dilation") or [1])):
+            return None
+        backward = node.op == _CONV_BACKWARD
+        dy = node.in_shapes[0] if backward else node.out_shapes[0]
+        x, w = (node.in_shapes[1], node.in_shapes[2]) if backward else (node.in_shapes[0], node.in_shapes[1])
+        if len(x) != 4 or len(w) != 4 or len(dy) != 4:
+            return None
+        mask = list(args.get("output_mask") or [True, True, False]) if backward else [True, False, False]
+        gradients = tuple(g for g, wanted in zip(("data", "weight"), mask[:2], strict=True) if wanted)
+        if not gradients:
+            return None
+        plain = (
+            w[2] == w[3] == 1
+            and all(int(s) == 1 for s in (args.get("stride") or [1]))
+            and all(int(p) == 0 for p in (args.get("padding") or [0]))
+        )
+        return cls(kind, size, align, backward, tuple(x), tuple(w), tuple(dy), gradients,
+                   len(mask) > 2 and bool(mask[2]), plain)  # fmt: skip
+
+    def bytes(self) -> tuple[int, int, int]:
+        """The bytes of ``x``, ``w`` and ``dy``."""
         return math.prod(self.x) * self.size, math.prod(self.w) * self.size, math.prod(self.dy) * self.size
 
-    def implicit_gemm(self, align: int, mask: tuple[bool, bool]) -> TensorWork:
-        """cuDNN's implicit GEMM on NHWC for the gradients ``mask`` names: each tensor a kernel reads
-        or writes transposed once."""
+    def implicit_gemm(self, gradient: str, transposed: bool = True) -> TensorWork:
+        """cuDNN's implicit GEMM on NHWC tensors for ``gradient``, each tensor it reads or writes
+        ``transposed`` from NCHW and back once (a 1x1 filter reads the same either way: the recorded
+        kernels transpose only the activations)."""
         batch, c_in, height, width = self.x
         c_out, _, kh, kw = self.w
         pixels, out_pixels = height * width, self.dy[2] * self.dy[3]
-        cin, cout = _up(c_in, align), _up(c_out, align)
-        x_bytes, w_bytes, y_bytes = self._bytes()
-        gemms, moved, passes = [], [], []
-        if mask[0] and not self.backward:
-            gemms.append((1, batch * out_pixels, cout, cin * kh * kw))
-        elif mask[0]:  # input gradient: dy (x) w^T
-            gemms.append((1, batch * pixels, cin, cout * kh * kw))
-        if mask[0]:
-            moved.append(float(x_bytes + w_bytes + y_bytes))
-            passes += [2.0 * y_bytes, 2.0 * w_bytes, 2.0 * x_bytes]
-        if mask[1]:  # weight gradient: dy^T (x) x, reduced over the output pixels
-            gemms.append((1, cout, cin * kh * kw, batch * out_pixels))
-            moved.append(float(y_bytes + x_bytes + w_bytes))
-            passes += [2.0 * y_bytes, 2.0 * x_bytes, 2.0 * w_bytes]
-        return TensorWork(self.kind, tuple(gemms), tuple(moved), tuple(passes))
+        cin, cout = _up(c_in, self.align), _up(c_out, self.align)
+        x_bytes, w_bytes, y_bytes = self.bytes()
+        if gradient == "weight":  # dy^T (x) x, reduced over the output pixels
+            gemm = (1, cout, cin * kh * kw, batch * out_pixels)
+        elif self.backward:  # the input's gradient: dy (x) w^T
+            gemm = (1, batch * pixels, cin, cout * kh * kw)
+        else:
+            gemm = (1, batch * out_pixels, cout, cin * kh * kw)
+        passes = [2.0 * y_bytes, 2.0 * x_bytes] + ([2.0 * w_bytes] if kh * kw > 1 else [])
+        return TensorWork(self.kind, (gemm,), (float(x_bytes + w_bytes + y_bytes),),
+                          tuple(passes) if transposed else ())  # fmt: skip
 
-    def per_image_gemm(self, align: int, mask: tuple[bool, bool]) -> TensorWork:
-        """A 1x1 stride-1 convolution of NCHW tensors as a GEMM per image over its pixels, for the
-        gradients ``mask`` names: the pixels are the leading dimension, which sets the load width, and
-        nothing is transposed."""
+    def per_image_gemm(self, gradient: str) -> TensorWork:
+        """A 1x1 convolution of NCHW tensors as a GEMM per image over its pixels for ``gradient``:
+        the pixels are the leading dimension, which sets the load width, and nothing is transposed."""
         batch, c_in, height, width = self.x
-        c_out = self.w[0]
         pixels = height * width
-        cin, cout = _up(c_in, align), _up(c_out, align)
-        gemms = []
-        if mask[0]:
-            gemms.append((batch, cout, pixels, cin) if not self.backward else (batch, cin, pixels, cout))
-        if mask[1]:  # the weight gradient, reduced over every image's pixels
-            gemms.append((1, cout, cin, batch * pixels))
-        moved = float(sum(self._bytes()))
-        share = load_share(pixels, self.size)
-        return TensorWork(self.kind, tuple(gemms), (moved,) * len(gemms), (), (share,) * len(gemms))
+        cin, cout = _up(c_in, self.align), _up(self.w[0], self.align)
+        if gradient == "weight":  # reduced over every image's pixels
+            gemm = (1, cout, cin, batch * pixels)
+        else:
+            gemm = (batch, cin, pixels, cout) if self.backward else (batch, cout, pixels, cin)
+        moved = float(sum(self.bytes()))
+        return TensorWork(self.kind, (gemm,), (moved,), (), (load_share(pixels, self.size),))
 
 
-def _joined(parts: list[TensorWork], bias_bytes: float) -> TensorWork:
-    """One node's work run as ``parts`` (kernels one after another), with a bias gradient's pass."""
+def _joined(parts: list[TensorWork], conv: _Conv) -> TensorWork:
+    """A convolution node's work run as ``parts`` (kernels one after another), then a bias gradient's
+    pass reading ``dy`` where it computes one."""
+    bias = (float(math.prod(conv.dy) * conv.size),) if conv.bias else ()
     return TensorWork(
-        parts[0].kind,
+        conv.kind,
         tuple(g for p in parts for g in p.gemms),
         tuple(b for p in parts for b in p.gemm_bytes),
-        tuple(b for p in parts for b in p.passes) + ((bias_bytes,) if bias_bytes else ()),
+        tuple(b for p in parts for b in p.passes) + bias,
         tuple(s for p in parts for s in p.shares()),
     )
 
@@ -213,13 +228,15 @@ def _up(x: int, multiple: int) -> int:
     return -(-int(x) // multiple) * multiple
 
 
-def layout_pass_bytes(node: NodeCost) -> tuple[float, ...]:
-    """The bytes of the NCHW/NHWC transposes :func:`tensor_work` charges a convolution (none for other
-    nodes or a 1x1 stride-1 convolution): the passes a step running channels-last does not run. A 1x1
-    convolution keeps the faster of its NCHW ways (per image, or transposed where its pixels load
-    narrowly): an upper bound on the plain GEMM it runs channels-last."""
-    work = tensor_work(node) if node.op in _CONVS else None
-    if work is None:
-        return ()
-    mask = list(node.args.get("output_mask") or [True, True, False]) if node.op == _CONV_BACKWARD else []
-    return work.passes[:-1] if len(mask) > 2 and mask[2] else work.passes  # the last: a bias gradient
+def channels_last_work(node: NodeCost) -> TensorWork | None:
+    """A convolution node's work on channels-last tensors (its implicit GEMMs, nothing transposed, a
+    1x1 one no GEMM per image), as a step running channels-last runs it; None for other nodes or a
+    convolution :func:`tensor_work` does not read."""
+    kind = work_kind(node) if node.op in _CONVS else None
+    if kind is None or node.bytes is None:
+        return None
+    size = 4 if kind == "tf32" else itemsize(kind)
+    try:
+        return _conv_work(node, kind, size, max(_FULL_LOAD_BYTES // size, 1), nhwc=True)
+    except (IndexError, KeyError, TypeError, ValueError):
+        return None
