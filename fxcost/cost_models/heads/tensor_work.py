@@ -141,6 +141,8 @@ class _Conv:
 
     @classmethod
     def of(cls, node: NodeCost, kind: str, size: int, align: int) -> _Conv | None:
+        """The problem of a convolution node; None for one this model does not read (transposed,
+        grouped, dilated, not 2-D, or asked for no gradient it prices)."""
         args = node.args
         if args.get("transposed") or int(args.get("groups") or 1) != 1:
             return None
