@@ -3,11 +3,13 @@ streams them at.
 
 A tensor-core convolution of NCHW tensors runs cuDNN's NHWC kernels between transposes of its tensors
 (``nchwToNhwcKernel``, ``nhwcToNchwKernel``), which the tensor-core model prices as memory passes at
-the GPU's bandwidth (:func:`fxcost.cost_models.heads.tensor_work.layout_pass_bytes`). Each recorded
+the GPU's bandwidth (:func:`fxcost.cost_models.heads.tensor_work.tensor_work`). Each recorded
 transpose kernel is matched to the tensor it moves by its grid (one block per 32 x 32 tile of a
 ``[C, H*W]`` image: ``(ceil(H*W / 32), ceil(C / 32), N)``), and its rate read as the bytes it reads
-and writes over its time. Only kernels moving more than ``--min-mb`` count (smaller ones are bound by
-their launch). Recordings validate; nothing is fit on them (DESIGN.md).
+and writes over its time; a grid two of the node's tensors of different sizes share is left out.
+Only kernels moving more than ``--min-mb`` count (smaller ones are bound by their launch). A rate
+above the DRAM's is a tensor the previous kernel left in L2. Recordings validate; nothing is fit on
+them (DESIGN.md).
 
     python benchmarks/layout_transposes.py [--fixtures benchmarks/fixtures/gpu] [--min-mb 20]
 
@@ -25,6 +27,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from fxcost.cost_models.heads.tensor_work import CONVOLUTIONS
 from fxcost.gpus import get_device
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
@@ -68,16 +71,23 @@ def main(argv: list[str] | None = None) -> int:
 def transposes(node: NodeCost) -> list[tuple[int, float]]:
     """(bytes read and written, ms) of each layout transpose a convolution node's kernels hold whose
     grid matches one of its tensors."""
-    if "convolution" not in node.op or not node.kernels or len(node.in_shapes) < 2:
+    if node.op not in CONVOLUTIONS or not node.kernels or len(node.in_shapes) < 2:
         return []
-    if node.op.startswith("aten.convolution_backward"):
+    if node.op == "aten.convolution_backward.default":
         tensors = node.in_shapes[:3]
     else:
         tensors = [node.in_shapes[0], node.in_shapes[1], *node.out_shapes[:1]]
     size = itemsize(node.in_dtypes[0])
-    grids = {_grid(s): 2 * math.prod(s) * size for s in tensors if len(s) == 4}
-    return [(grids[k.grid], k.duration_ms) for k in node.kernels
-            if any(t in k.name for t in TRANSPOSES) and k.grid in grids and k.duration_ms > 0]  # fmt: skip
+    moved: dict[tuple[int, int, int], set[int]] = defaultdict(set)
+    for shape in tensors:
+        if len(shape) == 4:
+            moved[_grid(shape)].add(2 * math.prod(shape) * size)
+    found = []
+    for kernel in node.kernels:
+        sizes = moved.get(kernel.grid, set()) if kernel.grid is not None else set()
+        if any(t in kernel.name for t in TRANSPOSES) and len(sizes) == 1 and kernel.duration_ms > 0:
+            found.append((next(iter(sizes)), kernel.duration_ms))
+    return found
 
 
 def _grid(shape: tuple[int, ...]) -> tuple[int, int, int]:

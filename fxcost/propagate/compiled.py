@@ -22,7 +22,7 @@ Execution modes (``execution=`` across the API):
   decomposes it into its own reductions over channels-last data). Predicted on another GPU, a
   convolution's time scaled from its recording keeps the recording's share without transposes, and
   the tensor-core model's (origin-free) is priced on channels-last tensors instead
-  (:meth:`~fxcost.cost_models.heads.tensor_core.TiledGemms.layout_saving_ms`: nothing transposed, a
+  (:meth:`~fxcost.cost_models.heads.tensor_core.TiledGemms.layout_savings_ms`: nothing transposed, a
   1x1 convolution as the implicit GEMM, not a GEMM per image).
 - Host: Inductor's generated wrapper calls each kernel directly (a Triton launcher, or an ATen op
   for a library call), without the model's Python and the per-op work of eager mode, which the host
@@ -115,28 +115,23 @@ def without_layout_transposes(
     step does not run taken off its convolutions; ``sources``: the models that priced each node (its
     ``pred_source`` on ``device`` where not given)."""
     out = np.array(ms, dtype=np.float64)
-    for i, n in enumerate(nodes):
-        if n.op in _CONVOLUTIONS and np.isfinite(out[i]):
-            source = n.pred_source.get(device.name) if sources is None else sources[i]
-            out[i] = max(_channels_last_ms(n, float(out[i]), device, on_origin, source), MIN_KERNEL_MS)
+    convs = [i for i, n in enumerate(nodes) if n.op in _CONVOLUTIONS and np.isfinite(out[i])]
+    if not convs:
+        return out
+    source = {i: nodes[i].pred_source.get(device.name) if sources is None else sources[i] for i in convs}
+    modelled = [i for i in convs if source[i] == "mlp"]  # the tensor-core model's, origin-free
+    saved = dict(zip(modelled, default_heads().tiled.layout_savings_ms([nodes[i] for i in modelled], device),
+                     strict=True))  # fmt: skip
+    for i in convs:
+        n = nodes[i]
+        if on_origin and n.kernel_ms is not None:  # the recorded kernels but the transposes
+            kept = n.kernel_ms - layout_transpose_ms(n)
+        elif source[i] in _SCALED_FROM_ORIGIN and n.kernel_ms:  # the recording's share of the rest
+            kept = out[i] * (1 - layout_transpose_ms(n) / n.kernel_ms)
+        else:  # the time channels-last tensors save in the tensor-core model (none elsewhere)
+            kept = out[i] - saved.get(i, 0.0)
+        out[i] = max(kept, MIN_KERNEL_MS)
     return out
-
-
-def _channels_last_ms(
-    node: NodeCost, eager_ms: float, device: Device, on_origin: bool, source: str | None
-) -> float:
-    """A convolution's kernel time without the NCHW/NHWC transposes its eager time holds: on the
-    origin its recorded kernels but the transposes; elsewhere, a time scaled from the recording
-    (``mlp_ratio``, ``wave_scaling``) keeps the recording's share of the rest, and the tensor-core
-    model's (``mlp``) takes the time channels-last tensors save in that model."""
-    recorded = node.kernel_ms
-    if on_origin and recorded is not None:
-        return recorded - layout_transpose_ms(node)
-    if source in _SCALED_FROM_ORIGIN and recorded:
-        return eager_ms * (1 - layout_transpose_ms(node) / recorded)
-    if source == "mlp":
-        return eager_ms - default_heads().tiled.layout_saving_ms(node, device)
-    return eager_ms
 
 
 def compiled_host_ms(pipeline: Pipeline) -> float:

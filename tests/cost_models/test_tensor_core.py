@@ -13,7 +13,6 @@ from fxcost.cost_models.heads import Heads, default_heads
 from fxcost.cost_models.heads.sustained import shipped_gemm_fit
 from fxcost.cost_models.heads.tensor_core import TiledGemms, tensor_peak_tflops
 from fxcost.cost_models.heads.tensor_work import (
-    channels_last_work,
     load_share,
     tensor_kind,
     tensor_work,
@@ -190,7 +189,8 @@ def test_convolutions_run_as_implicit_gemms_with_layout_transposes() -> None:
     assert len(three.passes) == 3  # input and filter to NHWC, output back to NCHW
     one = tensor_work(_typed(conv_node(32, 64, 256, 1, 56, 1, 0), "bfloat16"))
     assert one is not None
-    assert one.gemms == ((32, 256, 56 * 56, 64),) and one.passes == ()
+    assert one.gemms == () and one.passes == ()  # its one GEMM the faster of two ways, below
+    assert one.choices[0][0].gemms == ((32, 256, 56 * 56, 64),)  # per image, the pixels leading
     padded = tensor_work(_typed(conv_node(32, 3, 64, 7, 224, 2, 3), "bfloat16"))
     assert padded is not None and padded.gemms[0][3] == 8 * 49  # 3 channels padded to 16 bytes
     convs = [_typed(conv_node(32, 64, 64, 3, 56, 1, 1), t) for t in ("bfloat16", "float32")]
@@ -200,13 +200,11 @@ def test_convolutions_run_as_implicit_gemms_with_layout_transposes() -> None:
 
 def test_a_1x1_convolution_runs_per_image_or_transposed_whichever_is_faster() -> None:
     """ResNet-50's last stage (7x7 maps: 49 pixels, one-element loads per image) ran on the H100 as the
-    implicit GEMM on transposed tensors, its 14x14 maps (196 pixels) per image, its 56x56 ones (aligned
-    pixels) per image with no other way offered. Each gradient is priced at its fastest way."""
+    implicit GEMM on transposed tensors, its 14x14 maps (196 pixels) and 56x56 ones per image. Each
+    gradient is priced at its fastest way."""
     h100 = get_device("H100-SXM")
     cores = default_heads().tiled
-    aligned = tensor_work(_typed(conv_node(256, 64, 256, 1, 56, 1, 0), "bfloat16"))
-    assert aligned is not None and aligned.choices == () and aligned.gemms == ((256, 256, 56 * 56, 64),)
-    for size, transposed in ((7, True), (14, False)):
+    for size, transposed in ((7, True), (14, False), (56, False)):
         work = tensor_work(_typed(conv_node(256, 512, 2048, 1, size, 1, 0), "bfloat16"))
         assert work is not None and work.gemms == () and len(work.choices) == 1
         per_image, implicit = work.choices[0]
@@ -214,12 +212,11 @@ def test_a_1x1_convolution_runs_per_image_or_transposed_whichever_is_faster() ->
         ways = cores.kernel_ms([per_image, implicit], h100)
         assert cores.kernel_ms([work], h100)[0] == pytest.approx(ways.min())
         assert (ways[1] < ways[0]) == transposed
-    backwards = [_conv_backward(64, 1024, 256, size) for size in (7, 14, 28)]
-    works = [tensor_work(n) for n in backwards]
-    assert [len(w.choices) for w in works if w is not None] == [2, 2, 0]  # each gradient either way
+    works = [tensor_work(_conv_backward(64, 1024, 256, size)) for size in (7, 14, 28)]
+    assert [len(w.choices) for w in works if w is not None] == [2, 2, 2]  # each gradient either way
     assert works[0] is not None and works[0].passes == (64 * 256 * 49 * 2,)  # the bias gradient's pass
     together = cores.kernel_ms(works, h100)  # several works' ways in one table
-    for work, ms in zip(works[:2], together, strict=False):
+    for work, ms in zip(works, together, strict=True):
         assert work is not None
         fastest = sum(cores.kernel_ms(list(ways), h100).min() for ways in work.choices)
         bias = cores.kernel_ms([replace(work, choices=())], h100)[0]
@@ -238,21 +235,22 @@ def _conv_backward(batch: int, c_in: int, c_out: int, size: int) -> NodeCost:
 
 
 def test_channels_last_saves_the_transposes_and_prices_a_1x1_convolution_as_one_gemm() -> None:
-    h100 = get_device("H100-SXM")
+    h100, p4 = get_device("H100-SXM"), get_device("P4")
     cores = default_heads().tiled
     three = _typed(conv_node(64, 128, 128, 3, 28, 1, 1), "bfloat16")
-    nchw, nhwc = tensor_work(three), channels_last_work(three)
+    nchw, nhwc = tensor_work(three), tensor_work(three, channels_last=True)
     assert nchw is not None and nhwc is not None
     assert nhwc.gemms == nchw.gemms and nhwc.passes == () and len(nchw.passes) == 3
-    passes_ms = float(
-        sum(pass_ms(np.array([b]), np.array([[h100.bandwidth_gbps]]))[0, 0] for b in nchw.passes)
-    )
-    assert cores.layout_saving_ms(three, h100) == pytest.approx(passes_ms)
+    passes_ms = pass_ms(np.array([nchw.passes]), np.array([[h100.bandwidth_gbps]])).sum()
     one = _typed(conv_node(64, 512, 2048, 1, 7, 1, 0), "bfloat16")
-    nhwc = channels_last_work(one)
+    nhwc = tensor_work(one, channels_last=True)
     assert nhwc is not None and nhwc.gemms == ((1, 64 * 49, 2048, 512),) and nhwc.choices == ()
-    assert cores.layout_saving_ms(one, h100) > 0  # its transposes, where the NCHW price took them
-    assert cores.layout_saving_ms(_gemm(256, 256, 256), h100) == 0.0
+    tf32 = replace(_typed(three, "float32"), tf32=True)
+    saved = cores.layout_savings_ms([three, one, _gemm(256, 256, 256)], h100)
+    assert saved[0] == pytest.approx(passes_ms)
+    assert saved[1] > 0  # its transposes, where the NCHW price took them
+    assert saved[2] == 0.0
+    assert cores.layout_savings_ms([tf32], p4)[0] == 0.0  # no TF32 tensor cores: nothing priced here
 
 
 def test_isolated_times_keep_gpu_order_without_cutting_kernels() -> None:

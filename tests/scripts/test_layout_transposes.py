@@ -26,6 +26,12 @@ def test_transposes_are_matched_to_their_tensors_by_grid(load_script) -> None:
     # x and y (same shape here) by their grid (7, 8, 256); w [256, 256, 3, 3] by (1, 8, 256)
     assert found == [(x_bytes, 0.0265), (2 * 256 * 256 * 9 * 2, 0.0048), (x_bytes, 0.0323)]
     assert script.transposes(conv_node(8, 3, 8, 3, 8, 1, 1)) == []  # nothing recorded
+    # 48 and 64 channels share a grid, (7, 2, 256): which tensor moved is not known, so neither counts
+    ambiguous = dataclasses.replace(
+        conv_node(256, 48, 64, 1, 14, 1, 0), in_dtypes=["bfloat16"] * 2, out_dtypes=["bfloat16"]
+    )
+    ambiguous.kernels = [KernelRecord("void cudnn::engines_precompiled::nchwToNhwcKernel", 0.01, (7, 2, 256))]
+    assert script.transposes(ambiguous) == []
 
 
 def test_the_script_reads_the_recorded_traces(load_script, capsys) -> None:

@@ -47,7 +47,7 @@ import numpy as np
 
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads.sustained import GemmFit
-from fxcost.cost_models.heads.tensor_work import TensorWork, channels_last_work, tensor_work
+from fxcost.cost_models.heads.tensor_work import CONVOLUTIONS, TensorWork, tensor_work
 from fxcost.cost_models.heads.tiling import TENSOR_TILING, Tiling, gemm_kernel_ms, pass_ms
 from fxcost.gpus import Device, all_devices
 from fxcost.gpus.order import comparable, stronger_than, weaker_than
@@ -98,27 +98,34 @@ class TiledGemms:
     def kernel_table(self, works: Sequence[TensorWork], devices: Sequence[Device]) -> np.ndarray:
         """:meth:`kernel_ms` on each of ``devices`` (rows), in one vectorized pass: each of a work's
         :attr:`~TensorWork.choices` at its fastest way, as the library picks."""
-        choices = [(i, ways) for i, w in enumerate(works) for ways in w.choices]
-        ways = [way for _, found in choices for way in found]
-        table = self._candidate_table([*works, *ways], devices)
-        out = table[:, : len(works)]
+        choices = [(owner, ways) for owner, work in enumerate(works) for ways in work.choices]
+        table = self._candidate_table([*works, *(way for _, ways in choices for way in ways)], devices)
+        out = table[:, : len(works)].copy()
         if choices:
             fastest = np.full((len(devices), len(choices)), np.nan)
-            which = np.repeat(np.arange(len(choices)), [len(found) for _, found in choices])
-            np.fmin.at(fastest.T, which, table[:, len(works) :].T)  # NaN only where every way is
-            np.add.at(out.T, [i for i, _ in choices], fastest.T)
+            choice_of_way = np.repeat(np.arange(len(choices)), [len(ways) for _, ways in choices])
+            np.fmin.at(fastest.T, choice_of_way, table[:, len(works) :].T)  # NaN where every way is
+            np.add.at(out.T, [owner for owner, _ in choices], fastest.T)
         return out
 
-    def layout_saving_ms(self, node: NodeCost, device: Device) -> float:
-        """The kernel time a step running channels-last saves on a convolution node on ``device``: its
-        price on NCHW tensors (:func:`tensor_work`: the layout transposes; for a 1x1 one, per gradient
-        the faster of those and a GEMM per image) less its price on NHWC ones (:func:`channels_last_work`).
-        0 for other nodes."""
-        nchw, nhwc = tensor_work(node), channels_last_work(node)
-        if nchw is None or nhwc is None:
-            return 0.0
-        saving = float(np.subtract(*self.kernel_ms([nchw, nhwc], device)))
-        return saving if math.isfinite(saving) else 0.0
+    def layout_savings_ms(self, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
+        """The kernel time a step running channels-last saves on each convolution node on ``device``:
+        its price on NCHW tensors (:func:`tensor_work`: the layout transposes; for a 1x1 one, per
+        gradient the faster of those and a GEMM per image) less its price on NHWC ones. 0 for other
+        nodes, and where this model has no price (a GPU without tensor cores for the node's kind)."""
+        priced, works = [], []
+        for i, node in enumerate(nodes):
+            nchw = tensor_work(node) if node.op in CONVOLUTIONS else None
+            nhwc = tensor_work(node, channels_last=True) if nchw is not None else None
+            if nchw is not None and nhwc is not None:
+                priced.append(i)
+                works += [nchw, nhwc]
+        out = np.zeros(len(nodes))
+        if priced:
+            ms = self.kernel_ms(works, device)
+            nchw_ms, nhwc_ms = ms[0::2], ms[1::2]
+            out[priced] = np.nan_to_num(nchw_ms - nhwc_ms, nan=0.0)
+        return out
 
     def _candidate_table(self, works: Sequence[TensorWork], devices: Sequence[Device]) -> np.ndarray:
         """Each work's own kernel time on each of ``devices`` (rows)."""

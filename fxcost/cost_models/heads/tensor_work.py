@@ -11,8 +11,8 @@ PyTorch tensors are NCHW unless a user asks for channels_last (which the records
 transposes each tensor such a kernel reads or writes (NVIDIA's convolution performance guide says
 so; the recorded H100 kernels show it), one memory pass each. A 1x1 stride-1 convolution (and each
 of its gradients) can instead run as a plain GEMM per image, whose leading dimension is the image's
-pixels, which sets its load width: cuDNN picks per gradient, and the work carries both where the
-pixels load narrowly (:attr:`TensorWork.choices`), priced at the faster. Grouped, dilated and
+pixels, which sets its load width: cuDNN picks per gradient, and the work carries both ways
+(:attr:`TensorWork.choices`), priced at the faster. Grouped, dilated and
 transposed convolutions stay with the heads.
 
 A GEMM whose dims are not multiples of 16 bytes runs on narrow-load kernels (cuBLAS ``align1`` /
@@ -25,17 +25,23 @@ where a larger problem may be predicted faster (a dim padded to 16 bytes); doubl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Literal
 
 from fxcost.lowering.nodes import MATMULS, gemm_dims
 from fxcost.precision import HALF_DTYPES, itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["TensorWork", "channels_last_work", "load_share", "tensor_kind", "tensor_work", "work_kind"]
+__all__ = ["CONVOLUTIONS", "Gradient", "TensorWork", "load_share", "tensor_kind", "tensor_work", "work_kind"]
 
 _CONV = "aten.convolution.default"
 _CONV_BACKWARD = "aten.convolution_backward.default"
-_CONVS = (_CONV, _CONV_BACKWARD)
+CONVOLUTIONS = (_CONV, _CONV_BACKWARD)
+
+Gradient = Literal["data", "weight"]
+"""A convolution's GEMMs: ``"data"``, the forward's output or the input's gradient (cuDNN's fprop and
+dgrad); ``"weight"``, the weight's gradient (wgrad)."""
+_GRADIENTS: tuple[Gradient, Gradient] = ("data", "weight")
 
 # The widest load of the tensor-core kernels' main loops (cp.async / TMA vectors): 16 bytes.
 _FULL_LOAD_BYTES = 16
@@ -45,7 +51,7 @@ def tensor_kind(node: NodeCost) -> str | None:
     """``"bfloat16"``, ``"float16"`` or ``"tf32"`` for a GEMM or convolution node that runs on tensor
     cores where the GPU has them (half-precision operands, or fp32 ones with TF32 allowed at
     capture: ``NodeCost.tf32``); None otherwise."""
-    if node.op not in MATMULS and node.op not in _CONVS:
+    if node.op not in MATMULS and node.op not in CONVOLUTIONS:
         return None
     dtypes = node.in_dtypes[-2:] if node.op in MATMULS else node.in_dtypes[:3]
     half = next((d for d in dtypes if d in HALF_DTYPES), None)
@@ -81,10 +87,12 @@ class TensorWork:
         return self.load_shares or (1.0,) * len(self.gemms)
 
 
-def tensor_work(node: NodeCost) -> TensorWork | None:
+def tensor_work(node: NodeCost, channels_last: bool = False) -> TensorWork | None:
     """The tiled work of ``node`` (None if it is neither a GEMM nor a convolution that runs on tensor
     cores, or its shapes are not those this model reads). An fp32 GEMM's loads are not narrowed by
-    its alignment: the CUDA-core tiles' shares were fit over measured GEMMs of every alignment."""
+    its alignment: the CUDA-core tiles' shares were fit over measured GEMMs of every alignment.
+    ``channels_last``: a convolution on NHWC tensors, as a step running channels-last runs it (its
+    implicit GEMMs, nothing transposed, no GEMM per image)."""
     kind = work_kind(node)
     if kind is None or node.bytes is None:
         return None
@@ -97,36 +105,28 @@ def tensor_work(node: NodeCost) -> TensorWork | None:
                 return None
             share = 1.0 if kind == "float32" else min(load_share(d, size) for d in (m, n, k))
             return TensorWork(kind, ((b, m, n, k),), (float(node.bytes),), (), (share,))
-        return _conv_work(node, kind, size, align)
+        conv = _Conv.of(node, kind, size, align)
     except (IndexError, KeyError, TypeError, ValueError):
         return None
-
-
-def _conv_work(node: NodeCost, kind: str, size: int, align: int, nhwc: bool = False) -> TensorWork | None:
-    conv = _Conv.of(node, kind, size, align)
     if conv is None:
         return None
-    if nhwc:  # channels-last tensors: the implicit GEMMs, nothing transposed
-        return _joined([conv.implicit_gemm(g, transposed=False) for g in conv.gradients], conv)
+    if channels_last:
+        return conv.work([conv.implicit_gemm(g, layout_passes=False) for g in conv.gradients])
     if not conv.plain:
-        return _joined([conv.implicit_gemm(g) for g in conv.gradients], conv)
-    # A 1x1 stride-1 unpadded convolution: each gradient a GEMM per image. Where its pixels load
-    # narrowly, the implicit GEMM on transposed tensors may be faster, and cuDNN picks per gradient
-    # (the H100 recordings: ResNet-50's 7x7 maps, 49 pixels, run transposed; its 14x14 ones, 196, per
-    # image, but for the weight gradient, transposed; its 28x28 and 56x56 ones per image).
-    per_image = [conv.per_image_gemm(g) for g in conv.gradients]
-    if per_image[0].shares()[0] == 1.0:
-        return _joined(per_image, conv)
-    ways = zip(per_image, [conv.implicit_gemm(g) for g in conv.gradients], strict=True)
-    return replace(_joined([], conv), choices=tuple(ways))
+        return conv.work([conv.implicit_gemm(g) for g in conv.gradients])
+    # A 1x1 stride-1 unpadded convolution: each gradient a GEMM per image or the implicit GEMM on
+    # transposed tensors, whichever is faster, as cuDNN picks per gradient (the H100 recordings:
+    # ResNet-50's 7x7 maps, 49 pixels, run transposed; its 14x14 ones, 196, per image, but for the
+    # weight gradient, transposed; its 28x28 and 56x56 ones per image).
+    ways = tuple((conv.per_image_gemm(g), conv.implicit_gemm(g)) for g in conv.gradients)
+    return conv.work([], choices=ways)
 
 
 @dataclass(frozen=True)
 class _Conv:
     """A convolution node's problem: input ``x``, weight ``w``, output (or its gradient) ``dy``, in
-    ``size``-byte elements loaded ``align`` at a time; the GEMMs it runs (``gradients``: ``"data"``,
-    the forward's output or the input's gradient, and ``"weight"``), and whether it also computes a
-    bias gradient."""
+    ``size``-byte elements loaded ``align`` at a time; the GEMMs it runs, and whether it also computes
+    a bias gradient."""
 
     kind: str
     size: int
@@ -135,7 +135,7 @@ class _Conv:
     x: tuple[int, ...]
     w: tuple[int, ...]
     dy: tuple[int, ...]
-    gradients: tuple[str, ...]
+    gradients: tuple[Gradient, ...]
     bias: bool
     plain: bool  # 1x1, stride 1, no padding: a GEMM per image on NCHW tensors
 
@@ -154,7 +154,7 @@ class _Conv:
         if len(x) != 4 or len(w) != 4 or len(dy) != 4:
             return None
         mask = list(args.get("output_mask") or [True, True, False]) if backward else [True, False, False]
-        gradients = tuple(g for g, wanted in zip(("data", "weight"), mask[:2], strict=True) if wanted)
+        gradients = tuple(g for g, wanted in zip(_GRADIENTS, mask[:2], strict=True) if wanted)
         if not gradients:
             return None
         plain = (
@@ -169,10 +169,10 @@ class _Conv:
         """The bytes of ``x``, ``w`` and ``dy``."""
         return math.prod(self.x) * self.size, math.prod(self.w) * self.size, math.prod(self.dy) * self.size
 
-    def implicit_gemm(self, gradient: str, transposed: bool = True) -> TensorWork:
-        """cuDNN's implicit GEMM on NHWC tensors for ``gradient``, each tensor it reads or writes
-        ``transposed`` from NCHW and back once (a 1x1 filter reads the same either way: the recorded
-        kernels transpose only the activations)."""
+    def implicit_gemm(self, gradient: Gradient, layout_passes: bool = True) -> TensorWork:
+        """cuDNN's implicit GEMM on NHWC tensors for ``gradient``, with ``layout_passes``: each tensor
+        it reads or writes transposed from NCHW and back once (a 1x1 filter reads the same in either
+        layout: the recorded kernels transpose only the activations)."""
         batch, c_in, height, width = self.x
         c_out, _, kh, kw = self.w
         pixels, out_pixels = height * width, self.dy[2] * self.dy[3]
@@ -186,9 +186,9 @@ class _Conv:
             gemm = (1, batch * out_pixels, cout, cin * kh * kw)
         passes = [2.0 * y_bytes, 2.0 * x_bytes] + ([2.0 * w_bytes] if kh * kw > 1 else [])
         return TensorWork(self.kind, (gemm,), (float(x_bytes + w_bytes + y_bytes),),
-                          tuple(passes) if transposed else ())  # fmt: skip
+                          tuple(passes) if layout_passes else ())  # fmt: skip
 
-    def per_image_gemm(self, gradient: str) -> TensorWork:
+    def per_image_gemm(self, gradient: Gradient) -> TensorWork:
         """A 1x1 convolution of NCHW tensors as a GEMM per image over its pixels for ``gradient``:
         the pixels are the leading dimension, which sets the load width, and nothing is transposed."""
         batch, c_in, height, width = self.x
@@ -201,18 +201,18 @@ class _Conv:
         moved = float(sum(self.bytes()))
         return TensorWork(self.kind, (gemm,), (moved,), (), (load_share(pixels, self.size),))
 
-
-def _joined(parts: list[TensorWork], conv: _Conv) -> TensorWork:
-    """A convolution node's work run as ``parts`` (kernels one after another), then a bias gradient's
-    pass reading ``dy`` where it computes one."""
-    bias = (float(math.prod(conv.dy) * conv.size),) if conv.bias else ()
-    return TensorWork(
-        conv.kind,
-        tuple(g for p in parts for g in p.gemms),
-        tuple(b for p in parts for b in p.gemm_bytes),
-        tuple(b for p in parts for b in p.passes) + bias,
-        tuple(s for p in parts for s in p.shares()),
-    )
+    def work(self, parts: list[TensorWork], choices: tuple[tuple[TensorWork, ...], ...] = ()) -> TensorWork:
+        """The node's work: ``parts`` (kernels one after another), each of ``choices`` at its fastest
+        way, then a bias gradient's pass reading ``dy`` where the node computes one."""
+        bias = (float(math.prod(self.dy) * self.size),) if self.bias else ()
+        return TensorWork(
+            self.kind,
+            tuple(g for p in parts for g in p.gemms),
+            tuple(b for p in parts for b in p.gemm_bytes),
+            tuple(b for p in parts for b in p.passes) + bias,
+            tuple(s for p in parts for s in p.shares()),
+            choices,
+        )
 
 
 def load_share(dim: int, size: int) -> float:
@@ -228,17 +228,3 @@ def load_share(dim: int, size: int) -> float:
 
 def _up(x: int, multiple: int) -> int:
     return -(-int(x) // multiple) * multiple
-
-
-def channels_last_work(node: NodeCost) -> TensorWork | None:
-    """A convolution node's work on channels-last tensors (its implicit GEMMs, nothing transposed, a
-    1x1 one no GEMM per image), as a step running channels-last runs it; None for other nodes or a
-    convolution :func:`tensor_work` does not read."""
-    kind = work_kind(node) if node.op in _CONVS else None
-    if kind is None or node.bytes is None:
-        return None
-    size = 4 if kind == "tf32" else itemsize(kind)
-    try:
-        return _conv_work(node, kind, size, max(_FULL_LOAD_BYTES // size, 1), nhwc=True)
-    except (IndexError, KeyError, TypeError, ValueError):
-        return None
