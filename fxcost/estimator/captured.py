@@ -25,6 +25,7 @@ from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import HOST_MS, kernel_times
 from fxcost.cost_models.heads import spec_sheet_caveat
 from fxcost.cost_models.heads.intervals import node_bounds
+from fxcost.cost_models.heads.tensor_work import layout_works
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
 from fxcost.gpus import Device, get_device
 from fxcost.lowering import is_matmul_class
@@ -215,7 +216,9 @@ class Captured:
             n if i is None else batch.nodes[i] for n, i in zip(self.report.nodes, self.index, strict=True)
         ]
         if layout:
-            per_node = without_layout_transposes(batch.nodes, per_node, device, sources=list(sources))
+            works = batch.derived("compiled.layout", lambda: layout_works(batch.nodes))  # on every GPU
+            per_node = without_layout_transposes(batch.nodes, per_node, device, sources=list(sources),
+                                                 works=works)  # fmt: skip
         eager = np.array([np.nan if i is None else per_node[i] for i in self.index], dtype=np.float64)
         work = batch.derived("compiled.work", lambda: kernel_work(nodes, kernels))  # the same on every GPU
         times = fused_kernel_ms(nodes, kernels, eager, device, self.chain, channels_last=layout, work=work)

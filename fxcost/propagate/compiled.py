@@ -54,6 +54,7 @@ import numpy as np
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
 from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_times
 from fxcost.cost_models.heads import default_heads
+from fxcost.cost_models.heads.tensor_work import LayoutWorks, layout_works
 from fxcost.cost_models.roofline import Roofline
 from fxcost.execution import EXECUTIONS, Execution, check_execution
 from fxcost.gpus import Device
@@ -109,19 +110,20 @@ def node_kernel_ms(
 
 def without_layout_transposes(
     nodes: Sequence[NodeCost], ms: np.ndarray, device: Device, on_origin: bool = False,
-    sources: Sequence[str | None] | None = None,
+    sources: Sequence[str | None] | None = None, works: LayoutWorks | None = None,
 ) -> np.ndarray:  # fmt: skip
     """``ms`` (each node's eager kernel time on ``device``) with the layout transposes a channels-last
     step does not run taken off its convolutions; ``sources``: the models that priced each node (its
-    ``pred_source`` on ``device`` where not given)."""
+    ``pred_source`` on ``device`` where not given); ``works``: :func:`layout_works` of ``nodes``, where
+    the caller keeps them across GPUs."""
     out = np.array(ms, dtype=np.float64)
     convs = [i for i, n in enumerate(nodes) if n.op in _CONVOLUTIONS and np.isfinite(out[i])]
     if not convs:
         return out
     source = {i: nodes[i].pred_source.get(device.name) if sources is None else sources[i] for i in convs}
-    modelled = [i for i in convs if source[i] == "mlp"]  # the tensor-core model's, origin-free
-    saved = dict(zip(modelled, default_heads().tiled.layout_savings_ms([nodes[i] for i in modelled], device),
-                     strict=True))  # fmt: skip
+    modelled = {i for i in convs if source[i] == "mlp"}  # the tensor-core model's, origin-free
+    found = [w for w in (layout_works(nodes) if works is None else works) if w[0] in modelled]
+    saved = default_heads().tiled.layout_savings_ms(nodes, device, found)
     for i in convs:
         n = nodes[i]
         if on_origin and n.kernel_ms is not None:  # the recorded kernels but the transposes
@@ -129,7 +131,7 @@ def without_layout_transposes(
         elif source[i] in _SCALED_FROM_ORIGIN and n.kernel_ms:  # the recording's share of the rest
             kept = out[i] * (1 - layout_transpose_ms(n) / n.kernel_ms)
         else:  # the time channels-last tensors save in the tensor-core model (none elsewhere)
-            kept = out[i] - saved.get(i, 0.0)
+            kept = out[i] - saved[i]
         out[i] = max(kept, MIN_KERNEL_MS)
     return out
 

@@ -47,7 +47,7 @@ import numpy as np
 
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads.sustained import GemmFit
-from fxcost.cost_models.heads.tensor_work import CONVOLUTIONS, TensorWork, tensor_work
+from fxcost.cost_models.heads.tensor_work import LayoutWorks, TensorWork, layout_works
 from fxcost.cost_models.heads.tiling import TENSOR_TILING, Tiling, gemm_kernel_ms, pass_ms
 from fxcost.gpus import Device, all_devices
 from fxcost.gpus.order import comparable, stronger_than, weaker_than
@@ -108,23 +108,19 @@ class TiledGemms:
             np.add.at(out.T, [owner for owner, _ in choices], fastest.T)
         return out
 
-    def layout_savings_ms(self, nodes: Sequence[NodeCost], device: Device) -> np.ndarray:
+    def layout_savings_ms(
+        self, nodes: Sequence[NodeCost], device: Device, works: LayoutWorks | None = None
+    ) -> np.ndarray:
         """The kernel time a step running channels-last saves on each convolution node on ``device``:
         its price on NCHW tensors (:func:`tensor_work`: the layout transposes; for a 1x1 one, per
         gradient the faster of those and a GEMM per image) less its price on NHWC ones. 0 for other
-        nodes, and where this model has no price (a GPU without tensor cores for the node's kind)."""
-        priced, works = [], []
-        for i, node in enumerate(nodes):
-            nchw = tensor_work(node) if node.op in CONVOLUTIONS else None
-            nhwc = tensor_work(node, channels_last=True) if nchw is not None else None
-            if nchw is not None and nhwc is not None:
-                priced.append(i)
-                works += [nchw, nhwc]
+        nodes, and where this model has no price (a GPU without tensor cores for the node's kind).
+        ``works``: :func:`layout_works` of ``nodes``, where the caller keeps them across GPUs."""
+        found = layout_works(nodes) if works is None else works
         out = np.zeros(len(nodes))
-        if priced:
-            ms = self.kernel_ms(works, device)
-            nchw_ms, nhwc_ms = ms[0::2], ms[1::2]
-            out[priced] = np.nan_to_num(nchw_ms - nhwc_ms, nan=0.0)
+        if found:
+            ms = self.kernel_ms([work for _, nchw, nhwc in found for work in (nchw, nhwc)], device)
+            out[[i for i, _, _ in found]] = np.nan_to_num(ms[0::2] - ms[1::2], nan=0.0)
         return out
 
     def _candidate_table(self, works: Sequence[TensorWork], devices: Sequence[Device]) -> np.ndarray:

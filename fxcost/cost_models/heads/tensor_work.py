@@ -25,6 +25,7 @@ where a larger problem may be predicted faster (a dim padded to 16 bytes); doubl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,7 +33,8 @@ from fxcost.lowering.nodes import MATMULS, gemm_dims
 from fxcost.precision import HALF_DTYPES, itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["CONVOLUTIONS", "Gradient", "TensorWork", "load_share", "tensor_kind", "tensor_work", "work_kind"]
+__all__ = ["CONVOLUTIONS", "Gradient", "LayoutWorks", "TensorWork", "layout_works", "load_share",
+           "tensor_kind", "tensor_work", "work_kind"]  # fmt: skip
 
 _CONV = "aten.convolution.default"
 _CONV_BACKWARD = "aten.convolution_backward.default"
@@ -228,3 +230,19 @@ def load_share(dim: int, size: int) -> float:
 
 def _up(x: int, multiple: int) -> int:
     return -(-int(x) // multiple) * multiple
+
+
+LayoutWorks = list[tuple[int, TensorWork, TensorWork]]
+
+
+def layout_works(nodes: Sequence[NodeCost]) -> LayoutWorks:
+    """(position, work on NCHW tensors, work on NHWC ones) of each convolution in ``nodes`` the tiled
+    model reads: what a channels-last step saves on it (``TiledGemms.layout_savings_ms``), the same on
+    every GPU."""
+    found = []
+    for i, node in enumerate(nodes):
+        nchw = tensor_work(node) if node.op in CONVOLUTIONS else None
+        nhwc = tensor_work(node, channels_last=True) if nchw is not None else None
+        if nchw is not None and nhwc is not None:
+            found.append((i, nchw, nhwc))
+    return found
