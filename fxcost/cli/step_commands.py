@@ -187,29 +187,34 @@ def devices_command(args: argparse.Namespace) -> None:
 
     from fxcost.cost_models.heads.sustained import clock_share, shipped_gemm_fit
     from fxcost.gpus import device_names, get_device
-    from fxcost.gpus.power import process_source
+    from fxcost.gpus.power import process_source, tensor_clock_share
     from fxcost.report.table import console_for
 
     table = Table(title="GPUs in fxcost's database (? = unconfirmed, or a default; see Device.source_of)")
-    for column in ("name", "full name", "SMs", "FP32 TFLOPS", "BF16 TFLOPS", "GEMM clock %", "spec GB/s",
+    for column in ("name", "SMs", "FP32 TFLOPS", "BF16 TFLOPS", "GEMM clock %", "tensor clock %", "spec GB/s",
                    "achieved GB/s", "memory GB", "$/h"):  # fmt: skip
-        table.add_column(column, justify="left" if "name" in column else "right")
+        # Whole names; the headers fold where the terminal is narrow.
+        table.add_column(column, justify="left" if column == "name" else "right", no_wrap=column == "name")
     watts = shipped_gemm_fit().watts
     for name in device_names():
         d = get_device(name)
-        # The share of its boost clock a large GEMM sustains under the power cap (heads.sustained).
+        # The share of its boost clock a large GEMM sustains under the power cap (heads.sustained): an
+        # fp32 one's, and a tensor-core one's (the fp32 one's where no source gives its own).
         power_unsure = bool({"tdp_w", "fp32_tflops"} & d.uncertain) or "unconfirmed" in process_source(d)
+        gemm_clock, tensor_clock = clock_share(d, watts), tensor_clock_share(d)
+        tensor_unsure = bool({"tdp_w", "bf16_tflops"} & d.uncertain) if tensor_clock else power_unsure
         cells = [
             (d.num_sms, "num_sms" in d.uncertain),
             (d.fp32_tflops, "fp32_tflops" in d.uncertain),
             (d.bf16_tflops, "bf16_tflops" in d.uncertain),
-            (round(100 * clock_share(d, watts)), power_unsure),
+            (round(100 * gemm_clock), power_unsure),
+            (round(100 * (tensor_clock or gemm_clock)), tensor_unsure),
             (d.mem_bandwidth_gbps, "mem_bandwidth_gbps" in d.uncertain),
             (d.bandwidth_gbps, d.achieved_bandwidth_gbps is None),
             (d.memory_gb, "memory_gb" in d.uncertain),
             (d.price_usd_per_hr, "price_usd_per_hr" in d.uncertain),
         ]
-        table.add_row(d.name, d.full_name, *(_cell(value, unsure) for value, unsure in cells))
+        table.add_row(d.name, *(_cell(value, unsure) for value, unsure in cells))
     console_for().print(table)
 
 

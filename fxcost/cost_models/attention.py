@@ -16,7 +16,9 @@ may be fit: the time is built from spec-sheet rates and the kernel's launch stru
   ``allow_tf32`` says), each loaded operand split in registers into a big and a small TF32 part (a
   rounding add and a subtract, :data:`SPLIT_OPS_PER_OPERAND`), and CUDA cores before sm80. Operands
   staged through shared memory cap the rate at 128 bytes per clock per SM times the FLOPs a warp's
-  tile does per byte it loads, which 4-byte operands halve (:func:`_intensity`).
+  tile does per byte it loads, which 4-byte operands halve (:func:`_intensity`). Every unit runs at
+  the clock a tensor-core kernel sustains under the power cap where a source gives it
+  (:func:`~fxcost.gpus.power.tensor_clock_share`), else at the boost clock.
 - **Softmax work** per score on the special-function units, 16 results per clock per SM on every
   NVIDIA GPU since Maxwell (CUDA C Programming Guide, arithmetic instruction throughput): one
   exponential, the packed conversion of each 16-bit matrix fed back to the tensor cores, and a few
@@ -59,6 +61,7 @@ from dataclasses import dataclass
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import Device
 from fxcost.gpus.occupancy import blocks_per_sm, sm_version
+from fxcost.gpus.power import tensor_clock_share
 from fxcost.lowering.attention import AttentionCall
 from fxcost.lowering.attention_kernels import FusedAttention
 from fxcost.precision import itemsize
@@ -141,17 +144,21 @@ def _split_fp32(call: AttentionCall, device: Device) -> bool:
     return call.dtype == "float32" and device.tf32_tflops is not None and sm >= 80
 
 
-def _mma_tflops(call: AttentionCall, backend: str, device: Device, sustained: float | None) -> float | None:
+def _mma_tflops(
+    call: AttentionCall, backend: str, device: Device, sustained: float | None, clock_share: float
+) -> float | None:
     """The tensor (or CUDA-core) rate the kernel's products reach on ``device``, TFLOP/s, from the
-    ``sustained`` rate of the call's :func:`attention_kind` (the spec peak where None)."""
+    ``sustained`` rate of the call's :func:`attention_kind` (where None, the spec peak at
+    ``clock_share`` of the boost clock it is quoted at)."""
     sm = (sm_version(device) or 0) if device.vendor == "NVIDIA" else 0
     mma_sync = MMA_SYNC_SHARE_SM90 if sm >= 90 and backend != "cudnn" else 1.0
     if call.dtype == "float32":
         if _split_fp32(call, device):
-            return (sustained or device.tf32_tflops or 0.0) * mma_sync / 3  # 3xTF32 keeps fp32's accuracy
-        return device.fp32_tflops
+            tf32 = sustained or (device.tf32_tflops or 0.0) * clock_share
+            return tf32 * mma_sync / 3  # 3xTF32 keeps fp32's accuracy
+        return None if device.fp32_tflops is None else device.fp32_tflops * clock_share
     peak = device.bf16_tflops if call.dtype == "bfloat16" else device.fp16_tflops
-    rate = sustained or peak
+    rate = sustained or (None if peak is None else peak * clock_share)
     return None if rate is None else rate * mma_sync
 
 
@@ -179,7 +186,7 @@ def fused_attention_ms(
 ) -> float | None:
     """Kernel time of a fused attention call on ``device`` in ms, None where a rate is unknown.
     ``sustained_tflops``: the GPU's sustained tensor rate for the call's :func:`attention_kind` (what the
-    tensor-core GEMMs are priced at); the spec peak where None.
+    tensor-core GEMMs are priced at); where None, the spec peak at the clock the kernel runs at (below).
 
     ``serial``: the same structure with nothing overlapped, the other end of what it allows: each
     tile's GEMMs and softmax one after the other (cuDNN's pipeline too), and the main kernel's DRAM
@@ -195,10 +202,13 @@ def fused_attention_ms(
         True
     """
     sms, clock_mhz, bandwidth = device.num_sms, device.boost_clock_mhz, device.mem_bandwidth_gbps
-    rate = _mma_tflops(call, fused.backend, device, sustained_tflops)
+    # Every unit runs at the clock the power cap leaves a tensor-core kernel, where a source gives it.
+    clock_share = tensor_clock_share(device) or 1.0
+    rate = _mma_tflops(call, fused.backend, device, sustained_tflops, clock_share)
     if not (sms and clock_mhz and bandwidth and rate and device.fp32_tflops):
         return None
-    clock_hz = clock_mhz * 1e6
+    alu_per_clock = device.fp32_tflops * 1e12 / (2 * sms * clock_mhz * 1e6)  # the peak's, at the boost clock
+    clock_hz = clock_mhz * 1e6 * clock_share
     intensity = _intensity(fused.backend, call)
     if intensity is not None:
         rate = min(rate, sms * clock_hz * SMEM_BYTES_PER_CLOCK * intensity / 1e12)
@@ -208,7 +218,6 @@ def fused_attention_ms(
     half = call.dtype != "float32"
     sfu = 1 + (1.0 if call.backward else 0.5) * half
     alu = 3 + (MASK_OPS_PER_SCORE if call.masked else 0)
-    alu_per_clock = device.fp32_tflops * 1e12 / (2 * sms * clock_hz)
     score_cycles = sfu / SFU_PER_CLOCK + alu / alu_per_clock
     if call.dropout:
         score_cycles += _dropout_cycles_per_score(PHILOX[fused.backend], alu_per_clock)

@@ -118,6 +118,7 @@ class Device:
     # GPUs one NVLink (or Infinity Fabric) domain joins when bridges rather than a switch connect them:
     # 2 for bridged pairs of PCIe cards, None where every GPU of a node has a switched port.
     nvlink_domain: int | None = None
+    tensor_clock_mhz: float | None = None  # a large tensor-core GEMM's at the TDP (gpus.power), where stated
     calibration_source: str = ""
     memory_type: str = ""  # HBM2e, GDDR6X...: with the compute capability, a GPU never calibrated's share
     aliases: tuple[str, ...] = ()
@@ -313,15 +314,11 @@ def _apply_file(devices: dict[str, Device], index: dict[str, str], path: Path) -
     except Exception as e:  # yaml.YAMLError does not derive from ValueError
         raise DeviceFileError(f"{path}: not valid YAML ({e})") from e
     if not isinstance(data, dict):
-        raise DeviceFileError(
-            f"{path}: expected a mapping of device names to fields, got {type(data).__name__}"
-        )
+        raise DeviceFileError(f"{path}: expected a mapping of device names, not {type(data).__name__}")
     changed = []
     for name, fields in data.items():
         if not isinstance(fields, dict):
-            raise DeviceFileError(
-                f"{path}: {name}: expected a mapping of fields, got {type(fields).__name__}"
-            )
+            raise DeviceFileError(f"{path}: {name}: fields must be a mapping, not {type(fields).__name__}")
         fields = dict(fields)
         known = index.get(_normalize(str(name)))
         base_name = fields.pop("base", None)

@@ -29,10 +29,10 @@ from __future__ import annotations
 import functools
 import re
 
-from fxcost.gpus import Device
+from fxcost.gpus import Device, all_devices
 from fxcost.gpus.sourced import read_sourced
 
-__all__ = ["die_of", "power_headroom", "process_energy", "process_source"]
+__all__ = ["die_of", "power_headroom", "process_energy", "process_source", "tensor_clock_share"]
 
 # The die in the architecture column: "Pascal (GP104)", "Ada Lovelace (AD102)", "CDNA2 (gfx90a, ...)".
 _DIE = re.compile(r"\b(G[PVHAB]\d{3}|TU\d{3}|AD\d{3}|gfx\d[0-9a-f]{2,3})\b", re.IGNORECASE)
@@ -64,6 +64,53 @@ def power_headroom(device: Device) -> float | None:
     if energy is None or not device.tdp_w or not device.fp32_tflops:
         return None
     return float(device.tdp_w) / (float(device.fp32_tflops) * energy)
+
+
+def tensor_clock_share(device: Device) -> float | None:
+    """The share of its boost clock ``device`` sustains on a large tensor-core GEMM at its TDP; None
+    where no source says (no tensor-core cap known).
+
+    A tensor-core GEMM draws far more power per FP32 peak than :func:`power_headroom` reads for CUDA
+    cores: an H100 SXM runs one at about 1.83 GHz of its 1.98 at 700 W (``tensor_clock_mhz``, with its
+    source). A GPU whose source states its clock runs at it. Another GPU of the same die spends the same
+    energy per tensor operation: the stated one draws its TDP at ``clock share x tensor peak``, so many
+    watts per TFLOP/s sustained, and the other sustains what its own TDP feeds at that rate, never
+    above its boost clock (the dynamic power falling with the clock at the voltage floor, as for FP32).
+    A 500 W H100 SXM then runs 0.66 of its boost clock, an H100 PCIe (350 W) 0.61, an H200 (700 W)
+    the H100 SXM's 0.92. Board power that does not slow with the clock (memory, fans) would make a
+    lower-power GPU slower still; a mild cap that also lowers the voltage, faster.
+
+    Example:
+        >>> from fxcost.gpus import get_device
+        >>> round(tensor_clock_share(get_device("H100-SXM-96GB-HBM2e")), 2)
+        0.66
+    """
+    own = _stated_share(device)
+    if own is not None:
+        return own
+    die, peak = die_of(device), _tensor_peak(device)
+    if die is None or peak is None or not device.tdp_w:
+        return None
+    for other in all_devices():
+        share, other_peak = _stated_share(other), _tensor_peak(other)
+        if share is None or other_peak is None or not other.tdp_w or die_of(other) != die:
+            continue
+        watts_per_tflops = float(other.tdp_w) / (share * other_peak)
+        return min(1.0, float(device.tdp_w) / (watts_per_tflops * peak))
+    return None
+
+
+def _stated_share(device: Device) -> float | None:
+    """``tensor_clock_mhz`` over the boost clock, where both are known."""
+    if not device.tensor_clock_mhz or not device.boost_clock_mhz:
+        return None
+    return min(1.0, float(device.tensor_clock_mhz) / float(device.boost_clock_mhz))
+
+
+def _tensor_peak(device: Device) -> float | None:
+    """The dense 16-bit tensor peak (bf16, else fp16), TFLOP/s; None without one."""
+    peak = device.bf16_tflops or device.fp16_tflops
+    return float(peak) if peak else None
 
 
 @functools.cache  # every price of a GEMM on a GPU not measured reads it: the regex once per column

@@ -98,9 +98,13 @@ def test_devices_lists_the_database(capsys) -> None:
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "H100-SXM" in out and "T4" in out
-    assert "GEMM clock" in out
-    t4 = next(line for line in out.splitlines() if line.startswith("│ T4 "))
-    assert "59?" in t4  # a 70 W T4 sustains 59% of its boost clock (12FFN's energy unconfirmed)
+    assert "GEMM" in out and "tensor" in out and "clock %" in out  # headers fold at 120 columns
+    rows = [line.split("│") for line in out.splitlines() if line.startswith("│ ")]
+    cells = {row[1].strip(): row[2:] for row in rows}
+    gemm_clock, tensor_clock = 3, 4  # after SMs, FP32 and BF16 TFLOPS
+    assert cells["T4"][gemm_clock].strip() == "59?"  # a 70 W T4: 59% of its boost clock (12FFN unconfirmed)
+    assert cells["T4"][tensor_clock].strip() == "59?"  # no tensor clock known: the FP32 one
+    assert cells["H100-SXM"][gemm_clock].strip() == "100" and cells["H100-SXM"][tensor_clock].strip() == "92"
 
 
 def test_show_scales_a_gpu_trace_with_wave_scaling(tmp_path, capsys) -> None:

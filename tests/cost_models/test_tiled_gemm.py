@@ -14,6 +14,7 @@ import fxcost
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.cost_models.heads import default_heads
 from fxcost.cost_models.heads.sustained import GemmFit, clock_share, kernel_family, shipped_gemm_fit
+from fxcost.cost_models.heads.tensor_core import TiledGemms
 from fxcost.cost_models.heads.tiling import TENSOR_TILING, Tiling, gemm_kernel_ms
 from fxcost.cost_models.interface import NodeBatch
 from fxcost.gpus import get_device
@@ -71,6 +72,19 @@ def test_the_clock_under_the_power_cap() -> None:
     # below the 16 of an A100, whose 19.5 take 400 W.
     assert fit.share(l4) < 0.5 and fit.share(l4) * l4.fp32_tflops < fit.share(a100) * a100.fp32_tflops
     assert clock_share(h100, fit.watts) == 1.0 and clock_share(a100, fit.watts) == 1.0
+
+
+def test_tensor_core_work_runs_at_the_tensor_clock_where_a_source_gives_it() -> None:
+    fit = shipped_gemm_fit()
+    gemms = TiledGemms(fit)
+    h100, capped, l4 = (get_device(g) for g in ("H100-SXM", "H100-SXM-96GB-HBM2e", "L4"))
+    family = fit.family_share("ampere")
+    assert fit.share(h100, tensor=True) == pytest.approx(family * 1830 / 1980)
+    assert fit.share(h100) == pytest.approx(family)  # fp32 CUDA-core GEMMs: the FP32 power cap, none
+    assert gemms.sustained_tflops(capped, "bfloat16") < 0.75 * gemms.sustained_tflops(h100, "bfloat16")
+    assert gemms.sustained_tflops(h100, "tf32") == pytest.approx(494.7 * family * 1830 / 1980)
+    # No tensor clock known: tensor work at the FP32 clock share, as before.
+    assert fit.share(l4, tensor=True) == fit.share(l4)
 
 
 def test_kernel_families_and_their_fallback() -> None:

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from fxcost.gpus import all_devices, get_device
-from fxcost.gpus.power import die_of, power_headroom, process_energy, process_source
+from fxcost.gpus.power import die_of, power_headroom, process_energy, process_source, tensor_clock_share
 
 
 def test_every_gpu_of_the_database_has_its_die_and_process() -> None:
@@ -33,3 +33,30 @@ def test_an_unknown_die_or_power_has_no_headroom() -> None:
     assert power_headroom(dataclasses.replace(t4, architecture="Turing")) is None
     assert power_headroom(dataclasses.replace(t4, tdp_w=None)) is None
     assert power_headroom(dataclasses.replace(t4, fp32_tflops=None)) is None
+
+
+def test_a_stated_tensor_clock_is_read_over_the_boost_clock() -> None:
+    h100 = get_device("H100-SXM")
+    assert tensor_clock_share(h100) == pytest.approx(1830 / 1980)
+    assert "gpu_specs_notes.md" in h100.source_of("tensor_clock_mhz")
+    # Never above the boost clock, whatever a file states.
+    assert tensor_clock_share(dataclasses.replace(h100, tensor_clock_mhz=2500)) == 1.0
+
+
+def test_a_gpu_of_the_same_die_sustains_what_its_power_feeds_at_the_same_watts_per_tflops() -> None:
+    names = ("H100-SXM", "H200", "H100-SXM-96GB-HBM2e", "H100-PCIE")
+    h100, h200, capped, pcie = (get_device(g) for g in names)
+    watts_per_tflops = 700 / (1830 / 1980 * 989.4)
+    assert tensor_clock_share(h200) == pytest.approx(tensor_clock_share(h100))  # same die, peak and TDP
+    assert tensor_clock_share(capped) == pytest.approx(500 / (watts_per_tflops * 989.4))
+    assert tensor_clock_share(pcie) == pytest.approx(350 / (watts_per_tflops * 756))
+    # More power than the die needs at its boost clock: the boost clock.
+    assert tensor_clock_share(dataclasses.replace(capped, tdp_w=1000)) == 1.0
+
+
+def test_no_source_on_the_die_no_tensor_clock() -> None:
+    assert tensor_clock_share(get_device("A100-SXM4-80GB")) is None
+    assert tensor_clock_share(get_device("L4")) is None
+    h200 = get_device("H200")
+    assert tensor_clock_share(dataclasses.replace(h200, tdp_w=None)) is None
+    assert tensor_clock_share(dataclasses.replace(h200, architecture="Hopper")) is None  # no die named

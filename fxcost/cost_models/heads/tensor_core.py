@@ -13,7 +13,8 @@ and cuDNN run it (:mod:`~fxcost.cost_models.heads.tiling`):
 - **Rate.** Each wave runs at the GPU's *sustained* rate (:class:`TiledGemms`): a rate ``fxcost
   calibrate`` measured (``tl.dot``) where the user calibrated the GPU, else the spec-sheet peak of the
   units that run it times the share of its peak the GPU sustains on a large GEMM: its clock under the
-  power cap times its kernel generation's share (:meth:`~fxcost.cost_models.heads.sustained.GemmFit.share`).
+  power cap (a tensor-core GEMM's own, where a source gives it) times its kernel generation's share
+  (:meth:`~fxcost.cost_models.heads.sustained.GemmFit.share`).
 - **Time.** ``max(launch floor, waves x tile time, DRAM bytes / bandwidth)`` per kernel, a split-K's
   partial sums in fp32 written and read back by one more kernel.
 
@@ -88,7 +89,7 @@ class TiledGemms:
         calibrated = None if kind == "float32" else _calibrated(device, kind)
         if calibrated is not None:
             return calibrated
-        share = self.fit.share(device)
+        share = self.fit.share(device, tensor=kind != "float32")
         return float(peak) * min(share, 1.0) if math.isfinite(share) and share > 0 else None
 
     def kernel_ms(self, works: Sequence[TensorWork], device: Device) -> np.ndarray:
