@@ -24,7 +24,7 @@ import numpy as np
 
 from fxcost.cost_models.interface import NodeBatch
 from fxcost.gpus import Device
-from fxcost.gpus.order import weaker_than
+from fxcost.gpus.order import per_database, weaker_than
 from fxcost.lowering import is_pointwise
 from fxcost.records import NodeCost
 
@@ -55,6 +55,7 @@ _STREAMING_OPS = frozenset({
 })  # fmt: skip
 
 
+@per_database  # every eager price reads it for the GPU and those beating it
 def hidden_overhead_ms(device: Device) -> float:
     """The per-op overhead an eager step hides from the heads' origin-free predictions on ``device``:
     its calibrated overhead, raised to the largest of the GPUs it beats on every spec.

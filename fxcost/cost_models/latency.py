@@ -18,12 +18,13 @@ kernel times stay in GPU order too.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from fxcost.cost_models.eager import hidden_overhead_ms
 from fxcost.gpus import Device
 from fxcost.gpus.memory_latency import dram_latency_ns
-from fxcost.gpus.occupancy import wave_size
+from fxcost.gpus.occupancy import Launch, wave_size
 from fxcost.gpus.order import stronger_than
 from fxcost.lowering import KernelSpec
 
@@ -33,14 +34,19 @@ __all__ = ["latency_floor_ms", "own_latency_ms"]
 def own_latency_ms(spec: KernelSpec, device: Device) -> float:
     """``spec``'s latency-bound time on ``device`` in ms; NaN where it declares no round trips, the
     architecture has no DRAM latency, or the launch cannot be placed."""
+    return _latency_ms(spec.round_trips, spec.launch, device) if spec.round_trips else math.nan
+
+
+@functools.lru_cache(maxsize=1 << 14)  # a floor reads every GPU that beats the target, for every kernel
+def _latency_ms(round_trips: int, launch: Launch, device: Device) -> float:
     latency_ns = dram_latency_ns(device)
-    if not spec.round_trips or latency_ns is None:
+    if latency_ns is None:
         return math.nan
     try:
-        waves = math.ceil(spec.launch.blocks / wave_size(device, spec.launch))
+        waves = math.ceil(launch.blocks / wave_size(device, launch))
     except ValueError:
         return math.nan
-    return waves * spec.round_trips * latency_ns * 1e-6
+    return waves * round_trips * latency_ns * 1e-6
 
 
 def latency_floor_ms(spec: KernelSpec, device: Device) -> float:

@@ -125,6 +125,9 @@ class Device:
     sources: str = ""
     uncertain: frozenset[str] = field(default_factory=frozenset)
 
+    def __hash__(self) -> int:  # equal devices share a name; Device-keyed caches hash it on every price
+        return hash(self.name)
+
     # -- calibration, with documented fallbacks -------------------------------------------------------
 
     @property

@@ -9,11 +9,16 @@ grid of shapes.
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from fxcost.gpus import Device, all_devices
 
-__all__ = ["STRENGTH_SPECS", "comparable", "strength", "stronger_than", "weaker_than"]
+__all__ = ["STRENGTH_SPECS", "comparable", "per_database", "strength", "stronger_than", "weaker_than"]
+
+T = TypeVar("T")
 
 STRENGTH_SPECS = ("fp32_tflops", "bandwidth_gbps", "num_sms", "l2_cache_mb", "boost_clock_mhz", "tdp_w")
 """Peak fp32 rate, DRAM bandwidth, SMs, L2, boost clock and power. The bandwidth is the one the GPU
@@ -46,24 +51,35 @@ def stronger_than(device: Device) -> list[Device]:
     return list(_related(device)[1])
 
 
+def per_database(fn: Callable[[Device], T]) -> Callable[[Device], T]:
+    """``fn`` of a GPU, kept per database state: computed again once GPUs are added or changed
+    (``load_devices``, :func:`fxcost.gpus.holdout.uncalibrated`). For what reads other GPUs than the
+    one asked about; every eager price asks some of them for every node."""
+    found: dict[Device, T] = {}
+    state: list[tuple[int, ...]] = [()]  # the database's GPUs, by identity
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def cached(device: Device) -> T:
+        database = tuple(map(id, all_devices()))
+        with lock:
+            if database != state[0]:
+                found.clear()
+                state[0] = database
+            if device in found:
+                return found[device]
+        value = fn(device)
+        with lock:
+            if database == state[0]:
+                found[device] = value
+        return value
+
+    return cached
+
+
+@per_database
 def _related(device: Device) -> tuple[list[Device], list[Device]]:
-    """(weaker, stronger) GPUs of the database, kept per database state."""
-    global _database
-    database = tuple(map(id, all_devices()))
-    with _lock:
-        if database != _database:  # GPUs added or changed (load_devices): compare again
-            _found.clear()
-            _database = database
-        found = _found.get(device)
-    if found is None:
-        found = _compare(device)
-        with _lock:
-            if database == _database:
-                _found[device] = found
-    return found
-
-
-def _compare(device: Device) -> tuple[list[Device], list[Device]]:
+    """(weaker, stronger) GPUs of the database."""
     mine = strength(device)
     if mine is None:
         return [], []
@@ -77,11 +93,6 @@ def _compare(device: Device) -> tuple[list[Device], list[Device]]:
         elif all(a <= b for a, b in zip(mine, theirs, strict=True)):
             stronger.append(other)
     return weaker, stronger
-
-
-_database: tuple[int, ...] = ()
-_found: dict[Device, tuple[list[Device], list[Device]]] = {}
-_lock = threading.Lock()
 
 
 def comparable() -> list[Device]:

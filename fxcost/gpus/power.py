@@ -30,6 +30,7 @@ import functools
 import re
 
 from fxcost.gpus import Device, all_devices
+from fxcost.gpus.order import per_database
 from fxcost.gpus.sourced import read_sourced
 
 __all__ = ["die_of", "power_headroom", "process_energy", "process_source", "tensor_clock_share"]
@@ -66,6 +67,7 @@ def power_headroom(device: Device) -> float | None:
     return float(device.tdp_w) / (float(device.fp32_tflops) * energy)
 
 
+@per_database  # it reads the other GPUs of the die
 def tensor_clock_share(device: Device) -> float | None:
     """The share of its boost clock ``device`` sustains on a large tensor-core GEMM at its TDP; None
     where no source says (no tensor-core cap known).

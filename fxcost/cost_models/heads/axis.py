@@ -187,17 +187,16 @@ class AxisTables:
         """The times of ``group``'s nodes of ``head`` along their axes, read from ``mlp``; a node
         without an axis (or whose table has no value there) gets the network's own reading."""
         batch = group.batch
-        members = batch.derived(f"heads.axes.{head}", lambda: _members(head, batch.nodes))
+        on = batch.derived(f"heads.axes.{head}", lambda: _on_grid(_members(head, batch.nodes)))
         out = np.full(len(batch), np.nan)
-        keys = {axis: (mlp, head, axis) for axis in members}
-        tables = self._envelope.tables(list(keys.values()), device, self._read)
-        for axis, (index, sizes) in members.items():
-            grid, table = self._grid(axis), tables[keys[axis]]
+        if on.axes:
+            keys = [(mlp, head, axis) for axis in on.axes]
+            tables = self._envelope.tables(keys, device, self._read)
+            table = np.stack([tables[key] for key in keys])  # a row per class, a column per grid size
+            low, high = table[on.row, on.low], table[on.row, on.low + 1]
+            inside = np.where(on.frac <= 0, low, np.where(on.frac >= 1, high, low + on.frac * (high - low)))
             # Beyond the grid the work grows in proportion to the size, and so does the time.
-            beyond = table[-1] + np.maximum(np.log(sizes) - grid.log_sizes[-1], 0.0)
-            out[index] = np.exp(
-                np.where(sizes > _TOP, beyond, np.interp(np.log(sizes), grid.log_sizes, table))
-            )
+            out[on.index] = np.exp(np.where(on.beyond > 0, table[on.row, -1] + on.beyond, inside))
         alone = np.flatnonzero(~np.isfinite(out)).tolist()
         if len(alone):
             nodes = NodeBatch.of([batch.nodes[i] for i in alone])
@@ -216,7 +215,7 @@ class AxisTables:
         sizes = _GRID
         nodes = [axis.at(int(size)) for size in sizes]
         problem = [node_features(axis.head, n, fp32_bytes(n)) for n in nodes]
-        grid = _Grid(np.log(sizes.astype(np.float64)), NodeBatch.of(nodes), problem)
+        grid = _Grid(_LOG_GRID, NodeBatch.of(nodes), problem)
         with self._lock:
             self._grids[key] = grid
             while len(self._grids) > self.max_tables:
@@ -264,6 +263,29 @@ def _members(head: str, nodes: Sequence[NodeCost]) -> dict[_Axis, tuple[np.ndarr
     }
 
 
+@dataclass(frozen=True)
+class _OnGrid:
+    """Where a batch's nodes of one head fall on the grid every class shares, for every device alike:
+    node ``index[i]`` is of class ``axes[row[i]]``, its log size ``frac[i]`` of the way from grid
+    point ``low[i]`` to the next, or ``beyond[i] > 0`` log units past the grid's top."""
+
+    axes: list[_Axis]
+    index: np.ndarray
+    row: np.ndarray
+    low: np.ndarray
+    frac: np.ndarray
+    beyond: np.ndarray
+
+
+def _on_grid(members: dict[_Axis, tuple[np.ndarray, np.ndarray]]) -> _OnGrid:
+    index = np.concatenate([np.zeros(0, dtype=np.int64), *(index for index, _ in members.values())])
+    log_sizes = np.log(np.concatenate([np.zeros(0), *(sizes for _, sizes in members.values())]))
+    low = np.clip(np.searchsorted(_LOG_GRID, log_sizes, side="right") - 1, 0, len(_LOG_GRID) - 2)
+    frac = (log_sizes - _LOG_GRID[low]) / (_LOG_GRID[low + 1] - _LOG_GRID[low])
+    row = np.repeat(np.arange(len(members)), [len(index) for index, _ in members.values()])
+    return _OnGrid(list(members), index, row, low, frac, np.maximum(log_sizes - _LOG_GRID[-1], 0.0))
+
+
 def _grid_sizes(top: int) -> np.ndarray:
     """Distinct integer sizes every half octave from 1 to ``top``."""
     steps = round(_STEPS_PER_OCTAVE * math.log2(top))
@@ -274,3 +296,4 @@ def _grid_sizes(top: int) -> np.ndarray:
 # GEMM of 16M rows, a batch of 16M sequences), beyond which time grows with the size.
 _TOP = 2**24
 _GRID = _grid_sizes(_TOP)
+_LOG_GRID = np.log(_GRID.astype(np.float64))
