@@ -187,28 +187,28 @@ def devices_command(args: argparse.Namespace) -> None:
 
     from fxcost.cost_models.heads.sustained import clock_share, shipped_gemm_fit
     from fxcost.gpus import device_names, get_device
-    from fxcost.gpus.power import process_source, tensor_clock_share
+    from fxcost.gpus.power import process_source, tensor_clock
     from fxcost.report.table import console_for
 
     table = Table(title="GPUs in fxcost's database (? = unconfirmed, or a default; see Device.source_of)")
-    for column in ("name", "SMs", "FP32 TFLOPS", "BF16 TFLOPS", "GEMM clock %", "tensor clock %", "spec GB/s",
+    for column in ("name", "SMs", "FP32 TFLOPS", "BF16 TFLOPS", "GEMM clock %", "tensor peak %", "spec GB/s",
                    "achieved GB/s", "memory GB", "$/h"):  # fmt: skip
         # Whole names; the headers fold where the terminal is narrow.
         table.add_column(column, justify="left" if column == "name" else "right", no_wrap=column == "name")
     watts = shipped_gemm_fit().watts
     for name in device_names():
         d = get_device(name)
-        # The share of its boost clock a large GEMM sustains under the power cap (heads.sustained): an
-        # fp32 one's, and a tensor-core one's (the fp32 one's where no source gives its own).
+        # Under the power cap (heads.sustained): the share of its boost clock a large fp32 GEMM
+        # sustains, and of its tensor peaks a tensor-core one (at the fp32 clock where no source says).
         power_unsure = bool({"tdp_w", "fp32_tflops"} & d.uncertain) or "unconfirmed" in process_source(d)
-        gemm_clock, tensor_clock = clock_share(d, watts), tensor_clock_share(d)
-        tensor_unsure = bool({"tdp_w", "bf16_tflops"} & d.uncertain) if tensor_clock else power_unsure
+        gemm_clock, capped = clock_share(d, watts), tensor_clock(d)
+        tensor_unsure = bool({"tdp_w", "bf16_tflops"} & d.uncertain) if capped else power_unsure
         cells = [
             (d.num_sms, "num_sms" in d.uncertain),
             (d.fp32_tflops, "fp32_tflops" in d.uncertain),
             (d.bf16_tflops, "bf16_tflops" in d.uncertain),
             (round(100 * gemm_clock), power_unsure),
-            (round(100 * (tensor_clock or gemm_clock)), tensor_unsure),
+            (round(100 * (capped.share if capped else gemm_clock)), tensor_unsure),
             (d.mem_bandwidth_gbps, "mem_bandwidth_gbps" in d.uncertain),
             (d.bandwidth_gbps, d.achieved_bandwidth_gbps is None),
             (d.memory_gb, "memory_gb" in d.uncertain),

@@ -18,7 +18,7 @@ may be fit: the time is built from spec-sheet rates and the kernel's launch stru
   staged through shared memory cap the rate at 128 bytes per clock per SM times the FLOPs a warp's
   tile does per byte it loads, which 4-byte operands halve (:func:`_intensity`). Every unit runs at
   the clock a tensor-core kernel sustains under the power cap where a source gives it
-  (:func:`~fxcost.gpus.power.tensor_clock_share`), else at the boost clock.
+  (:func:`~fxcost.gpus.power.tensor_clock`: an H100's 1.83 GHz), else at the boost clock.
 - **Softmax work** per score on the special-function units, 16 results per clock per SM on every
   NVIDIA GPU since Maxwell (CUDA C Programming Guide, arithmetic instruction throughput): one
   exponential, the packed conversion of each 16-bit matrix fed back to the tensor cores, and a few
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from fxcost.cost_models.roofline import LAUNCH_FLOOR_MS
 from fxcost.gpus import Device
 from fxcost.gpus.occupancy import blocks_per_sm, sm_version
-from fxcost.gpus.power import tensor_clock_share
+from fxcost.gpus.power import tensor_clock
 from fxcost.lowering.attention import AttentionCall
 from fxcost.lowering.attention_kernels import FusedAttention
 from fxcost.precision import itemsize
@@ -145,20 +145,20 @@ def _split_fp32(call: AttentionCall, device: Device) -> bool:
 
 
 def _mma_tflops(
-    call: AttentionCall, backend: str, device: Device, sustained: float | None, clock_share: float
+    call: AttentionCall, backend: str, device: Device, sustained: float | None, share: float
 ) -> float | None:
     """The tensor (or CUDA-core) rate the kernel's products reach on ``device``, TFLOP/s, from the
-    ``sustained`` rate of the call's :func:`attention_kind` (where None, the spec peak at
-    ``clock_share`` of the boost clock it is quoted at)."""
+    ``sustained`` rate of the call's :func:`attention_kind` (where None, ``share`` of the spec peak:
+    what the power cap leaves a tensor-core kernel)."""
     sm = (sm_version(device) or 0) if device.vendor == "NVIDIA" else 0
     mma_sync = MMA_SYNC_SHARE_SM90 if sm >= 90 and backend != "cudnn" else 1.0
     if call.dtype == "float32":
         if _split_fp32(call, device):
-            tf32 = sustained or (device.tf32_tflops or 0.0) * clock_share
+            tf32 = sustained or (device.tf32_tflops or 0.0) * share
             return tf32 * mma_sync / 3  # 3xTF32 keeps fp32's accuracy
-        return None if device.fp32_tflops is None else device.fp32_tflops * clock_share
+        return None if device.fp32_tflops is None else device.fp32_tflops * share
     peak = device.bf16_tflops if call.dtype == "bfloat16" else device.fp16_tflops
-    rate = sustained or (None if peak is None else peak * clock_share)
+    rate = sustained or (None if peak is None else peak * share)
     return None if rate is None else rate * mma_sync
 
 
@@ -203,12 +203,12 @@ def fused_attention_ms(
     """
     sms, clock_mhz, bandwidth = device.num_sms, device.boost_clock_mhz, device.mem_bandwidth_gbps
     # Every unit runs at the clock the power cap leaves a tensor-core kernel, where a source gives it.
-    clock_share = tensor_clock_share(device) or 1.0
-    rate = _mma_tflops(call, fused.backend, device, sustained_tflops, clock_share)
+    capped = tensor_clock(device)
+    rate = _mma_tflops(call, fused.backend, device, sustained_tflops, capped.share if capped else 1.0)
     if not (sms and clock_mhz and bandwidth and rate and device.fp32_tflops):
         return None
     alu_per_clock = device.fp32_tflops * 1e12 / (2 * sms * clock_mhz * 1e6)  # the peak's, at the boost clock
-    clock_hz = clock_mhz * 1e6 * clock_share
+    clock_hz = (capped.mhz if capped else clock_mhz) * 1e6
     intensity = _intensity(fused.backend, call)
     if intensity is not None:
         rate = min(rate, sms * clock_hz * SMEM_BYTES_PER_CLOCK * intensity / 1e12)

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from fxcost.gpus import Device, all_devices
 
-__all__ = ["STRENGTH_SPECS", "comparable", "per_database", "strength", "stronger_than", "weaker_than"]
+__all__ = [
+    "STRENGTH_SPECS",
+    "comparable",
+    "per_database",
+    "same_gpus",
+    "strength",
+    "stronger_than",
+    "weaker_than",
+]
 
 T = TypeVar("T")
 
@@ -56,25 +64,31 @@ def per_database(fn: Callable[[Device], T]) -> Callable[[Device], T]:
     (``load_devices``, :func:`fxcost.gpus.holdout.uncalibrated`). For what reads other GPUs than the
     one asked about; every eager price asks some of them for every node."""
     found: dict[Device, T] = {}
-    state: list[tuple[int, ...]] = [()]  # the database's GPUs, by identity
+    state: list[list[Device]] = [[]]  # the database the values were found in (same_gpus)
     lock = threading.Lock()
 
     @functools.wraps(fn)
     def cached(device: Device) -> T:
-        database = tuple(map(id, all_devices()))
+        database = all_devices()
         with lock:
-            if database != state[0]:
+            if not same_gpus(database, state[0]):
                 found.clear()
                 state[0] = database
             if device in found:
                 return found[device]
         value = fn(device)
         with lock:
-            if database == state[0]:
+            if same_gpus(database, state[0]):
                 found[device] = value
         return value
 
     return cached
+
+
+def same_gpus(a: Sequence[Device], b: Sequence[Device]) -> bool:
+    """Whether two readings of :func:`~fxcost.gpus.all_devices` hold the same GPU objects: what is kept
+    per database state holds the GPUs it was found in, so that no freed one's address passes for one."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 @per_database

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import NamedTuple
 
 from fxcost.gpus import Device, all_devices
 from fxcost.gpus.order import per_database
 from fxcost.gpus.sourced import read_sourced
 
-__all__ = ["die_of", "power_headroom", "process_energy", "process_source", "tensor_clock_share"]
+__all__ = ["TensorClock", "die_of", "power_headroom", "process_energy", "process_source", "tensor_clock"]
 
 # The die in the architecture column: "Pascal (GP104)", "Ada Lovelace (AD102)", "CDNA2 (gfx90a, ...)".
 _DIE = re.compile(r"\b(G[PVHAB]\d{3}|TU\d{3}|AD\d{3}|gfx\d[0-9a-f]{2,3})\b", re.IGNORECASE)
@@ -67,46 +68,48 @@ def power_headroom(device: Device) -> float | None:
     return float(device.tdp_w) / (float(device.fp32_tflops) * energy)
 
 
-@per_database  # it reads the other GPUs of the die
-def tensor_clock_share(device: Device) -> float | None:
-    """The share of its boost clock ``device`` sustains on a large tensor-core GEMM at its TDP; None
-    where no source says (no tensor-core cap known).
+class TensorClock(NamedTuple):
+    """How a GPU runs a large tensor-core GEMM at its TDP: ``share`` of its dense tensor peaks, its SMs
+    at ``mhz`` meanwhile."""
 
-    A tensor-core GEMM draws far more power per FP32 peak than :func:`power_headroom` reads for CUDA
-    cores: an H100 SXM runs one at about 1.83 GHz of its 1.98 at 700 W (``tensor_clock_mhz``, with its
-    source). A GPU whose source states its clock runs at it. Another GPU of the same die spends the same
-    energy per tensor operation: the stated one draws its TDP at ``clock share x tensor peak``, so many
-    watts per TFLOP/s sustained, and the other sustains what its own TDP feeds at that rate, never
-    above its boost clock (the dynamic power falling with the clock at the voltage floor, as for FP32).
-    A 500 W H100 SXM then runs 0.66 of its boost clock, an H100 PCIe (350 W) 0.61, an H200 (700 W)
-    the H100 SXM's 0.92. Board power that does not slow with the clock (memory, fans) would make a
-    lower-power GPU slower still; a mild cap that also lowers the voltage, faster.
+    share: float
+    mhz: float
+
+
+@per_database  # it reads the other GPUs of the die
+def tensor_clock(device: Device) -> TensorClock | None:
+    """How ``device`` runs a large tensor-core GEMM under its power cap; None where no GPU of its die
+    states its tensor clock (no tensor-core cap known).
+
+    A source states ``tensor_clock_mhz`` for the H100 SXM: a tensor-core GEMM sustains about 1.83 GHz
+    at 700 W, below the 1.98 GHz boost clock its FP32 peak is quoted at. Its tensor peaks are quoted at
+    that clock (989.4 TFLOP/s = 132 SMs x 4096 FLOPs a clock x 1.83 GHz), so it sustains them. Another
+    GPU of the same die spends the same energy per tensor operation: where its TDP cannot feed its
+    peak at the stated GPU's watts per TFLOP/s, it sustains what it can, its clock falling in
+    proportion (the dynamic power falling with the clock at the voltage floor, as for FP32). A 500 W
+    H100 SXM then sustains 0.71 of its peaks at 1.31 GHz, an H100 PCIe (350 W) 0.65 at 1.06 GHz, an
+    H200 (700 W) all of them at 1.83 GHz. The stated GPU is the first of its die in the table (the
+    shipped one before a device file's copy with another TDP). Board power that does not slow with the
+    clock (memory, fans) would make a lower-power GPU slower still; a mild cap that also lowers the
+    voltage, faster (the 500 W H100 at 0.89 of its peaks were power to fall with the clock's cube).
 
     Example:
         >>> from fxcost.gpus import get_device
-        >>> round(tensor_clock_share(get_device("H100-SXM-96GB-HBM2e")), 2)
-        0.66
+        >>> round(tensor_clock(get_device("H100-SXM-96GB-HBM2e")).share, 2)
+        0.71
     """
-    own = _stated_share(device)
-    if own is not None:
-        return own
     die, peak = die_of(device), _tensor_peak(device)
-    if die is None or peak is None or not device.tdp_w:
+    if die is None or peak is None or not device.tdp_w or not device.num_sms:
         return None
-    for other in all_devices():
-        share, other_peak = _stated_share(other), _tensor_peak(other)
-        if share is None or other_peak is None or not other.tdp_w or die_of(other) != die:
+    for stated in all_devices():
+        stated_peak = _tensor_peak(stated)
+        if (not stated.tensor_clock_mhz or stated_peak is None or not stated.tdp_w or not stated.num_sms
+                or die_of(stated) != die):  # fmt: skip
             continue
-        watts_per_tflops = float(other.tdp_w) / (share * other_peak)
-        return min(1.0, float(device.tdp_w) / (watts_per_tflops * peak))
+        share = min(1.0, float(device.tdp_w) / (float(stated.tdp_w) / stated_peak * peak))
+        per_sm_and_mhz = stated_peak / (stated.num_sms * float(stated.tensor_clock_mhz))  # the die's
+        return TensorClock(share, share * peak / (device.num_sms * per_sm_and_mhz))
     return None
-
-
-def _stated_share(device: Device) -> float | None:
-    """``tensor_clock_mhz`` over the boost clock, where both are known."""
-    if not device.tensor_clock_mhz or not device.boost_clock_mhz:
-        return None
-    return min(1.0, float(device.tensor_clock_mhz) / float(device.boost_clock_mhz))
 
 
 def _tensor_peak(device: Device) -> float | None:

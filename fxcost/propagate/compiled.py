@@ -54,12 +54,12 @@ import numpy as np
 from fxcost.cost_models import ModelSpec, NodeBatch, model_chain, predict_batch
 from fxcost.cost_models.eager import HOST_MS, MIN_KERNEL_MS, hidden_overhead_ms, kernel_times
 from fxcost.cost_models.heads import default_heads
-from fxcost.cost_models.heads.tensor_work import LayoutWorks, layout_works
+from fxcost.cost_models.heads.tensor_work import CONVOLUTIONS, LayoutWorks, layout_works
 from fxcost.cost_models.roofline import Roofline
 from fxcost.execution import EXECUTIONS, Execution, check_execution
 from fxcost.gpus import Device
 from fxcost.lowering.fusion import FusedKernel, reduces
-from fxcost.lowering.fusion_layout import CONVOLUTION, layout_transpose_ms
+from fxcost.lowering.fusion_layout import layout_transpose_ms
 from fxcost.lowering.fusion_padding import PAD_SPEEDUP, PaddedGemm, compute_bound, padded_gemm
 from fxcost.lowering.fusion_rules import CHANNEL_REDUCTIONS, launches_of
 from fxcost.lowering.nodes import memory_pass
@@ -117,7 +117,7 @@ def without_layout_transposes(
     ``pred_source`` on ``device`` where not given); ``works``: :func:`layout_works` of ``nodes``, where
     the caller keeps them across GPUs."""
     out = np.array(ms, dtype=np.float64)
-    convs = [i for i, n in enumerate(nodes) if n.op in _CONVOLUTIONS and np.isfinite(out[i])]
+    convs = [i for i, n in enumerate(nodes) if n.op in CONVOLUTIONS and np.isfinite(out[i])]
     if not convs:
         return out
     source = {i: nodes[i].pred_source.get(device.name) if sources is None else sources[i] for i in convs}
@@ -277,7 +277,6 @@ def compiled_timeline(
             for k, ms, end, at, n in zip(ran, run.tolist(), ends, issued, launches, strict=True)]  # fmt: skip
 
 
-_CONVOLUTIONS = frozenset({CONVOLUTION, "aten.convolution_backward.default"})
 _SCALED_FROM_ORIGIN = frozenset({"mlp_ratio", "wave_scaling"})  # models scaling a recorded time
 
 

@@ -98,13 +98,13 @@ def test_devices_lists_the_database(capsys) -> None:
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "H100-SXM" in out and "T4" in out
-    assert "GEMM" in out and "tensor" in out and "clock %" in out  # headers fold at 120 columns
+    assert "GEMM" in out and "clock %" in out and "tensor" in out and "peak %" in out  # headers fold
     rows = [line.split("│") for line in out.splitlines() if line.startswith("│ ")]
     cells = {row[1].strip(): row[2:] for row in rows}
-    gemm_clock, tensor_clock = 3, 4  # after SMs, FP32 and BF16 TFLOPS
+    gemm_clock, tensor_peak = 3, 4  # after SMs, FP32 and BF16 TFLOPS
     assert cells["T4"][gemm_clock].strip() == "59?"  # a 70 W T4: 59% of its boost clock (12FFN unconfirmed)
-    assert cells["T4"][tensor_clock].strip() == "59?"  # no tensor clock known: the FP32 one
-    assert cells["H100-SXM"][gemm_clock].strip() == "100" and cells["H100-SXM"][tensor_clock].strip() == "92"
+    assert cells["T4"][tensor_peak].strip() == "59?"  # no tensor clock known: the FP32 one
+    assert cells["H100-SXM-96GB-HBM2e"][tensor_peak].strip() == "71?"  # 500 W: the 700 W H100's watts
 
 
 def test_show_scales_a_gpu_trace_with_wave_scaling(tmp_path, capsys) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from fxcost.cost_models.heads.features import device_features
 from fxcost.gpus import Device, all_devices
-from fxcost.gpus.order import comparable, weaker_than
+from fxcost.gpus.order import comparable, same_gpus, weaker_than
 
 __all__ = ["Envelope", "Reader"]
 
@@ -46,7 +46,7 @@ class Envelope(Generic[K]):
         self.max_tables = max_tables
         self._raw: dict[Device, OrderedDict[K, np.ndarray]] = {}
         self._tables: dict[Device, OrderedDict[K, np.ndarray]] = {}
-        self._database: tuple[int, ...] = ()  # the database the tables were enveloped over
+        self._database: list[Device] = []  # the database the tables were enveloped over (same_gpus)
         self._weaker: dict[Device, list[Device]] = {}  # readable GPUs each one beats, in it
         self._everyone: list[Device] = []  # every readable GPU of it
         self._lock = threading.Lock()
@@ -58,9 +58,9 @@ class Envelope(Generic[K]):
     def tables(self, keys: Sequence[K], device: Device, read: Reader[K]) -> dict[K, np.ndarray]:
         """The tables of ``keys`` on ``device``: each the smallest, size by size, of the device's own
         and those of the GPUs it beats."""
-        database = tuple(map(id, all_devices()))
+        database = all_devices()
         with self._lock:
-            if database != self._database:  # GPUs added or changed (load_devices): envelope again
+            if not same_gpus(database, self._database):  # GPUs added or changed (load_devices): again
                 self._tables.clear()
                 self._weaker.clear()
                 self._everyone = [d for d in comparable() if _readable(d)]

@@ -12,10 +12,10 @@ A GPU runs a large GEMM below its peak for two reasons a spec sheet can be read 
   for every GPU. A 75 W P4 (headroom 13.6) and a 70 W T4 (11.5) run large fp32 GEMMs well below
   their peak; a 250 W V100 (23.8) or A100 PCIe (36.6, on 7 nm) at their boost clock.
 - **The tensor clock.** A tensor-core GEMM draws far more power than the FP32 one the headroom is
-  read for, so where a source states the clock one sustains (an H100 SXM about 1.83 GHz of its 1.98)
-  tensor-core work runs at that share, and a GPU of the same die at the share its own TDP feeds at
-  the same watts per TFLOP/s (:func:`~fxcost.gpus.power.tensor_clock_share`: a 500 W H100 0.66). Where
-  none is stated it runs at the FP32 clock share, as before a source was read.
+  read for. Where a source states the clock one sustains (an H100 SXM about 1.83 GHz, the clock its
+  tensor peaks are quoted at), a GPU of that die sustains the share of its tensor peaks its own TDP
+  feeds at the stated GPU's watts per TFLOP/s (:func:`~fxcost.gpus.power.tensor_clock`: a 500 W H100
+  0.71). Where no GPU of its die states one, tensor-core work runs at the FP32 clock share.
 - **The kernels.** cuBLAS ships its CUDA-core SGEMM kernels per generation, and a GPU runs its
   generation's (:func:`kernel_family`; the kernel names in the measurements say which: Pascal runs
   ``maxwell_sgemm``, Volta and Turing ``volta_sgemm``, Ampere ``ampere_sgemm``, and the H100 the
@@ -42,7 +42,7 @@ from fxcost._io import atomic_write
 from fxcost.cost_models.heads.tiling import Tiling
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.gpus.occupancy import sm_version
-from fxcost.gpus.power import power_headroom, tensor_clock_share
+from fxcost.gpus.power import power_headroom, tensor_clock
 
 __all__ = [
     "FAMILIES",
@@ -103,14 +103,15 @@ class GemmFit:
 
     def share(self, device: Device, tensor: bool = False) -> float:
         """The share of its fp32 peak ``device`` sustains on a large GEMM, or with ``tensor`` of its
-        tensor peaks: its family's share at its clock under the power cap, the tensor-core one where a
-        source gives it (:func:`~fxcost.gpus.power.tensor_clock_share`), else the FP32 one. A GPU
-        measured in the fit keeps the share its rows gave (no training GPU has a tensor clock)."""
+        tensor peaks: its family's share under the power cap, the tensor-core one where a source gives
+        it (:func:`~fxcost.gpus.power.tensor_clock`), else the FP32 clock's. A GPU measured in the fit
+        keeps the share its rows gave (no training GPU's die has a tensor clock)."""
         measured = self.measured_shares.get(device.name)
         if measured is not None:
             return measured
-        clock = tensor_clock_share(device) if tensor else None
-        return self.family_share(kernel_family(device)) * (clock or clock_share(device, self.watts))
+        capped = tensor_clock(device) if tensor else None
+        clock = capped.share if capped else clock_share(device, self.watts)
+        return self.family_share(kernel_family(device)) * clock
 
     def family_share(self, family: str | None) -> float:
         """The share of ``family``'s kernels; for a family the fit has no measurements of, the newest
