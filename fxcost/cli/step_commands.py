@@ -202,7 +202,9 @@ def devices_command(args: argparse.Namespace) -> None:
         # sustains, and of its tensor peaks a tensor-core one (at the fp32 clock where no source says).
         power_unsure = bool({"tdp_w", "fp32_tflops"} & d.uncertain) or "unconfirmed" in process_source(d)
         gemm_clock, capped = clock_share(d, watts), tensor_clock(d)
-        tensor_unsure = bool({"tdp_w", "bf16_tflops"} & d.uncertain) if capped else power_unsure
+        tensor_unsure = (
+            bool({"tdp_w", "bf16_tflops", "tensor_clock_mhz"} & d.uncertain) if capped else power_unsure
+        )
         cells = [
             (d.num_sms, "num_sms" in d.uncertain),
             (d.fp32_tflops, "fp32_tflops" in d.uncertain),

@@ -27,6 +27,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_KEPT = 4096  # GPUs per_database keeps a value for
 
 STRENGTH_SPECS = ("fp32_tflops", "bandwidth_gbps", "num_sms", "l2_cache_mb", "boost_clock_mhz", "tdp_w")
 """Peak fp32 rate, DRAM bandwidth, SMs, L2, boost clock and power. The bandwidth is the one the GPU
@@ -79,6 +80,8 @@ def per_database(fn: Callable[[Device], T]) -> Callable[[Device], T]:
         value = fn(device)
         with lock:
             if same_gpus(database, state[0]):
+                if len(found) >= _KEPT:  # GPUs made on the fly (dataclasses.replace), in a long sweep
+                    found.clear()
                 found[device] = value
         return value
 

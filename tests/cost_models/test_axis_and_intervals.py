@@ -264,3 +264,24 @@ def test_tables_enveloped_ahead_for_every_gpu_are_the_ones_it_would_build(
         lazy.predict(NodeBatch.of(nodes), device)
     assert later not in lazy.axis_tables._envelope._tables
     np.testing.assert_array_equal(ahead.predict(batch, later), lazy.predict(NodeBatch.of(nodes), later))
+
+
+def test_the_classes_tables_are_read_as_np_interp_reads_each() -> None:
+    """One gather for every class reads what interpolating each class's table alone did: exact grid
+    points, sizes between them and past the top, tables unreadable below some size (NaN)."""
+    from fxcost.cost_models.heads.axis import _LOG_GRID, _TOP, _on_grid
+
+    rng = np.random.default_rng(0)
+    classes = 5
+    table = np.cumsum(rng.uniform(0, 0.5, (classes, len(_LOG_GRID))), axis=1)
+    table[1, :7] = np.nan  # no prediction below the eighth grid size
+    grid = np.exp(_LOG_GRID)
+    sizes = [np.concatenate([np.rint(grid[:: 3 + c]), rng.uniform(1, 2 * _TOP, 20), [_TOP, _TOP + 1, 3e7]])
+             for c in range(classes)]  # fmt: skip
+    members = {c: (np.arange(len(s)) + 1000 * c, s.astype(np.float64)) for c, s in enumerate(sizes)}
+    got = _on_grid(members).read(table)  # type: ignore[arg-type]
+    beyond = [table[c, -1] + np.log(s) - _LOG_GRID[-1] for c, s in enumerate(sizes)]
+    inside = [np.interp(np.log(s), _LOG_GRID, table[c]) for c, s in enumerate(sizes)]
+    want = np.concatenate([np.where(s > _TOP, b, i) for s, b, i in zip(sizes, beyond, inside, strict=True)])
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=0, atol=1e-12)

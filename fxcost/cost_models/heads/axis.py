@@ -192,11 +192,7 @@ class AxisTables:
         if on.axes:
             keys = [(mlp, head, axis) for axis in on.axes]
             tables = self._envelope.tables(keys, device, self._read)
-            table = np.stack([tables[key] for key in keys])  # a row per class, a column per grid size
-            low, high = table[on.row, on.low], table[on.row, on.low + 1]
-            inside = np.where(on.frac <= 0, low, np.where(on.frac >= 1, high, low + on.frac * (high - low)))
-            # Beyond the grid the work grows in proportion to the size, and so does the time.
-            out[on.index] = np.exp(np.where(on.beyond > 0, table[on.row, -1] + on.beyond, inside))
+            out[on.index] = np.exp(on.read(np.stack([tables[key] for key in keys])))
         alone = np.flatnonzero(~np.isfinite(out)).tolist()
         if len(alone):
             nodes = NodeBatch.of([batch.nodes[i] for i in alone])
@@ -275,6 +271,14 @@ class _OnGrid:
     low: np.ndarray
     frac: np.ndarray
     beyond: np.ndarray
+
+    def read(self, table: np.ndarray) -> np.ndarray:
+        """The nodes' log times from their classes' log-time tables (a row per class of ``axes``, a
+        column per grid size), interpolated in log size as ``np.interp`` does."""
+        low, high = table[self.row, self.low], table[self.row, self.low + 1]
+        inside = np.where(self.frac <= 0, low, np.where(self.frac >= 1, high, low + self.frac * (high - low)))
+        # Beyond the grid the work grows in proportion to the size, and so does the time.
+        return np.where(self.beyond > 0, table[self.row, -1] + self.beyond, inside)
 
 
 def _on_grid(members: dict[_Axis, tuple[np.ndarray, np.ndarray]]) -> _OnGrid:
