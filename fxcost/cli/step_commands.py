@@ -202,8 +202,9 @@ def devices_command(args: argparse.Namespace) -> None:
         # sustains, and of its tensor peaks a tensor-core one (at the fp32 clock where no source says).
         power_unsure = bool({"tdp_w", "fp32_tflops"} & d.uncertain) or "unconfirmed" in process_source(d)
         gemm_clock, capped = clock_share(d, watts), tensor_clock(d)
+        tensor_facts = {"tdp_w", "bf16_tflops", "tensor_clock_mhz"}  # of the GPU and of the one stating
         tensor_unsure = (
-            bool({"tdp_w", "bf16_tflops", "tensor_clock_mhz"} & d.uncertain) if capped else power_unsure
+            bool(tensor_facts & (d.uncertain | capped.stated.uncertain)) if capped else power_unsure
         )
         cells = [
             (d.num_sms, "num_sms" in d.uncertain),

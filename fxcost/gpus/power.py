@@ -70,10 +70,11 @@ def power_headroom(device: Device) -> float | None:
 
 class TensorClock(NamedTuple):
     """How a GPU runs a large tensor-core GEMM at its TDP: ``share`` of its dense tensor peaks, its SMs
-    at ``mhz`` meanwhile."""
+    at ``mhz`` meanwhile; ``stated``: the GPU whose stated clock it is read from."""
 
     share: float
     mhz: float
+    stated: Device
 
 
 @per_database  # it reads the other GPUs of the die
@@ -108,7 +109,7 @@ def tensor_clock(device: Device) -> TensorClock | None:
             continue
         share = min(1.0, float(device.tdp_w) / (float(stated.tdp_w) / stated_peak * peak))
         per_sm_and_mhz = stated_peak / (stated.num_sms * float(stated.tensor_clock_mhz))  # the die's
-        return TensorClock(share, share * peak / (device.num_sms * per_sm_and_mhz))
+        return TensorClock(share, share * peak / (device.num_sms * per_sm_and_mhz), stated)
     return None
 
 

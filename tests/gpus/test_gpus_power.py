@@ -39,19 +39,20 @@ def test_the_gpu_stating_its_tensor_clock_sustains_its_peaks_there() -> None:
     """989.4 TFLOP/s are 132 SMs x 4096 FLOPs a clock at 1.83 GHz: the peak is quoted at that clock."""
     h100 = get_device("H100-SXM")
     assert h100.bf16_tflops == pytest.approx(132 * 4096 * 1830e6 / 1e12, rel=1e-3)
-    assert tensor_clock(h100) == (1.0, 1830)
+    assert tensor_clock(h100) == (1.0, 1830, h100)
     assert "gpu_specs_notes.md" in h100.source_of("tensor_clock_mhz")
-    assert tensor_clock(get_device("H200")) == (1.0, 1830)  # same die, peaks, SMs and TDP
+    assert tensor_clock(get_device("H200")) == (1.0, 1830, h100)  # same die, peaks, SMs and TDP
 
 
 def test_a_gpu_of_the_same_die_sustains_what_its_power_feeds_at_the_same_watts_per_tflops() -> None:
     capped, pcie = get_device("H100-SXM-96GB-HBM2e"), get_device("H100-PCIE")
     watts_per_tflops = 700 / 989.4
     share = 500 / (watts_per_tflops * 989.4)
-    assert tensor_clock(capped) == pytest.approx((share, share * 1830))
+    assert tensor_clock(capped)[:2] == pytest.approx((share, share * 1830))  # type: ignore[index]
+    assert tensor_clock(capped).stated.name == "H100-SXM"  # type: ignore[union-attr]
     share = 350 / (watts_per_tflops * 756)
     per_sm_and_mhz = 989.4 / (132 * 1830)  # the die's
-    assert tensor_clock(pcie) == pytest.approx((share, share * 756 / (114 * per_sm_and_mhz)))
+    assert tensor_clock(pcie)[:2] == pytest.approx((share, share * 756 / (114 * per_sm_and_mhz)))  # type: ignore[index]
     # More power than the die needs at its peak: the peak.
     assert tensor_clock(dataclasses.replace(capped, tdp_w=1000)).share == 1.0  # type: ignore[union-attr]
 
