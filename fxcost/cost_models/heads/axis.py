@@ -156,9 +156,9 @@ def _thawed(value: object) -> object:
 
 @dataclass(frozen=True)
 class _Grid:
-    """A class's grid: the log sizes, its nodes as one batch and their problem features."""
+    """A class's nodes at the grid's sizes (:data:`_GRID`, every class's), as one batch, and their
+    problem features."""
 
-    log_sizes: np.ndarray
     batch: NodeBatch
     problem: list[list[float]]
 
@@ -208,10 +208,9 @@ class AxisTables:
             if grid is not None:
                 self._grids.move_to_end(key)
                 return grid
-        sizes = _GRID
-        nodes = [axis.at(int(size)) for size in sizes]
+        nodes = [axis.at(int(size)) for size in _GRID]
         problem = [node_features(axis.head, n, fp32_bytes(n)) for n in nodes]
-        grid = _Grid(_LOG_GRID, NodeBatch.of(nodes), problem)
+        grid = _Grid(NodeBatch.of(nodes), problem)
         with self._lock:
             self._grids[key] = grid
             while len(self._grids) > self.max_tables:
@@ -232,16 +231,13 @@ class AxisTables:
             bound = np.concatenate(
                 [roofline_ms(grid.batch, d, self.watts) for d in devices for grid in grids]
             )
-            log_ms = mlp.single(features) + np.log(bound)
-            start = 0
-            for d in devices:
-                for key, grid in zip(mine, grids, strict=True):
-                    part = log_ms[start : start + len(grid.log_sizes)]
-                    start += len(grid.log_sizes)
-                    # A grid point the network cannot read (NaN) takes the curve below it (NaN below
-                    # every readable one: no prediction there).
-                    table = np.fmax.accumulate(np.where(np.isfinite(part), part, -np.inf))
-                    out[d, key] = np.where(np.isneginf(table), np.nan, table)
+            log_ms = (mlp.single(features) + np.log(bound)).reshape(len(devices), len(mine), len(_GRID))
+            # A grid point the network cannot read (NaN) takes the curve below it (NaN below every
+            # readable one: no prediction there).
+            tables = np.fmax.accumulate(np.where(np.isfinite(log_ms), log_ms, -np.inf), axis=2)
+            tables = np.where(np.isneginf(tables), np.nan, tables)
+            for d, per_device in zip(devices, tables, strict=True):
+                out.update({(d, key): table for key, table in zip(mine, per_device, strict=True)})
         return out
 
 
