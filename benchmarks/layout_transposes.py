@@ -33,6 +33,9 @@ from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 from fxcost.report import Report
 
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_pairs import slug  # a sibling script: the summary's short GPU names
+
 TRANSPOSES = ("nchwToNhwc", "nhwcToNchw")
 TILE = 32
 
@@ -62,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         median = statistics.median(found)
         print(f"{gpu:18s} {dtype:9s} {len(found):7d} {median:11.2f} {min(found):5.2f}-{max(found):<5.2f} "
               f"{model[gpu]:10.2f}")  # fmt: skip
-        summary.append(f"transpose_tbps_{_slug(gpu)}_{dtype}={median:.2f}")
-    summary += [f"model_tbps_{_slug(gpu)}={tbps:.2f}" for gpu, tbps in sorted(model.items())]
+        summary.append(f"transpose_tbps_{slug(gpu)}_{dtype}={median:.2f}")
+    summary += [f"model_tbps_{slug(gpu)}={tbps:.2f}" for gpu, tbps in sorted(model.items())]
     print(" ".join(summary))
     return 0
 
@@ -93,10 +96,6 @@ def transposes(node: NodeCost) -> list[tuple[int, float]]:
 def _grid(shape: tuple[int, ...]) -> tuple[int, int, int]:
     n, c, h, w = shape
     return (math.ceil(h * w / TILE), math.ceil(c / TILE), n)
-
-
-def _slug(gpu: str) -> str:
-    return gpu.split("-")[0].lower()
 
 
 if __name__ == "__main__":
