@@ -45,7 +45,7 @@ import pandas as pd
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads
-from fxcost.cost_models.heads.intervals import NOMINAL, Intervals, write_intervals
+from fxcost.cost_models.heads.intervals import NOMINAL, Intervals, interval_class, write_intervals
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import data_root, read_model_runs, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
@@ -165,6 +165,7 @@ def _rows(data: str, head: str, models: dict[str, Heads], folds: dict[str, tuple
     test = test.sort_values("device", kind="stable").reset_index(drop=True)
     roofline = _sibling("ops_accuracy")._roofline(test, head)  # in device order, as the rows now are
     nodes = [row_node(r) for r in test.itertuples(index=False)]
+    classes = np.array([interval_class(n, head) for n in nodes])
     devices = test["device"].to_numpy()
     parts = []
     for fold, gpus in folds.items():
@@ -177,9 +178,9 @@ def _rows(data: str, head: str, models: dict[str, Heads], folds: dict[str, tuple
                 index = np.flatnonzero(devices == device)
                 predicted[index] = heads.predict(NodeBatch.of([nodes[i] for i in index]), get_device(device))
         keep = np.isfinite(predicted)
-        parts.append(pd.DataFrame({"fold": fold, "head": head, "device": devices[keep],
-                                   "measured": test["Latency"].to_numpy()[keep], "heads": predicted[keep],
-                                   "roofline": roofline[keep]}))  # fmt: skip
+        parts.append(pd.DataFrame({"fold": fold, "head": head, "interval": classes[keep],
+                                   "device": devices[keep], "measured": test["Latency"].to_numpy()[keep],
+                                   "heads": predicted[keep], "roofline": roofline[keep]}))  # fmt: skip
     return pd.concat(parts, ignore_index=True)
 
 
@@ -203,16 +204,17 @@ def _per_gpu(rows: pd.DataFrame, method: str) -> pd.DataFrame:
 
 
 def _log_errors(rows: pd.DataFrame) -> dict[str, dict[str, np.ndarray]]:
-    """log(measured / predicted) of the rows, per GPU and op class."""
+    """log(measured / predicted) of the rows, per GPU and interval class
+    (:func:`~fxcost.cost_models.heads.intervals.interval_class`)."""
     return {
-        str(device): {head: np.log(h["measured"] / h["heads"]).to_numpy() for head, h in g.groupby("head")}
+        str(device): {c: np.log(h["measured"] / h["heads"]).to_numpy() for c, h in g.groupby("interval")}
         for device, g in rows.groupby("device")
     }
 
 
 def _coverage(loo: pd.DataFrame) -> pd.DataFrame:
-    """Per op class and GPU: the share of the GPU's rows inside the interval calibrated on the other
-    GPUs' LOO errors alone (nested: the GPU takes no part in choosing its interval's width)."""
+    """Per interval class and GPU: the share of the GPU's rows inside the interval calibrated on the
+    other GPUs' LOO errors alone (nested: the GPU takes no part in choosing its interval's width)."""
     errors = _log_errors(loo)
     result: dict[str, dict[str, float]] = {}
     for device, mine in errors.items():
@@ -224,7 +226,8 @@ def _coverage(loo: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(result).T
     table["all"] = table.mean(axis=1)
     table.loc["all"] = table.mean(axis=0)
-    return table.reindex([h for h in (*HEADS, "all") if h in table.index])
+    order = [*HEADS, *sorted(set(table.index) - set(HEADS) - {"all"}), "all"]
+    return table.reindex([c for c in order if c in table.index])
 
 
 def _end_to_end(data: str, cache: Path, models: dict[str, Heads]) -> pd.DataFrame:

@@ -11,7 +11,14 @@ import pytest
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import Heads
 from fxcost.cost_models.heads.axis import AxisTables, axis_of
-from fxcost.cost_models.heads.intervals import Intervals, node_bounds, shipped_intervals, write_intervals
+from fxcost.cost_models.heads.intervals import (
+    LONG_REDUCTION,
+    Intervals,
+    interval_class,
+    node_bounds,
+    shipped_intervals,
+    write_intervals,
+)
 from fxcost.data.datasets import kernel_alike_node
 from fxcost.gpus import get_device
 from fxcost.lowering.nodes import conv_node, gemm_node
@@ -124,6 +131,23 @@ def test_only_origin_free_head_predictions_get_an_interval() -> None:
     assert high.tolist() == pytest.approx([math.exp(0.25), 1.0, 2 * math.exp(0.1)])
 
 
+def test_a_gemm_over_a_long_reduction_takes_its_own_interval() -> None:
+    """``linear_long`` bounds a GEMM reducing over LONG_REDUCTION elements or more (where the file has
+    it; an older file's ``linear`` otherwise); batched GEMMs and shorter reductions keep their head's."""
+    short, long = (
+        gemm_node("linear", 1, 1024, 768, LONG_REDUCTION - 1),
+        gemm_node("linear", 1, 1024, 768, LONG_REDUCTION),
+    )
+    assert [interval_class(n, "linear") for n in (short, long)] == ["linear", "linear_long"]
+    assert interval_class(gemm_node("bmm", 4, 64, 64, 2 * LONG_REDUCTION), "bmm") == "bmm"
+    split = Intervals({"linear": (-0.5, 0.25), "linear_long": (-0.2, 1.0)})
+    low, high = node_bounds([short, long], np.array([1.0, 1.0]), ["mlp", "mlp"], split)
+    assert low.tolist() == pytest.approx([math.exp(-0.5), math.exp(-0.2)])
+    assert high.tolist() == pytest.approx([math.exp(0.25), math.exp(1.0)])
+    older = Intervals({"linear": (-0.5, 0.25)})
+    assert node_bounds([long], np.array([1.0]), ["mlp"], older)[1][0] == pytest.approx(math.exp(0.25))
+
+
 def test_a_lowered_rnn_takes_the_gemm_interval() -> None:
     from fxcost.lowering.rnn import RNN_OPS
 
@@ -177,7 +201,7 @@ def test_a_fused_kernels_high_end_is_the_later_of_its_class_and_its_serial_time(
 def test_shipped_intervals_cover_every_head_and_widen_around_the_prediction() -> None:
     intervals = shipped_intervals()
     assert intervals is not None and intervals.nominal == 0.8
-    for head in ("linear", "bmm", "conv", "ew", "ln", "softmax"):
+    for head in ("linear", "linear_long", "bmm", "conv", "ew", "ln", "softmax"):
         low, high = intervals.quantiles[head]
         assert low < 0 < high, head
 

@@ -9,6 +9,11 @@ GPUs covers a GPU left out less than 80% of the time; :meth:`Intervals.calibrate
 class's share until, GPU by GPU, the interval built from the *other* GPUs' errors covers the nominal
 share. The shipped file, ``cost_models/weights/intervals.json``, comes from the shared data only.
 
+A GEMM reducing over :data:`LONG_REDUCTION` elements or more is a class of its own,
+``linear_long``: the measured ones ran up to three times slower than their price on some GPUs (a
+P100's, a P4's; :mod:`fxcost.train.gemm` reads the P100's as TLB misses over long rows), an upper
+tail that, pooled with the rest, had widened every GEMM's interval to 3.4 times its price.
+
 Totals add the nodes' bounds: the errors of one GPU's nodes lean the same way (a GPU's sustained
 clock or a library's kernel choice moves them together), so the bounds of a sum are the sums of
 the bounds, not a narrower root-sum-square.
@@ -32,12 +37,30 @@ from fxcost.cost_models.heads.model import default_heads
 from fxcost.gpus import Device
 from fxcost.lowering.attention import ATTENTION_OPS
 from fxcost.lowering.composite import COMPOSITE_OPS, composite_head
+from fxcost.lowering.nodes import gemm_dims
 from fxcost.records import NodeCost
 
-__all__ = ["NOMINAL", "Intervals", "attention_high", "node_bounds", "shipped_intervals", "write_intervals"]
+__all__ = ["LONG_REDUCTION", "NOMINAL", "Intervals", "attention_high", "interval_class", "node_bounds",
+           "shipped_intervals", "write_intervals"]  # fmt: skip
 
 NOMINAL = 0.8
 """The share of a GPU nobody measured's rows an interval is meant to hold."""
+
+LONG_REDUCTION = 8192
+"""Reduction length (elements) from which a ``linear`` node's interval is ``linear_long``'s: rows of
+32 KB in fp32, where the measured GEMMs' pace starts to fall on the GPUs that show it."""
+
+
+def interval_class(node: NodeCost, head: str) -> str:
+    """The class whose errors bound ``node``, which ``head`` predicts: ``head``, or ``linear_long`` for
+    a ``linear`` node reducing over :data:`LONG_REDUCTION` elements or more."""
+    if head != "linear":
+        return head
+    try:
+        reduction = gemm_dims(node)[3]
+    except (IndexError, KeyError, TypeError, ValueError):  # shapes this reading does not know
+        return head
+    return "linear_long" if reduction >= LONG_REDUCTION else head
 
 
 @dataclass(frozen=True)
@@ -174,8 +197,11 @@ def node_bounds(
                 head = head_of(node)
                 if head == LOWERED:  # RNNs, attention, MoE run mostly GEMMs; memory-bound ops, passes
                     head = composite_head(node.op) if node.op in COMPOSITE_OPS else "ew"
-                if head is not None and head in intervals.quantiles:
-                    low[i], high[i] = (math.exp(q) for q in intervals.quantiles[head])
+                if head is None:
+                    continue
+                found = intervals.quantiles.get(interval_class(node, head), intervals.quantiles.get(head))
+                if found is not None:  # an interval file without the class: its head's
+                    low[i], high[i] = (math.exp(q) for q in found)
     if device is not None:
         heads = default_heads()
         for i, (node, source) in enumerate(zip(nodes, sources, strict=True)):
