@@ -139,13 +139,30 @@ def test_a_gemm_over_a_long_reduction_takes_its_own_interval() -> None:
         gemm_node("linear", 1, 1024, 768, LONG_REDUCTION),
     )
     assert [interval_class(n, "linear") for n in (short, long)] == ["linear", "linear_long"]
+    addmm = NodeCost(
+        name="addmm",
+        op="aten.addmm.default",
+        phase="fw",
+        in_shapes=[(768,), (1024, LONG_REDUCTION), (LONG_REDUCTION, 768)],
+        out_shapes=[(1024, 768)],
+    )
+    assert interval_class(addmm, "linear") == "linear_long"  # the bias is no operand
     assert interval_class(gemm_node("bmm", 4, 64, 64, 2 * LONG_REDUCTION), "bmm") == "bmm"
+    lstm = NodeCost(
+        name="lstm",
+        op="aten._cudnn_rnn.default",
+        phase="fw",  # hx, cx last: no GEMM operands
+        in_shapes=[(4, 8, 64), (1, 4, LONG_REDUCTION), (1, 4, LONG_REDUCTION)],
+        out_shapes=[(4, 8, 64)],
+    )
+    assert interval_class(lstm, "linear") == "linear"
     split = Intervals({"linear": (-0.5, 0.25), "linear_long": (-0.2, 1.0)})
     low, high = node_bounds([short, long], np.array([1.0, 1.0]), ["mlp", "mlp"], split)
     assert low.tolist() == pytest.approx([math.exp(-0.5), math.exp(-0.2)])
     assert high.tolist() == pytest.approx([math.exp(0.25), math.exp(1.0)])
     older = Intervals({"linear": (-0.5, 0.25)})
-    assert node_bounds([long], np.array([1.0]), ["mlp"], older)[1][0] == pytest.approx(math.exp(0.25))
+    bounds = node_bounds([long], np.array([1.0]), ["mlp"], older)
+    assert (bounds[0][0], bounds[1][0]) == pytest.approx((math.exp(-0.5), math.exp(0.25)))
 
 
 def test_a_lowered_rnn_takes_the_gemm_interval() -> None:

@@ -9,10 +9,11 @@ GPUs covers a GPU left out less than 80% of the time; :meth:`Intervals.calibrate
 class's share until, GPU by GPU, the interval built from the *other* GPUs' errors covers the nominal
 share. The shipped file, ``cost_models/weights/intervals.json``, comes from the shared data only.
 
-A GEMM reducing over :data:`LONG_REDUCTION` elements or more is a class of its own,
-``linear_long``: the measured ones ran up to three times slower than their price on some GPUs (a
-P100's, a P4's; :mod:`fxcost.train.gemm` reads the P100's as TLB misses over long rows), an upper
-tail that, pooled with the rest, had widened every GEMM's interval to 3.4 times its price.
+The classes are the heads', but for one split (:func:`interval_class`): a GEMM reducing over
+:data:`LONG_REDUCTION` elements or more is a class of its own, ``linear_long``: the measured ones ran
+up to three times slower than their price on some GPUs (the P100's most; :mod:`fxcost.train.gemm`
+reads them as TLB misses over long rows), an upper tail that, pooled with the rest, had widened every
+GEMM's interval to 3.4 times its price.
 
 Totals add the nodes' bounds: the errors of one GPU's nodes lean the same way (a GPU's sustained
 clock or a library's kernel choice moves them together), so the bounds of a sum are the sums of
@@ -47,14 +48,19 @@ NOMINAL = 0.8
 """The share of a GPU nobody measured's rows an interval is meant to hold."""
 
 LONG_REDUCTION = 8192
-"""Reduction length (elements) from which a ``linear`` node's interval is ``linear_long``'s: rows of
-32 KB in fp32, where the measured GEMMs' pace starts to fall on the GPUs that show it."""
+"""Reduction length (elements) from which a GEMM node's interval is ``linear_long``'s: where the
+measured GEMMs' pace starts to fall on the GPUs that show it. Those are fp32 forward products, whose
+operands' rows run along the reduction (32 KB rows here); that a weight gradient reducing over as
+many tokens, or a bf16 GEMM, shares their tail is an extrapolation."""
+
+_GEMM_OPS = frozenset({"aten.mm.default", "aten.addmm.default"})
 
 
 def interval_class(node: NodeCost, head: str) -> str:
     """The class whose errors bound ``node``, which ``head`` predicts: ``head``, or ``linear_long`` for
-    a ``linear`` node reducing over :data:`LONG_REDUCTION` elements or more."""
-    if head != "linear":
+    a GEMM (``mm``, ``addmm``) reducing over :data:`LONG_REDUCTION` elements or more. Work lowered to
+    GEMMs (an RNN, MoE experts) keeps its head's."""
+    if head != "linear" or node.op not in _GEMM_OPS:
         return head
     try:
         reduction = gemm_dims(node)[3]
@@ -65,12 +71,13 @@ def interval_class(node: NodeCost, head: str) -> str:
 
 @dataclass(frozen=True)
 class Intervals:
-    """Per op class, the low and high quantiles of ``log(measured / predicted)`` on left-out GPUs.
+    """Per interval class (:func:`interval_class`), the low and high quantiles of
+    ``log(measured / predicted)`` on left-out GPUs.
 
     Attributes:
-        quantiles: op class -> (low, high) log error; a prediction ``p`` spans ``[p e^low, p e^high]``.
+        quantiles: class -> (low, high) log error; a prediction ``p`` spans ``[p e^low, p e^high]``.
         nominal: the share of errors between the two quantiles.
-        rows: op class -> the number of left-out rows the quantiles come from.
+        rows: class -> the number of left-out rows the quantiles come from.
     """
 
     quantiles: Mapping[str, tuple[float, float]]
