@@ -15,7 +15,7 @@ share of its rows inside the nominal 80% interval is counted.
 
 Folds train in parallel processes and keep their heads in ``--work`` (resumable: a fold already
 trained is read back). ``--write-intervals`` writes the shipped interval file from every fold's LOO
-errors.
+errors, with the step scale the Hugging Face runs give (:mod:`fxcost.cost_models.heads.step_intervals`).
 
 By default a reduced schedule, 5 epochs per head and fold (7 folds of 10 epochs took 9 minutes to
 train on a loaded 2-core machine, and the run 14), to check a change in minutes; the README's figures
@@ -24,13 +24,17 @@ are ``--full``'s, the shipped schedule. The output and the last line (``epochs=N
     python benchmarks/generalization.py --data ../shared/data [--epochs 5 | --full] [--work DIR]
 
 Last line: ``loo_bmm=.. loo_fc=.. loo_conv=.. loo_ew=.. loo_ln=.. loo_softmax=.. logo_...=.. id_...=..
-roofline_loo_...=.. e2e_loo_mape=.. e2e_loo_max=.. coverage80=.. folds=N epochs=N``; each MAPE is the mean
-over left-out GPUs of the per-GPU MAPE.
+roofline_loo_...=.. e2e_loo_mape=.. e2e_loo_max=.. coverage80=.. e2e_coverage80=.. e2e_low=.. e2e_high=..
+step_scale=.. folds=N epochs=N``; each MAPE is the mean over left-out GPUs of the per-GPU MAPE.
+``e2e_coverage80`` is the share of a left-out GPU's runs inside their step interval (nodes' intervals
+and the step scale calibrated without the GPU; :func:`~fxcost.cost_models.heads.intervals.step_scale_for`),
+``e2e_low`` and ``e2e_high`` its median ends as factors of the prediction.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
 import tempfile
@@ -45,7 +49,14 @@ import pandas as pd
 
 from fxcost.cost_models import NodeBatch
 from fxcost.cost_models.heads import HEADS, TILED_HEADS, Heads
-from fxcost.cost_models.heads.intervals import NOMINAL, Intervals, interval_class, write_intervals
+from fxcost.cost_models.heads.intervals import (
+    NOMINAL,
+    Intervals,
+    interval_class,
+    node_classes,
+    write_intervals,
+)
+from fxcost.cost_models.heads.step_intervals import StepSums, step_scale_for, step_sums
 from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import data_root, read_model_runs, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
@@ -112,17 +123,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nNominal {NOMINAL:.0%} intervals, each GPU's calibrated on the other GPUs' LOO errors alone:")
     print("share of its rows inside")
     print(coverage.to_string(float_format=lambda v: f"{v:6.1%}"))
-    if args.write_intervals:
-        path = write_intervals(Intervals.calibrated(_log_errors(loo)), args.write_intervals)
-        print(f"wrote {path}")
+    errors = _log_errors(loo)
+    intervals = Intervals.calibrated(errors)
 
-    e2e = pd.DataFrame()
+    e2e, steps = pd.DataFrame(), {}
     if not args.no_e2e:
         cache = Path(args.e2e_cache or work / "e2e")
-        e2e = _end_to_end(args.data, cache, models)
+        e2e = _end_to_end(args.data, cache, models, errors)
         if not e2e.empty:
             print("\nHugging Face runs of each left-out GPU, heads trained without it (error %)")
-            print(e2e.to_string(index=False, float_format=lambda v: f"{v:8.1f}"))
+            shown = e2e.drop(columns=["ratio", "sums", "classes"])
+            print(shown.to_string(index=False, float_format=lambda v: f"{v:8.1f}"))
+            steps = _step_coverage(e2e)
+            classes = tuple(sorted(frozenset().union(*e2e["classes"])))
+            intervals = dataclasses.replace(intervals, step_scale=steps["step_scale"], step_classes=classes,
+                                            step_runs=len(e2e))  # fmt: skip
+    if args.write_intervals:
+        print(f"wrote {write_intervals(intervals, args.write_intervals)}")
 
     summary = {}
     for label, table in (("loo", tables["LOO"]), ("logo", tables["LOGO"]), ("id", tables["in distribution"]),
@@ -132,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         summary["e2e_loo_mape"] = float(e2e["heads_err"].abs().mean())
         summary["e2e_loo_max"] = float(e2e["heads_err"].abs().max())
     summary["coverage80"] = float(coverage.loc["all", "all"]) if "all" in coverage.index else float("nan")
+    summary.update({k: v for k, v in steps.items() if k != "step_scale"})
+    if steps:
+        summary["step_scale"] = steps["step_scale"]
     print(f"({time.perf_counter() - start:.0f} s)")
-    print(" ".join(f"{k}={v:.3f}" if k.startswith("coverage") else f"{k}={v:.2f}" for k, v in summary.items())
+    print(" ".join(f"{k}={v:.3f}" if "coverage" in k else f"{k}={v:.2f}" for k, v in summary.items())
           + f" folds={len(folds) - 1} epochs={config.epochs}")  # fmt: skip
     return 0
 
@@ -230,8 +250,14 @@ def _coverage(loo: pd.DataFrame) -> pd.DataFrame:
     return table.reindex([c for c in order if c in table.index])
 
 
-def _end_to_end(data: str, cache: Path, models: dict[str, Heads]) -> pd.DataFrame:
-    """The Hugging Face runs of each training GPU, predicted with the heads of the fold that left it out."""
+def _end_to_end(
+    data: str, cache: Path, models: dict[str, Heads], errors: dict[str, dict[str, np.ndarray]]
+) -> pd.DataFrame:
+    """The Hugging Face runs of each training GPU, predicted with the heads of the fold that left it
+    out; with each run's log error and its nodes' summed bounds (``log_low``, ``log_high``: their log
+    distances below and above the prediction), from node intervals calibrated on the other GPUs' LOO
+    ``errors`` alone."""
+    nested = {g: Intervals.calibrated({h: e for h, e in errors.items() if h != g}) for g in errors}
     e2e = _sibling("models_e2e")
     _capture = e2e._capture
 
@@ -255,8 +281,53 @@ def _end_to_end(data: str, cache: Path, models: dict[str, Heads]) -> pd.DataFram
                     predicted = report.predict([device], [heads, Roofline()])
                 row[f"{label}_ms"] = predicted.eager_ms(device)
                 row[f"{label}_err"] = (row[f"{label}_ms"] - run.e2e) / run.e2e * 100
+                if label == "heads":
+                    row["ratio"] = run.e2e / row["heads_ms"]
+                    row["sums"], row["classes"] = _step_sums(predicted, device, nested.get(device))
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _step_sums(report: Any, device: str, intervals: Intervals | None) -> tuple[StepSums, frozenset[str]]:
+    """``report``'s :class:`StepSums` on ``device`` with every class of its nodes drawn in, and those
+    classes."""
+    nodes = report.nodes
+    ms = np.array([n.pred_ms.get(device) or 0.0 for n in nodes])
+    sources = [n.pred_source.get(device) for n in nodes]
+    classes = frozenset(c for c in node_classes(nodes, sources) if c is not None)
+    drawn = dataclasses.replace(intervals, step_classes=tuple(sorted(classes))) if intervals else None
+    return step_sums(nodes, ms, sources, device=get_device(device), intervals=drawn), classes
+
+
+def _step_coverage(e2e: pd.DataFrame) -> dict[str, float]:
+    """The step scale (:func:`~fxcost.cost_models.heads.step_intervals.step_scale_for`) from every
+    left-out GPU's runs, and nested: each GPU's runs against the scale the other GPUs' runs give (the
+    share of them inside, ``e2e_coverage80``, and the median interval's ends as factors of the
+    prediction)."""
+    runs = {str(g): list(zip(r["ratio"], r["sums"], strict=True)) for g, r in e2e.groupby("device")}
+    inside, lows, highs = {}, [], []
+    for gpu, mine in runs.items():
+        scale = step_scale_for({g: r for g, r in runs.items() if g != gpu})
+        bounds = [sums.bounds(scale) for _, sums in mine]
+        inside[gpu] = np.mean(
+            [lo <= ratio * s.total <= hi for (ratio, s), (lo, hi) in zip(mine, bounds, strict=True)]
+        )
+        lows += [lo / s.total for (_, s), (lo, _) in zip(mine, bounds, strict=True)]
+        highs += [hi / s.total for (_, s), (_, hi) in zip(mine, bounds, strict=True)]
+    scale = step_scale_for(runs)
+    print(
+        f"\nStep intervals: the nodes' summed bounds drawn in by {scale:.2f} (log distance from the "
+        f"prediction), the scale at which the left-out GPUs' runs are covered {NOMINAL:.0%} on average"
+    )
+    print("nested, each GPU's runs against the other GPUs' scale: share inside "
+          + ", ".join(f"{g} {c:.0%}" for g, c in inside.items())
+          + f"; median interval x{np.median(lows):.2f} to x{np.median(highs):.2f}")  # fmt: skip
+    summed = [(sums.bounds(1.0), ratio, sums.total) for mine in runs.values() for ratio, sums in mine]
+    print(f"(the summed bounds: x{np.median([lo / t for (lo, _), _, t in summed]):.2f} to "
+          f"x{np.median([hi / t for (_, hi), _, t in summed]):.2f}, holding "
+          f"{np.mean([lo <= r * t <= hi for (lo, hi), r, t in summed]):.0%} of the runs)")  # fmt: skip
+    return {"e2e_coverage80": float(np.mean(list(inside.values()))), "e2e_low": float(np.median(lows)),
+            "e2e_high": float(np.median(highs)), "step_scale": scale}  # fmt: skip
 
 
 if __name__ == "__main__":

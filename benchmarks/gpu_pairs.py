@@ -31,8 +31,12 @@ Last line: ``mape_runtime_<o>_to_<d>=..`` per ordered GPU pair (e.g. ``mape_runt
 then ``mape_runtime_fp32 mape_runtime_bf16 mape_same_host_fp32 mape_same_host_bf16 mape_gpu_fp32
 mape_gpu_bf16 mape_runtime_gpu_bound_<precision> mape_origin_free mape_origin_free_gpu_<precision>
 mape_origin_free_gpu_bound mape_origin_free_gpu_bound_<precision> mape_origin_free_compiled
-mape_origin_free_compiled_as_eager fidelity_mape repeat_spread_gpu_bound traces`` (figures without
-rows left out). Without traces it says so and prints ``traces=0``.
+mape_origin_free_compiled_as_eager fidelity_mape coverage80_origin_free repeat_spread_gpu_bound traces``
+(figures without rows left out; ``coverage80_origin_free``: the share of measured steps inside their
+origin-free prediction's nominal 80% interval, marked ``!`` in the table where outside;
+``coverage80_origin_free_gpu``: the share of recorded kernel times inside the interval of the
+predicted kernel time, the part of a step the interval speaks for). Without
+traces it says so and prints ``traces=0``.
 """
 
 from __future__ import annotations
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     tensor_rows: dict[str, list[tuple[float, float]]] = defaultdict(list)
     print("each recorded step, predicted origin-free (from the graph and spec sheets alone)")
     print(f"  {'case':22s} {'prec':4s} {'gpu':>5s} {'measured':>9s} {'bound':>7s} {'busy':>5s} "
-          f"{'repeat%':>7s} {'origin-free':>11s} {'err%':>7s} {'GPU err%':>8s}")  # fmt: skip
+          f"{'repeat%':>7s} {'origin-free':>11s} {'err%':>7s} {'GPU err%':>8s}  80% interval")  # fmt: skip
     pair_lines = []
     for (case, precision), gpus in sorted(runs.items()):
         reports = {gpu: Report.load(path) for gpu, (_, path) in gpus.items()}
@@ -246,7 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                 warnings.simplefilter("ignore")
                 blind = origin_free(truth).predict([target])
             blind_error = _pct(blind.eager_ms(target), measured)
+            low, high = blind.eager_interval_ms(target)
+            errors["interval"].append(float(low <= measured <= high))
             blind_gpu_error = _pct(gpu_ms(blind, target), recorded) if recorded else math.nan
+            if recorded:  # the kernels' interval: the isolated sum's, as factors of the predicted kernel time
+                scale = gpu_ms(blind, target) / blind.total_ms(target)
+                gpu_low, gpu_high = (scale * b for b in blind.interval_ms(target))
+                errors["interval_gpu"].append(float(gpu_low <= recorded <= gpu_high))
             errors["origin_free"].append(abs(blind_error))
             if recorded:
                 errors[f"origin_free_gpu_{precision}"].append(abs(blind_gpu_error))
@@ -256,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             add_class_rows(tensor_rows, truth, blind, target, precision)
             print(f"  {case:22s} {precision:4s} {slug(target):>5s} {measured:9.2f} {bound:>7s} {busy:5.2f} "
                   f"{'-' if spread is None else f'{spread:.2f}':>7s} {blind.eager_ms(target):11.2f} "
-                  f"{blind_error:+7.1f} {blind_gpu_error:+8.1f}")  # fmt: skip
+                  f"{blind_error:+7.1f} {blind_gpu_error:+8.1f}  {low:.2f}-{high:.2f}"
+                  f"{'' if low <= measured <= high else ' !'}")  # fmt: skip
             target_host_ms = truth.pipeline().host_ms
             for origin, report in reports.items():
                 if origin == target:
@@ -311,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
              "origin_free_compiled", "origin_free_compiled_as_eager"]  # fmt: skip
     summary = {f"mape_{k}": statistics.mean(errors[k]) for k in names if errors[k]}
     summary["fidelity_mape"] = statistics.mean(errors["fidelity"])
+    summary["coverage80_origin_free"] = statistics.mean(errors["interval"])
+    if errors["interval_gpu"]:
+        summary["coverage80_origin_free_gpu"] = statistics.mean(errors["interval_gpu"])
     if errors["repeat_spread_gpu_bound"]:
         summary["repeat_spread_gpu_bound"] = max(errors["repeat_spread_gpu_bound"])
     failed = [f"{k}={summary[k]:.2f} > {limit}" for k, limit in LIMITS.items() if summary.get(k, 0) > limit]

@@ -24,7 +24,7 @@ from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import HOST_MS, kernel_times
 from fxcost.cost_models.heads import spec_sheet_caveat
-from fxcost.cost_models.heads.intervals import node_bounds
+from fxcost.cost_models.heads.step_intervals import step_bounds
 from fxcost.cost_models.heads.tensor_work import layout_works
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
 from fxcost.gpus import Device, get_device
@@ -192,8 +192,8 @@ class Captured:
         step = phase_end[-1]
         # The interval of the isolated sum, scaled as the eager step scales it (Report.eager_interval_ms).
         scale = step / isolated if isolated > 0 else 1.0
-        bounds = node_bounds(batch.nodes, ms, sources, device=target)
-        low, high = (scale * sum(phase_totals(b, self.counts).values()) for b in bounds)
+        bounds = step_bounds(batch.nodes, ms, sources, self.counts.sum(axis=1), target)
+        low, high = (scale * b for b in bounds)
         result = Cost(ms=step, fw_ms=phase_end[0], bw_ms=phase_end[1] - phase_end[0], device=target.name,
                       low_ms=low, high_ms=high, caveat=spec_sheet_caveat(target),
                       isolated_ms=isolated, execution=execution)  # fmt: skip

@@ -23,7 +23,7 @@ from fxcost._io import atomic_write
 from fxcost._version import __version__
 from fxcost.cost_models import CostModel, spec_name
 from fxcost.cost_models import predict as predict_nodes
-from fxcost.cost_models.heads.intervals import node_bounds
+from fxcost.cost_models.heads.step_intervals import step_bounds
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.lowering.fusion import FusedKernel, fuse
 from fxcost.lowering.fusion_layout import channels_last
@@ -138,14 +138,13 @@ class Report:
 
     def interval_ms(self, device: str | Device, phase: Phase | None = None) -> tuple[float, float]:
         """The nominal 80% interval of :meth:`total_ms` on ``device``: each origin-free node's interval
-        from the heads' errors on GPUs they were not fit on, added up (see
-        :mod:`fxcost.cost_models.heads.intervals`); nodes of other models add their prediction to both
-        ends."""
+        from the heads' errors on GPUs they were not fit on, added up and drawn in as a step's errors
+        are (:mod:`~fxcost.cost_models.heads.step_intervals`); nodes of other models add their
+        prediction to both ends."""
         name = self._predicted_name(device)
         nodes = self._phase(phase)
         ms = np.array([n.pred_ms.get(name) or 0.0 for n in nodes])
-        low, high = node_bounds(nodes, ms, [n.pred_source.get(name) for n in nodes], device=get_device(name))
-        return float(low.sum()), float(high.sum())
+        return step_bounds(nodes, ms, [n.pred_source.get(name) for n in nodes], device=get_device(name))
 
     def eager_interval_ms(
         self, device: str | Device, phase: Phase | None = None, eager_ms: float | None = None

@@ -39,7 +39,7 @@ import numpy as np
 
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import kernel_times
-from fxcost.cost_models.heads.intervals import node_bounds
+from fxcost.cost_models.heads.step_intervals import step_bounds
 from fxcost.estimator import Captured
 from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
@@ -117,7 +117,7 @@ class Plan:
     hidden: int
     tokens: int  # tokens per micro-batch on one rank
     itemsize: int  # bytes per element of activations, parameters and gradients (4 in fp32, 2 in fp16/bf16)
-    # The nominal 80% interval of the compute, as factors of its predicted time (heads.intervals).
+    # The nominal 80% interval of the compute, as factors of its predicted time (heads.step_intervals).
     compute_interval: tuple[float, float] = (1.0, 1.0)
 
 
@@ -353,11 +353,14 @@ def _shards(
 def _interval(
     nodes: Sequence[NodeCost], ms: np.ndarray, source: np.ndarray, counts: np.ndarray, device: Device
 ) -> tuple[float, float]:
-    """The interval of the step's time on ``device`` (each distinct node ``counts`` times), as factors."""
+    """The interval of the step's time on ``device`` (each distinct node ``counts`` times), as factors
+    (:mod:`~fxcost.cost_models.heads.step_intervals`)."""
     ms = np.nan_to_num(ms)
-    low, high = node_bounds(nodes, ms, source, device=device)
     total = float(ms @ counts)
-    return (float(low @ counts) / total, float(high @ counts) / total) if total > 0 else (1.0, 1.0)
+    if total <= 0:
+        return 1.0, 1.0
+    low, high = step_bounds(nodes, ms, source, counts, device)
+    return low / total, high / total
 
 
 def _kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> list[float]:

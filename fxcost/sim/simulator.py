@@ -66,7 +66,7 @@ class SimResult:
         collectives: (kind, group, bytes) -> how many times one rank issues it per iteration.
         interval_ms: the nominal 80% interval of ``iteration_ms``: the iteration simulated again with
             every compute task at the low and the high end of the compute's interval (collectives as
-            predicted; see :mod:`fxcost.cost_models.heads.intervals`).
+            predicted; see :mod:`fxcost.cost_models.heads.step_intervals`).
     """
 
     iteration_ms: float

@@ -77,10 +77,12 @@ def test_gpu_pairs_reads_the_recordings(
     figures = dict(item.split("=") for item in last.split())
     per_precision = {f"mape_{kind}_{p}" for kind in ("runtime", "same_host") for p in ("fp32", "bf16")}
     assert set(figures) == {"mape_runtime_h100_to_h200", "mape_runtime_h200_to_h100", *per_precision,
-                            "mape_origin_free", "fidelity_mape", "traces"}  # fmt: skip
-    # (no mape_gpu_*: CPU recordings hold no profiled kernel times to compare with)
+                            "mape_origin_free", "fidelity_mape", "coverage80_origin_free",
+                            "traces"}  # fmt: skip
+    # (no mape_gpu_* nor coverage80_origin_free_gpu: CPU recordings hold no profiled kernel times)
     assert figures["traces"] == "4"
     assert all(float(v) >= 0 for v in figures.values())
+    assert 0 <= float(figures["coverage80_origin_free"]) <= 1
 
 
 @pytest.mark.slow

@@ -15,9 +15,8 @@ up to three times slower than their price on some GPUs (the P100's most; :mod:`f
 reads them as TLB misses over long rows), an upper tail that, pooled with the rest, had widened every
 GEMM's interval to 3.4 times its price.
 
-Totals add the nodes' bounds: the errors of one GPU's nodes lean the same way (a GPU's sustained
-clock or a library's kernel choice moves them together), so the bounds of a sum are the sums of
-the bounds, not a narrower root-sum-square.
+A step's interval (a report's totals, :class:`~fxcost.estimator.Cost`'s ``low_ms`` and ``high_ms``,
+the simulator's compute) is not the sum of these bounds: :mod:`~fxcost.cost_models.heads.step_intervals`.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from fxcost.lowering.nodes import gemm_dims
 from fxcost.records import NodeCost
 
 __all__ = ["LONG_REDUCTION", "NOMINAL", "Intervals", "attention_high", "interval_class", "node_bounds",
-           "shipped_intervals", "write_intervals"]  # fmt: skip
+           "node_classes", "shipped_intervals", "write_intervals"]  # fmt: skip
 
 NOMINAL = 0.8
 """The share of a GPU nobody measured's rows an interval is meant to hold."""
@@ -78,11 +77,20 @@ class Intervals:
         quantiles: class -> (low, high) log error; a prediction ``p`` spans ``[p e^low, p e^high]``.
         nominal: the share of errors between the two quantiles.
         rows: class -> the number of left-out rows the quantiles come from.
+        step_scale: how far a step's interval reaches of its nodes' summed bounds, in log distance
+            from the prediction, for the nodes of ``step_classes``
+            (:mod:`~fxcost.cost_models.heads.step_intervals`); 1, the summed bounds, where none was
+            calibrated.
+        step_classes: the classes of the nodes of the runs ``step_scale`` was calibrated on.
+        step_runs: how many runs that was.
     """
 
     quantiles: Mapping[str, tuple[float, float]]
     nominal: float = NOMINAL
     rows: Mapping[str, int] | None = None
+    step_scale: float = 1.0
+    step_classes: tuple[str, ...] = ()
+    step_runs: int = 0
 
     @classmethod
     def from_errors(cls, errors: Mapping[str, np.ndarray], nominal: float = NOMINAL) -> Intervals:
@@ -123,13 +131,17 @@ class Intervals:
 
     def to_json(self) -> str:
         return json.dumps({"nominal": self.nominal, "quantiles": dict(self.quantiles),
-                           "rows": dict(self.rows or {})}, indent=1)  # fmt: skip
+                           "rows": dict(self.rows or {}), "step_scale": self.step_scale,
+                           "step_classes": list(self.step_classes), "step_runs": self.step_runs},
+                          indent=1)  # fmt: skip
 
     @classmethod
     def from_json(cls, text: str) -> Intervals:
         raw = json.loads(text)
         quantiles = {head: (float(low), float(high)) for head, (low, high) in raw["quantiles"].items()}
-        return cls(quantiles, float(raw["nominal"]), {k: int(v) for k, v in raw.get("rows", {}).items()})
+        return cls(quantiles, float(raw["nominal"]), {k: int(v) for k, v in raw.get("rows", {}).items()},
+                   float(raw.get("step_scale", 1.0)), tuple(raw.get("step_classes", ())),
+                   int(raw.get("step_runs", 0)))  # fmt: skip
 
 
 _SHARES = np.linspace(0.5, 0.999, 200)
@@ -199,22 +211,34 @@ def node_bounds(
     ms = np.asarray(ms, dtype=np.float64)
     low, high = np.ones(len(ms)), np.ones(len(ms))
     if intervals is not None:
-        for i, (node, source) in enumerate(zip(nodes, sources, strict=True)):
-            if source == "mlp":
-                head = head_of(node)
-                if head == LOWERED:  # RNNs, attention, MoE run mostly GEMMs; memory-bound ops, passes
-                    head = composite_head(node.op) if node.op in COMPOSITE_OPS else "ew"
-                if head is None:
-                    continue
-                found = intervals.quantiles.get(interval_class(node, head), intervals.quantiles.get(head))
-                if found is not None:  # an interval file without the class: its head's
-                    low[i], high[i] = (math.exp(q) for q in found)
+        for i, cls in enumerate(node_classes(nodes, sources)):
+            if cls is None:
+                continue
+            found = intervals.quantiles.get(cls) or intervals.quantiles.get(_HEAD_OF_CLASS.get(cls, cls))
+            if found is not None:  # an interval file without the class: its head's
+                low[i], high[i] = (math.exp(q) for q in found)
     if device is not None:
         heads = default_heads()
         for i, (node, source) in enumerate(zip(nodes, sources, strict=True)):
             if source == "mlp" and node.op in ATTENTION_OPS:
                 high[i] = attention_high(high[i], ms[i], heads.attention_spread_ms(node, device))
     return ms * low, ms * high
+
+
+_HEAD_OF_CLASS = {"linear_long": "linear"}
+
+
+def node_classes(nodes: Sequence[NodeCost], sources: Sequence[str | None] | np.ndarray) -> list[str | None]:
+    """The interval class of each node (:func:`interval_class`), None for one the heads did not
+    predict (``sources[i] != "mlp"``) or that no head predicts: work lowered to GEMMs (RNNs,
+    attention, MoE) takes the GEMMs' class, memory-bound ops and passes the elementwise one."""
+    classes: list[str | None] = []
+    for node, source in zip(nodes, sources, strict=True):
+        head = head_of(node) if source == "mlp" else None
+        if head == LOWERED:
+            head = composite_head(node.op) if node.op in COMPOSITE_OPS else "ew"
+        classes.append(None if head is None else interval_class(node, head))
+    return classes
 
 
 def attention_high(high: float, ms: float, spread_ms: float) -> float:
