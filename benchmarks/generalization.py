@@ -27,7 +27,7 @@ Last line: ``loo_bmm=.. loo_fc=.. loo_conv=.. loo_ew=.. loo_ln=.. loo_softmax=..
 roofline_loo_...=.. e2e_loo_mape=.. e2e_loo_max=.. coverage80=.. e2e_coverage80=.. e2e_low=.. e2e_high=..
 step_scale=.. folds=N epochs=N``; each MAPE is the mean over left-out GPUs of the per-GPU MAPE.
 ``e2e_coverage80`` is the share of a left-out GPU's runs inside their step interval (nodes' intervals
-and the step scale calibrated without the GPU; :func:`~fxcost.cost_models.heads.intervals.step_scale_for`),
+and the step scale calibrated without the GPU: :mod:`fxcost.cost_models.heads.step_intervals`),
 ``e2e_low`` and ``e2e_high`` its median ends as factors of the prediction.
 """
 
@@ -54,6 +54,7 @@ from fxcost.cost_models.heads.intervals import (
     Intervals,
     interval_class,
     node_classes,
+    shipped_intervals,
     write_intervals,
 )
 from fxcost.cost_models.heads.step_intervals import StepSums, step_scale_for, step_sums
@@ -61,6 +62,7 @@ from fxcost.cost_models.roofline import Roofline
 from fxcost.data.datasets import data_root, read_model_runs, row_node
 from fxcost.gpus import HELD_OUT_DEVICES, get_device
 from fxcost.gpus.holdout import uncalibrated
+from fxcost.lowering.attention import ATTENTION_OPS
 from fxcost.train.heads import TrainConfig, split, train
 
 NAMES = {"linear": "fc", "bmm": "bmm", "conv": "conv", "ew": "ew", "ln": "ln", "softmax": "softmax"}
@@ -126,18 +128,23 @@ def main(argv: list[str] | None = None) -> int:
     errors = _log_errors(loo)
     intervals = Intervals.calibrated(errors)
 
-    e2e, steps = pd.DataFrame(), {}
+    e2e, steps = pd.DataFrame(), dict[str, float]()
     if not args.no_e2e:
         cache = Path(args.e2e_cache or work / "e2e")
-        e2e = _end_to_end(args.data, cache, models, errors)
+        e2e = _end_to_end(args.data, cache, models)
         if not e2e.empty:
             print("\nHugging Face runs of each left-out GPU, heads trained without it (error %)")
-            shown = e2e.drop(columns=["ratio", "sums", "classes"])
+            shown = e2e.drop(columns=["predicted"])
             print(shown.to_string(index=False, float_format=lambda v: f"{v:8.1f}"))
-            steps = _step_coverage(e2e)
-            classes = tuple(sorted(frozenset().union(*e2e["classes"])))
-            intervals = dataclasses.replace(intervals, step_scale=steps["step_scale"], step_classes=classes,
+            steps, drawn = _step_coverage(e2e, errors)
+            intervals = dataclasses.replace(intervals, step_scale=steps["step_scale"], drawn_classes=drawn,
                                             step_runs=len(e2e))  # fmt: skip
+    if args.write_intervals and not steps:  # no runs to calibrate a step's interval on: keep the shipped one
+        shipped = shipped_intervals()
+        if shipped is not None:
+            print("no Hugging Face runs: the step scale is kept from the shipped intervals")
+            kept = {f: getattr(shipped, f) for f in ("step_scale", "drawn_classes", "step_runs")}
+            intervals = dataclasses.replace(intervals, **kept)
     if args.write_intervals:
         print(f"wrote {write_intervals(intervals, args.write_intervals)}")
 
@@ -250,14 +257,9 @@ def _coverage(loo: pd.DataFrame) -> pd.DataFrame:
     return table.reindex([c for c in order if c in table.index])
 
 
-def _end_to_end(
-    data: str, cache: Path, models: dict[str, Heads], errors: dict[str, dict[str, np.ndarray]]
-) -> pd.DataFrame:
+def _end_to_end(data: str, cache: Path, models: dict[str, Heads]) -> pd.DataFrame:
     """The Hugging Face runs of each training GPU, predicted with the heads of the fold that left it
-    out; with each run's log error and its nodes' summed bounds (``log_low``, ``log_high``: their log
-    distances below and above the prediction), from node intervals calibrated on the other GPUs' LOO
-    ``errors`` alone."""
-    nested = {g: Intervals.calibrated({h: e for h, e in errors.items() if h != g}) for g in errors}
+    out (``predicted``: that prediction's report)."""
     e2e = _sibling("models_e2e")
     _capture = e2e._capture
 
@@ -282,52 +284,75 @@ def _end_to_end(
                 row[f"{label}_ms"] = predicted.eager_ms(device)
                 row[f"{label}_err"] = (row[f"{label}_ms"] - run.e2e) / run.e2e * 100
                 if label == "heads":
-                    row["ratio"] = run.e2e / row["heads_ms"]
-                    row["sums"], row["classes"] = _step_sums(predicted, device, nested.get(device))
+                    row["predicted"] = predicted
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _step_sums(report: Any, device: str, intervals: Intervals | None) -> tuple[StepSums, frozenset[str]]:
-    """``report``'s :class:`StepSums` on ``device`` with every class of its nodes drawn in, and those
-    classes."""
-    nodes = report.nodes
-    ms = np.array([n.pred_ms.get(device) or 0.0 for n in nodes])
-    sources = [n.pred_source.get(device) for n in nodes]
-    classes = frozenset(c for c in node_classes(nodes, sources) if c is not None)
-    drawn = dataclasses.replace(intervals, step_classes=tuple(sorted(classes))) if intervals else None
-    return step_sums(nodes, ms, sources, device=get_device(device), intervals=drawn), classes
-
-
-def _step_coverage(e2e: pd.DataFrame) -> dict[str, float]:
+def _step_coverage(
+    e2e: pd.DataFrame, errors: dict[str, dict[str, np.ndarray]]
+) -> tuple[dict[str, float], tuple[str, ...]]:
     """The step scale (:func:`~fxcost.cost_models.heads.step_intervals.step_scale_for`) from every
-    left-out GPU's runs, and nested: each GPU's runs against the scale the other GPUs' runs give (the
-    share of them inside, ``e2e_coverage80``, and the median interval's ends as factors of the
-    prediction)."""
-    runs = {str(g): list(zip(r["ratio"], r["sums"], strict=True)) for g, r in e2e.groupby("device")}
+    left-out GPU's runs, each GPU's runs bounded by node intervals calibrated on the other GPUs' LOO
+    ``errors``; and nested: each GPU's runs against the scale the other GPUs' runs give, theirs bounded
+    by node intervals calibrated without either GPU (the share inside, ``e2e_coverage80``, and the
+    median interval's ends as factors of the prediction). Also the classes drawn in: those of the
+    runs' nodes."""
+    runs = [(str(r.device), r.measured_ms / r.heads_ms, r.predicted) for r in e2e.itertuples(index=False)]
+    drawn = tuple(sorted({c for gpu, _, p in runs for c in _classes(p, gpu)}))
+    calibrated: dict[frozenset[str], Intervals] = {}
+
+    def sums(without: frozenset[str], gpus: set[str]) -> dict[str, list[tuple[float, StepSums]]]:
+        """The runs of ``gpus``, bounded by node intervals calibrated without the GPUs ``without``."""
+        if without not in calibrated:
+            kept = {g: e for g, e in errors.items() if g not in without}
+            calibrated[without] = dataclasses.replace(Intervals.calibrated(kept), drawn_classes=drawn)
+        out: dict[str, list[tuple[float, StepSums]]] = {}
+        for gpu, ratio, p in runs:
+            if gpu in gpus:
+                nodes = p.nodes
+                ms = np.array([n.pred_ms.get(gpu) or 0.0 for n in nodes])
+                sources = [n.pred_source.get(gpu) for n in nodes]
+                out.setdefault(gpu, []).append(
+                    (ratio, step_sums(nodes, ms, sources, intervals=calibrated[without]))
+                )
+        return out
+
+    gpus = {gpu for gpu, _, _ in runs}
+    # each GPU's node intervals without it (the shipped scale's runs, and the summed bounds)
+    own: dict[str, list[tuple[float, StepSums]]] = {}
+    for gpu in sorted(gpus):
+        own.update(sums(frozenset({gpu}), {gpu}))
     inside, lows, highs = {}, [], []
-    for gpu, mine in runs.items():
-        scale = step_scale_for({g: r for g, r in runs.items() if g != gpu})
-        bounds = [sums.bounds(scale) for _, sums in mine]
-        inside[gpu] = np.mean(
-            [lo <= ratio * s.total <= hi for (ratio, s), (lo, hi) in zip(mine, bounds, strict=True)]
-        )
-        lows += [lo / s.total for (_, s), (lo, _) in zip(mine, bounds, strict=True)]
-        highs += [hi / s.total for (_, s), (_, hi) in zip(mine, bounds, strict=True)]
-    scale = step_scale_for(runs)
+    for gpu in sorted(gpus):
+        others: dict[str, list[tuple[float, StepSums]]] = {}
+        for other in sorted(gpus - {gpu}):
+            others.update(sums(frozenset({gpu, other}), {other}))
+        scale = step_scale_for(others)
+        inside[gpu] = float(np.mean([s.covers(ratio, scale) for ratio, s in own[gpu]]))
+        lows += [s.bounds(scale)[0] / s.total for _, s in own[gpu]]
+        highs += [s.bounds(scale)[1] / s.total for _, s in own[gpu]]
+    scale = step_scale_for(own)
+    summed = [(s.bounds(1.0), ratio, s.total) for mine in own.values() for ratio, s in mine]
     print(
         f"\nStep intervals: the nodes' summed bounds drawn in by {scale:.2f} (log distance from the "
-        f"prediction), the scale at which the left-out GPUs' runs are covered {NOMINAL:.0%} on average"
+        f"prediction) for the classes {', '.join(drawn)}, calibrated on the left-out GPUs' runs"
     )
     print("nested, each GPU's runs against the other GPUs' scale: share inside "
           + ", ".join(f"{g} {c:.0%}" for g, c in inside.items())
           + f"; median interval x{np.median(lows):.2f} to x{np.median(highs):.2f}")  # fmt: skip
-    summed = [(sums.bounds(1.0), ratio, sums.total) for mine in runs.values() for ratio, sums in mine]
     print(f"(the summed bounds: x{np.median([lo / t for (lo, _), _, t in summed]):.2f} to "
           f"x{np.median([hi / t for (_, hi), _, t in summed]):.2f}, holding "
           f"{np.mean([lo <= r * t <= hi for (lo, hi), r, t in summed]):.0%} of the runs)")  # fmt: skip
-    return {"e2e_coverage80": float(np.mean(list(inside.values()))), "e2e_low": float(np.median(lows)),
-            "e2e_high": float(np.median(highs)), "step_scale": scale}  # fmt: skip
+    steps = {"e2e_coverage80": float(np.mean(list(inside.values()))), "e2e_low": float(np.median(lows)),
+             "e2e_high": float(np.median(highs)), "step_scale": scale}  # fmt: skip
+    return steps, drawn
+
+
+def _classes(report: Any, gpu: str) -> set[str]:
+    """The interval classes of ``report``'s nodes on ``gpu`` a step's interval may draw in."""
+    nodes = [n for n in report.nodes if n.op not in ATTENTION_OPS]
+    return {c for c in node_classes(nodes, [n.pred_source.get(gpu) for n in nodes]) if c is not None}
 
 
 if __name__ == "__main__":

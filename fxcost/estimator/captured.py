@@ -51,7 +51,7 @@ class Cost:
     is the sum of the nodes' isolated times (``Report.total_ms``).
 
     ``low_ms`` and ``high_ms`` bound ``ms`` by the nominal 80% interval of its origin-free predictions
-    (:mod:`fxcost.cost_models.heads.intervals`); equal to ``ms`` where no interval is known.
+    (:mod:`fxcost.cost_models.heads.step_intervals`); equal to ``ms`` where no interval is known.
     ``caveat`` says where the prediction rests on spec sheets alone (empty otherwise).
     """
 

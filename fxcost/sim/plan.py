@@ -355,12 +355,9 @@ def _interval(
 ) -> tuple[float, float]:
     """The interval of the step's time on ``device`` (each distinct node ``counts`` times), as factors
     (:mod:`~fxcost.cost_models.heads.step_intervals`)."""
-    ms = np.nan_to_num(ms)
-    total = float(ms @ counts)
-    if total <= 0:
-        return 1.0, 1.0
-    low, high = step_bounds(nodes, ms, source, counts, device)
-    return low / total, high / total
+    total = float(np.nan_to_num(ms) @ counts)
+    low, high = step_bounds(nodes, ms, source, counts, device)  # NaN, no prediction: nothing
+    return (low / total, high / total) if total > 0 else (1.0, 1.0)
 
 
 def _kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> list[float]:

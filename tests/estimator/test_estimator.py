@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -230,12 +231,20 @@ def test_fxcost_cost_uses_one_process_wide_estimator() -> None:
 
 
 def test_a_cost_carries_the_interval_of_its_origin_free_predictions() -> None:
+    """The step's interval, its nodes' bounds drawn in (heads.step_intervals): inside the summed ones."""
+    from fxcost.cost_models.heads.intervals import node_bounds
+
     model, inputs = zoo.build("mlp", 16)
-    cost = Estimator().cost(model, inputs, device="H100-SXM")
+    estimator = Estimator()
+    cost = estimator.cost(model, inputs, device="H100-SXM")
     assert cost.low_ms < cost.ms < cost.high_ms
-    # An 80% interval, not a shrug: a GEMM's is x0.56..x3.4 (the left-out P100's long reductions run
-    # 2-3x slower than their shape says; the P4's FC rows ran uncapped, 1.6x faster than it trains).
-    assert cost.high_ms / cost.low_ms < 4
+    report = fxcost.profile(model, inputs, devices=["H100-SXM"], measure=False)
+    nodes = report.nodes
+    ms = np.array([n.pred_ms.get("H100-SXM") or 0.0 for n in nodes])
+    low, high = node_bounds(nodes, ms, [n.pred_source.get("H100-SXM") for n in nodes])
+    scale = cost.ms / cost.isolated_ms  # the interval of the isolated sum, scaled as the step scales it
+    assert low.sum() * scale < cost.low_ms and cost.high_ms < high.sum() * scale
+    assert report.interval_ms("H100-SXM") == pytest.approx((cost.low_ms / scale, cost.high_ms / scale))
 
 
 def test_a_cost_on_a_gpu_unlike_the_training_ones_says_so() -> None:

@@ -78,10 +78,11 @@ class Intervals:
         nominal: the share of errors between the two quantiles.
         rows: class -> the number of left-out rows the quantiles come from.
         step_scale: how far a step's interval reaches of its nodes' summed bounds, in log distance
-            from the prediction, for the nodes of ``step_classes``
+            from the prediction, for the nodes of ``drawn_classes``
             (:mod:`~fxcost.cost_models.heads.step_intervals`); 1, the summed bounds, where none was
             calibrated.
-        step_classes: the classes of the nodes of the runs ``step_scale`` was calibrated on.
+        drawn_classes: the classes a step's interval draws in: those of the nodes (fused attention
+            aside) of the runs ``step_scale`` was calibrated on.
         step_runs: how many runs that was.
     """
 
@@ -89,7 +90,7 @@ class Intervals:
     nominal: float = NOMINAL
     rows: Mapping[str, int] | None = None
     step_scale: float = 1.0
-    step_classes: tuple[str, ...] = ()
+    drawn_classes: tuple[str, ...] = ()
     step_runs: int = 0
 
     @classmethod
@@ -132,7 +133,7 @@ class Intervals:
     def to_json(self) -> str:
         return json.dumps({"nominal": self.nominal, "quantiles": dict(self.quantiles),
                            "rows": dict(self.rows or {}), "step_scale": self.step_scale,
-                           "step_classes": list(self.step_classes), "step_runs": self.step_runs},
+                           "drawn_classes": list(self.drawn_classes), "step_runs": self.step_runs},
                           indent=1)  # fmt: skip
 
     @classmethod
@@ -140,7 +141,7 @@ class Intervals:
         raw = json.loads(text)
         quantiles = {head: (float(low), float(high)) for head, (low, high) in raw["quantiles"].items()}
         return cls(quantiles, float(raw["nominal"]), {k: int(v) for k, v in raw.get("rows", {}).items()},
-                   float(raw.get("step_scale", 1.0)), tuple(raw.get("step_classes", ())),
+                   float(raw.get("step_scale", 1.0)), tuple(raw.get("drawn_classes", ())),
                    int(raw.get("step_runs", 0)))  # fmt: skip
 
 

@@ -7,14 +7,17 @@ node. On the Hugging Face runs of each training GPU, predicted with heads fit wi
 bounds spanned x0.64 to x2.26 of the prediction (medians) where the runs came out within x0.85 to
 x1.19.
 
-So the part of a step whose classes those runs hold (:attr:`Intervals.step_classes`: GEMMs, batched
-GEMMs, softmax, layer norm, elementwise) is drawn in towards the prediction: its summed ends' log
-distances from its predicted time times :attr:`Intervals.step_scale`, the smallest scale at which,
-GPU by GPU, the runs of a left-out GPU fall inside their intervals for the nominal share of them
-(:func:`step_scale_for`; ``benchmarks/generalization.py`` calibrates it, nested: each GPU's runs
-against the scale the others' give). The rest keeps its summed bounds: no run measured a
-convolution net, and no fused attention kernel (its interval reaches up to its kernel with nothing
-overlapped), so nothing says how their errors cancel in a step.
+So the nodes of the classes those runs hold (:attr:`Intervals.drawn_classes`: GEMMs, batched GEMMs,
+softmax, layer norm, elementwise) have their summed ends drawn in towards their predicted time, to
+:attr:`Intervals.step_scale` of the log distance (:meth:`StepSums.bounds`). The scale is calibrated
+as the node intervals are, on GPUs left out (:func:`step_scale_for`): the smallest at which each
+left-out GPU's runs, against the scale the other GPUs' runs give, lie inside for the nominal share of
+them on average over GPUs. The rest keep their summed bounds: convolution nodes and fused attention,
+which no run holds, so nothing says how their errors cancel in a step. A conv net's other nodes
+(batch norms, activations) are drawn in at the transformers' scale, an extrapolation.
+
+A phase's interval is drawn in on its own, so the forward's and the backward's do not add up to the
+step's.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from fxcost.gpus import Device
 from fxcost.lowering.attention import ATTENTION_OPS
 from fxcost.records import NodeCost
 
-__all__ = ["StepSums", "step_bounds", "step_scale_for", "step_sums"]
+__all__ = ["StepSums", "drawn_nodes", "step_bounds", "step_scale_for", "step_sums"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,20 @@ class StepSums:
             low, high = total * (low / total) ** scale, total * (high / total) ** scale
         return low + self.rest[1], high + self.rest[2]
 
+    def covers(self, ratio: float, scale: float) -> bool:
+        """Whether a step measured at ``ratio`` times its predicted time lies inside :meth:`bounds`."""
+        low, high = self.bounds(scale)
+        return low <= ratio * self.total <= high
+
+
+def drawn_nodes(
+    nodes: Sequence[NodeCost], sources: Sequence[str | None] | np.ndarray, classes: Sequence[str]
+) -> np.ndarray:
+    """Which nodes a step's interval draws in: those of ``classes``, fused attention aside."""
+    wanted = set(classes)
+    pairs = zip(nodes, node_classes(nodes, sources), strict=True)
+    return np.array([c in wanted and n.op not in ATTENTION_OPS for n, c in pairs], dtype=bool)
+
 
 def step_sums(
     nodes: Sequence[NodeCost],
@@ -68,19 +85,13 @@ def step_sums(
     intervals: Intervals | None = None,
 ) -> StepSums:
     """The :class:`StepSums` of nodes predicted at ``ms`` by ``sources`` (each counted ``weights``
-    times), with the shipped intervals (or ``intervals``)."""
+    times; a node without a prediction, NaN, counts for nothing), with the shipped intervals (or
+    ``intervals``)."""
     intervals = intervals or shipped_intervals()
-    ms = np.asarray(ms, dtype=np.float64)
-    low, high = node_bounds(nodes, ms, sources, intervals, device)
+    ms = np.nan_to_num(np.asarray(ms, dtype=np.float64))
+    low, high = (np.nan_to_num(b) for b in node_bounds(nodes, ms, sources, intervals, device))
     w = np.ones(len(ms)) if weights is None else np.asarray(weights, dtype=np.float64)
-    classes = set(intervals.step_classes) if intervals is not None else set()
-    drawn = np.array(
-        [
-            c in classes and n.op not in ATTENTION_OPS
-            for n, c in zip(nodes, node_classes(nodes, sources), strict=True)
-        ],
-        dtype=bool,
-    )
+    drawn = drawn_nodes(nodes, sources, intervals.drawn_classes if intervals is not None else ())
 
     def part(mask: np.ndarray) -> tuple[float, float, float]:
         return float(ms[mask] @ w[mask]), float(low[mask] @ w[mask]), float(high[mask] @ w[mask])
@@ -94,35 +105,48 @@ def step_bounds(
     sources: Sequence[str | None] | np.ndarray,
     weights: np.ndarray | None = None,
     device: Device | None = None,
-    intervals: Intervals | None = None,
 ) -> tuple[float, float]:
-    """The nominal 80% interval of the step the nodes make up (:func:`step_sums`, drawn in by the
-    intervals' :attr:`~Intervals.step_scale`)."""
-    intervals = intervals or shipped_intervals()
+    """The nominal 80% interval of the step the nodes make up, with the shipped intervals
+    (:func:`step_sums`, drawn in by their :attr:`~Intervals.step_scale`)."""
+    intervals = shipped_intervals()
     sums = step_sums(nodes, ms, sources, weights, device, intervals)
     return sums.bounds(intervals.step_scale if intervals is not None else 1.0)
 
 
-_STEP_SCALES = np.linspace(0.01, 1.0, 100)
+_SCALES = np.linspace(0.01, 1.0, 100)
+_TARGETS = np.linspace(0.5, 0.999, 200)
 
 
 def step_scale_for(runs: Mapping[str, Sequence[tuple[float, StepSums]]], nominal: float = NOMINAL) -> float:
-    """The smallest step scale (on a grid of 0.01 to 1) at which each GPU's runs lie inside their
-    intervals for ``nominal`` of them, on average over GPUs: ``runs`` maps each GPU to its runs as
-    (measured over predicted time, :class:`StepSums`), each predicted with heads and node intervals
-    fit without that GPU. 1 (the summed bounds) where no scale reaches it."""
-    by_gpu = [list(r) for r in runs.values() if len(r)]
-    if not by_gpu:
-        return 1.0
-    for scale in _STEP_SCALES:
-        if (
-            np.mean([np.mean([_inside(ratio, sums, float(scale)) for ratio, sums in r]) for r in by_gpu])
-            >= nominal
-        ):
-            return float(scale)
+    """The step scale that covers ``nominal`` of a left-out GPU's runs: ``runs`` maps each GPU to its
+    runs as (measured over predicted time, :class:`StepSums`), each predicted with heads and node
+    intervals fit without that GPU.
+
+    As :meth:`Intervals.calibrated` widens a class's share: the scale is the smallest (on a grid of
+    0.01 to 1) that covers a share of the runs, on average over GPUs, and that share the smallest (at
+    or above ``nominal``) at which each GPU's runs, against the scale the other GPUs' runs give, lie
+    inside for ``nominal`` of them on average. With one GPU, nothing to leave out: ``nominal`` itself.
+    1 (the summed bounds) where no scale reaches it.
+    """
+    by_gpu = {gpu: list(r) for gpu, r in runs.items() if len(r)}
+    if len(by_gpu) < 2:
+        return _smallest_scale(by_gpu, nominal)
+    for target in _TARGETS[nominal <= _TARGETS]:
+        nested = []
+        for gpu, mine in by_gpu.items():
+            scale = _smallest_scale({g: r for g, r in by_gpu.items() if g != gpu}, float(target))
+            nested.append(np.mean([sums.covers(ratio, scale) for ratio, sums in mine]))
+        if np.mean(nested) >= nominal:
+            return _smallest_scale(by_gpu, float(target))
     return 1.0
 
 
-def _inside(ratio: float, sums: StepSums, scale: float) -> bool:
-    low, high = sums.bounds(scale)
-    return low <= ratio * sums.total <= high
+def _smallest_scale(by_gpu: Mapping[str, Sequence[tuple[float, StepSums]]], target: float) -> float:
+    """The smallest scale at which the runs lie inside for ``target`` of them, on average over GPUs."""
+    if not by_gpu:
+        return 1.0
+    for scale in _SCALES:
+        shares = [np.mean([s.covers(ratio, float(scale)) for ratio, s in r]) for r in by_gpu.values()]
+        if np.mean(shares) >= target:
+            return float(scale)
+    return 1.0
