@@ -190,8 +190,10 @@ def node_bounds(
     sources: Sequence[str | None] | np.ndarray,
     intervals: Intervals | None = None,
     device: Device | None = None,
+    classes: Sequence[str | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The low and high ends of each node's predicted ``ms`` (NaN where there is none).
+    """The low and high ends of each node's predicted ``ms`` (NaN where there is none); ``classes``:
+    the nodes' :func:`node_classes`, where the caller has them.
 
     A node the heads predicted (``sources[i] == "mlp"``) spans its class's interval; a node priced
     as the work it lowers to, the GEMM one (an RNN, attention, MoE experts) or the elementwise one
@@ -212,7 +214,7 @@ def node_bounds(
     ms = np.asarray(ms, dtype=np.float64)
     low, high = np.ones(len(ms)), np.ones(len(ms))
     if intervals is not None:
-        for i, cls in enumerate(node_classes(nodes, sources)):
+        for i, cls in enumerate(node_classes(nodes, sources) if classes is None else classes):
             if cls is None:
                 continue
             found = intervals.quantiles.get(cls) or intervals.quantiles.get(_HEAD_OF_CLASS.get(cls, cls))

@@ -68,11 +68,12 @@ class StepSums:
 
 
 def drawn_nodes(
-    nodes: Sequence[NodeCost], sources: Sequence[str | None] | np.ndarray, classes: Sequence[str]
+    nodes: Sequence[NodeCost], classes: Sequence[str | None], drawn_classes: Sequence[str]
 ) -> np.ndarray:
-    """Which nodes a step's interval draws in: those of ``classes``, fused attention aside."""
-    wanted = set(classes)
-    pairs = zip(nodes, node_classes(nodes, sources), strict=True)
+    """Which nodes, of interval ``classes`` (:func:`node_classes`), a step's interval draws in: those
+    of ``drawn_classes``, fused attention aside."""
+    wanted = set(drawn_classes)
+    pairs = zip(nodes, classes, strict=True)
     return np.array([c in wanted and n.op not in ATTENTION_OPS for n, c in pairs], dtype=bool)
 
 
@@ -89,9 +90,10 @@ def step_sums(
     ``intervals``)."""
     intervals = intervals or shipped_intervals()
     ms = np.nan_to_num(np.asarray(ms, dtype=np.float64))
-    low, high = (np.nan_to_num(b) for b in node_bounds(nodes, ms, sources, intervals, device))
+    classes = node_classes(nodes, sources)
+    low, high = (np.nan_to_num(b) for b in node_bounds(nodes, ms, sources, intervals, device, classes))
     w = np.ones(len(ms)) if weights is None else np.asarray(weights, dtype=np.float64)
-    drawn = drawn_nodes(nodes, sources, intervals.drawn_classes if intervals is not None else ())
+    drawn = drawn_nodes(nodes, classes, intervals.drawn_classes if intervals is not None else ())
 
     def part(mask: np.ndarray) -> tuple[float, float, float]:
         return float(ms[mask] @ w[mask]), float(low[mask] @ w[mask]), float(high[mask] @ w[mask])
