@@ -298,8 +298,11 @@ def _step_coverage(
     by node intervals calibrated without either GPU (the share inside, ``e2e_coverage80``, and the
     median interval's ends as factors of the prediction). Also the classes drawn in: those of the
     runs' nodes."""
-    runs = [(str(r.device), r.measured_ms / r.heads_ms, r.predicted) for r in e2e.itertuples(index=False)]
-    drawn = tuple(sorted({c for gpu, _, p in runs for c in _classes(p, gpu)}))
+    runs = [
+        _Run.of(str(r.device), r.measured_ms / r.heads_ms, r.predicted) for r in e2e.itertuples(index=False)
+    ]
+    drawn = tuple(sorted({c for run in runs for n, c in zip(run.nodes, run.classes, strict=True)
+                          if c is not None and n.op not in ATTENTION_OPS}))  # fmt: skip
     calibrated: dict[frozenset[str], Intervals] = {}
 
     def sums(without: frozenset[str], gpus: set[str]) -> dict[str, list[tuple[float, StepSums]]]:
@@ -308,17 +311,15 @@ def _step_coverage(
             kept = {g: e for g, e in errors.items() if g not in without}
             calibrated[without] = dataclasses.replace(Intervals.calibrated(kept), drawn_classes=drawn)
         out: dict[str, list[tuple[float, StepSums]]] = {}
-        for gpu, ratio, p in runs:
-            if gpu in gpus:
-                nodes = p.nodes
-                ms = np.array([n.pred_ms.get(gpu) or 0.0 for n in nodes])
-                sources = [n.pred_source.get(gpu) for n in nodes]
-                out.setdefault(gpu, []).append(
-                    (ratio, step_sums(nodes, ms, sources, intervals=calibrated[without]))
+        for run in runs:
+            if run.gpu in gpus:
+                bounded = step_sums(
+                    run.nodes, run.ms, run.sources, intervals=calibrated[without], classes=run.classes
                 )
+                out.setdefault(run.gpu, []).append((run.ratio, bounded))
         return out
 
-    gpus = {gpu for gpu, _, _ in runs}
+    gpus = {run.gpu for run in runs}
     # each GPU's node intervals without it (the shipped scale's runs, and the summed bounds)
     own: dict[str, list[tuple[float, StepSums]]] = {}
     for gpu in sorted(gpus):
@@ -349,10 +350,23 @@ def _step_coverage(
     return steps, drawn
 
 
-def _classes(report: Any, gpu: str) -> set[str]:
-    """The interval classes of ``report``'s nodes on ``gpu`` a step's interval may draw in."""
-    nodes = [n for n in report.nodes if n.op not in ATTENTION_OPS]
-    return {c for c in node_classes(nodes, [n.pred_source.get(gpu) for n in nodes]) if c is not None}
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """A left-out GPU's run: its measured over predicted time, and its predicted nodes on the GPU."""
+
+    gpu: str
+    ratio: float
+    nodes: list[Any]
+    ms: np.ndarray
+    sources: list[str | None]
+    classes: list[str | None]
+
+    @classmethod
+    def of(cls, gpu: str, ratio: float, report: Any) -> _Run:
+        nodes = report.nodes
+        sources = [n.pred_source.get(gpu) for n in nodes]
+        ms = np.array([n.pred_ms.get(gpu) or 0.0 for n in nodes])
+        return cls(gpu, ratio, nodes, ms, sources, node_classes(nodes, sources))
 
 
 if __name__ == "__main__":

@@ -249,23 +249,25 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 blind = origin_free(truth).predict([target])
-            blind_error = _pct(blind.eager_ms(target), measured)
-            low, high = blind.eager_interval_ms(target)
+            eager, kernel, total = blind.eager_ms(target), gpu_ms(blind, target), blind.total_ms(target)
+            blind_error = _pct(eager, measured)
+            # The isolated sum's interval, scaled as the step (Report.eager_interval_ms) and the kernels.
+            interval = blind.interval_ms(target)
+            low, high = (eager / total * b for b in interval)
             errors["interval"].append(float(low <= measured <= high))
-            blind_gpu_error = _pct(gpu_ms(blind, target), recorded) if recorded else math.nan
-            if recorded:  # the kernels' interval: the isolated sum's, as factors of the predicted kernel time
-                scale = gpu_ms(blind, target) / blind.total_ms(target)
-                gpu_low, gpu_high = (scale * b for b in blind.interval_ms(target))
-                errors["interval_gpu"].append(float(gpu_low <= recorded <= gpu_high))
+            blind_gpu_error = _pct(kernel, recorded) if recorded else math.nan
             errors["origin_free"].append(abs(blind_error))
             if recorded:
+                errors["interval_gpu"].append(
+                    float(kernel * interval[0] <= recorded * total <= kernel * interval[1])
+                )
                 errors[f"origin_free_gpu_{precision}"].append(abs(blind_gpu_error))
             if bound == "gpu":
                 errors["origin_free_gpu_bound"].append(abs(blind_error))
                 errors[f"origin_free_gpu_bound_{precision}"].append(abs(blind_error))
             add_class_rows(tensor_rows, truth, blind, target, precision)
             print(f"  {case:22s} {precision:4s} {slug(target):>5s} {measured:9.2f} {bound:>7s} {busy:5.2f} "
-                  f"{'-' if spread is None else f'{spread:.2f}':>7s} {blind.eager_ms(target):11.2f} "
+                  f"{'-' if spread is None else f'{spread:.2f}':>7s} {eager:11.2f} "
                   f"{blind_error:+7.1f} {blind_gpu_error:+8.1f}  {low:.2f}-{high:.2f}"
                   f"{'' if low <= measured <= high else ' !'}")  # fmt: skip
             target_host_ms = truth.pipeline().host_ms

@@ -24,7 +24,8 @@ from fxcost.capture.options import CaptureOptions
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import HOST_MS, kernel_times
 from fxcost.cost_models.heads import spec_sheet_caveat
-from fxcost.cost_models.heads.step_intervals import step_bounds
+from fxcost.cost_models.heads.intervals import node_classes
+from fxcost.cost_models.heads.step_intervals import step_bounds, step_sums
 from fxcost.cost_models.heads.tensor_work import layout_works
 from fxcost.estimator.symbolic import BatchSymbols, NodeSizes, NotPolynomial, Poly, node_sizes
 from fxcost.gpus import Device, get_device
@@ -192,7 +193,12 @@ class Captured:
         step = phase_end[-1]
         # The interval of the isolated sum, scaled as the eager step scales it (Report.eager_interval_ms).
         scale = step / isolated if isolated > 0 else 1.0
-        bounds = step_bounds(batch.nodes, ms, sources, self.counts.sum(axis=1), target)
+        heads = np.asarray(sources) == "mlp"  # the classes depend on which nodes the heads priced alone
+        classes = batch.derived(
+            ("interval.classes", heads.tobytes()), lambda: node_classes(batch.nodes, sources)
+        )
+        sums = step_sums(batch.nodes, ms, sources, self.counts.sum(axis=1), target, classes=classes)
+        bounds = step_bounds(sums)
         low, high = (scale * b for b in bounds)
         result = Cost(ms=step, fw_ms=phase_end[0], bw_ms=phase_end[1] - phase_end[0], device=target.name,
                       low_ms=low, high_ms=high, caveat=spec_sheet_caveat(target),

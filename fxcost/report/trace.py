@@ -23,7 +23,7 @@ from fxcost._io import atomic_write
 from fxcost._version import __version__
 from fxcost.cost_models import CostModel, spec_name
 from fxcost.cost_models import predict as predict_nodes
-from fxcost.cost_models.heads.step_intervals import step_bounds
+from fxcost.cost_models.heads.step_intervals import step_bounds, step_sums
 from fxcost.gpus import Device, UnknownDeviceError, get_device
 from fxcost.lowering.fusion import FusedKernel, fuse
 from fxcost.lowering.fusion_layout import channels_last
@@ -144,7 +144,8 @@ class Report:
         name = self._predicted_name(device)
         nodes = self._phase(phase)
         ms = np.array([n.pred_ms.get(name) or 0.0 for n in nodes])
-        return step_bounds(nodes, ms, [n.pred_source.get(name) for n in nodes], device=get_device(name))
+        sources = [n.pred_source.get(name) for n in nodes]
+        return step_bounds(step_sums(nodes, ms, sources, device=get_device(name)))
 
     def eager_interval_ms(
         self, device: str | Device, phase: Phase | None = None, eager_ms: float | None = None

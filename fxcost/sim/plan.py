@@ -39,7 +39,7 @@ import numpy as np
 
 from fxcost.cost_models import CostModel, NodeBatch, predict_batch
 from fxcost.cost_models.eager import kernel_times
-from fxcost.cost_models.heads.step_intervals import step_bounds
+from fxcost.cost_models.heads.step_intervals import step_bounds, step_sums
 from fxcost.estimator import Captured
 from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
@@ -356,7 +356,7 @@ def _interval(
     """The interval of the step's time on ``device`` (each distinct node ``counts`` times), as factors
     (:mod:`~fxcost.cost_models.heads.step_intervals`)."""
     total = float(np.nan_to_num(ms) @ counts)
-    low, high = step_bounds(nodes, ms, source, counts, device)  # NaN, no prediction: nothing
+    low, high = step_bounds(step_sums(nodes, ms, source, counts, device))  # NaN, no prediction: nothing
     return (low / total, high / total) if total > 0 else (1.0, 1.0)
 
 

@@ -84,13 +84,14 @@ def step_sums(
     weights: np.ndarray | None = None,
     device: Device | None = None,
     intervals: Intervals | None = None,
+    classes: Sequence[str | None] | None = None,
 ) -> StepSums:
     """The :class:`StepSums` of nodes predicted at ``ms`` by ``sources`` (each counted ``weights``
     times; a node without a prediction, NaN, counts for nothing), with the shipped intervals (or
-    ``intervals``)."""
+    ``intervals``); ``classes``: the nodes' :func:`node_classes`, where the caller keeps them."""
     intervals = intervals or shipped_intervals()
     ms = np.nan_to_num(np.asarray(ms, dtype=np.float64))
-    classes = node_classes(nodes, sources)
+    classes = node_classes(nodes, sources) if classes is None else classes
     low, high = (np.nan_to_num(b) for b in node_bounds(nodes, ms, sources, intervals, device, classes))
     w = np.ones(len(ms)) if weights is None else np.asarray(weights, dtype=np.float64)
     drawn = drawn_nodes(nodes, classes, intervals.drawn_classes if intervals is not None else ())
@@ -101,17 +102,10 @@ def step_sums(
     return StepSums(part(drawn), part(~drawn))
 
 
-def step_bounds(
-    nodes: Sequence[NodeCost],
-    ms: np.ndarray,
-    sources: Sequence[str | None] | np.ndarray,
-    weights: np.ndarray | None = None,
-    device: Device | None = None,
-) -> tuple[float, float]:
-    """The nominal 80% interval of the step the nodes make up, with the shipped intervals
-    (:func:`step_sums`, drawn in by their :attr:`~Intervals.step_scale`)."""
+def step_bounds(sums: StepSums) -> tuple[float, float]:
+    """The nominal 80% interval of a step: its :func:`step_sums` (with the shipped intervals) drawn in
+    by their :attr:`~Intervals.step_scale`."""
     intervals = shipped_intervals()
-    sums = step_sums(nodes, ms, sources, weights, device, intervals)
     return sums.bounds(intervals.step_scale if intervals is not None else 1.0)
 
 
