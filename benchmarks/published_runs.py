@@ -45,12 +45,12 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
 
 A row that cannot run (an unknown GPU, a plan that does not fit the GPUs or the model) prints its error
 and the rest go on. ``--cache DIR`` keeps each row's simulated iteration so that an interrupted run
-resumes (keyed by the row, the fxcost version and :data:`CACHE_FORMAT`; delete the directory after
-changing the simulator). ``--breakdown`` prints, under each row, where the first and last stage's
-iteration goes, each instant counted once (:func:`fxcost.sim.runs.breakdown`: compute, then
-tensor-parallel collectives, pipeline sends, the optimizer step and data-parallel collectives where
-no kernel runs, idle: the bubble), the collectives' whole time (hidden included), the compute's
-share of the GPU's peak, and the rank's memory by kind.
+resumes (keyed by the row, :data:`CACHE_FORMAT` and :func:`code_state`, so that a row cached by other
+code, another model or other weights is simulated again rather than read back). ``--breakdown`` prints,
+under each row, where the first and last stage's iteration goes, each instant counted once
+(:func:`fxcost.sim.runs.breakdown`: compute, then tensor-parallel collectives, pipeline sends, the
+optimizer step and data-parallel collectives where no kernel runs, idle: the bubble), the collectives'
+whole time (hidden included), the compute's share of the GPU's peak, and the rank's memory by kind.
 
 Each row also prints the simulated iteration's nominal 80% interval in the row's unit
 (:attr:`fxcost.sim.SimResult.interval_ms`: every compute task at its interval's ends, collectives as
@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import hashlib
 import json
 import math
@@ -289,12 +290,24 @@ def cluster_of(run: Run) -> tuple[Device, Cluster, list[str]]:
     return device, cluster, flags + network
 
 
+@functools.cache
+def code_state() -> str:
+    """A digest of the installed fxcost's source and shipped weights: what a cached row was simulated by."""
+    root = Path(fxcost.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in {".py", ".json", ".npz"} and path.is_file():
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def simulated(run: Run, cluster: Cluster, cache: Path | None) -> dict[str, Any]:
     """The simulated iteration of ``run`` on ``cluster``: ``iteration_s`` and its nominal 80%
     ``interval_s``, ``oom``, the first and the last stage's ``breakdown`` (ms) and their
     ``memory_gib``; cached by the row."""
     c = cluster
-    key = json.dumps([CACHE_FORMAT, fxcost.__version__, config_of(run), str(run.strategy), run.global_batch,
+    key = json.dumps([CACHE_FORMAT, code_state(), config_of(run), str(run.strategy), run.global_batch,
                       run.model.layers, run.precision, str(c), c.intra.bandwidth_gbps,
                       c.inter.bandwidth_gbps, c.nics_per_node],
                      sort_keys=True)  # fmt: skip

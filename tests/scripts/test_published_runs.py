@@ -128,7 +128,7 @@ def test_unsupported_settings_and_assumptions_are_flagged(load_script: Any) -> N
 
 @pytest.mark.slow
 def test_a_tiny_csv_runs_end_to_end_and_a_bad_row_fails_in_its_place(
-    load_script: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    load_script: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data_parallel = _row(model="tiny-dp", tp=1, pp=1, dp=4, zero=3, recompute="none", measured=1000,
                          unit="tokens_per_s_per_gpu")  # fmt: skip
@@ -161,3 +161,8 @@ def test_a_tiny_csv_runs_end_to_end_and_a_bad_row_fails_in_its_place(
     # Resumed from the cache: the same figures.
     assert script.main(["--runs", str(path), "--cache", str(tmp_path / "cache")]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == last
+    # Other code (another simulator, other weights) simulates the rows again, not read back.
+    cached = len(list((tmp_path / "cache").glob("*.json")))
+    monkeypatch.setattr(script, "code_state", lambda: "other code")
+    assert script.main(["--runs", str(path), "--cache", str(tmp_path / "cache")]) == 0
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2 * cached == 4
