@@ -32,9 +32,10 @@ compute, the order of collectives on their streams.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 
 from fxcost.sim.cluster import Cluster, link_sharing
 from fxcost.sim.engine import GAMMA
@@ -135,6 +136,26 @@ class Estimate:
         return self.memory_gib > self.capacity_gib
 
 
+@dataclass(frozen=True)
+class _Stage:
+    """A pipeline stage's micro-batch (``time``: forward and backward, ms), its ``backward``, the gradient
+    reduction its last backward leaves ``exposed`` and its optimizer ``step`` (ms), and its memory (bytes):
+    model ``states``, the activations one micro-batch ``saved``, and the largest recomputed layer's."""
+
+    time: float
+    backward: float
+    exposed: float
+    step: float
+    states: float
+    saved: float
+    again: float
+
+
+def _total(counts: Counter[str], value: Callable[[str], float]) -> float:
+    """The sum of ``value`` over the names ``counts`` holds, each as many times as it counts."""
+    return sum(n * value(x) for x, n in counts.items())
+
+
 @lru_cache(maxsize=256)
 def _prices(cluster: Cluster, dp: int, tp: int, pp: int) -> dict[str, tuple[list[int], float]]:
     """For each group kind, the first group's ranks and how many groups share its links, the groups
@@ -193,66 +214,78 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
     send = price(Comm("send_recv", plan.boundary_bytes, "pp", "feature")) if s.pp > 1 else 0
     capacity = (cluster.device.memory_gb or float("inf")) * GIB
 
-    times: list[float] = []
-    backwards: list[float] = []
-    steps: list[float] = []  # each stage's optimizer step and what follows it, ms
-    exposed: list[float] = []
-    peak = 0.0
     by_stage: list[list[str]] = [[] for _ in range(s.pp)]
     for i, (stage, _) in enumerate(virtual_stages(layers, s.pp, s.vpp)):
         by_stage[stage].append(traced[min(i, len(traced) - 1)])
-    for index, mine in enumerate(by_stage):
-        outer = ["embed"] * (index == 0) + ["head"] * (index == s.pp - 1)
-        policy = {x: s.recompute_of(x) for x in mine}
-        forward = sum(cost[("F", x)] for x in mine + outer)
-        backward = sum(cost[("B", x)] for x in mine + outer)
+
+    def priced(mine: list[str], first_stage: bool, last_stage: bool) -> _Stage:
+        """A stage of ``mine`` layers (with the embeddings on the first, the head on the last).
+        It repeats its few traced layers: each distinct one is priced once, times its count."""
+        outer = ["embed"] * first_stage + ["head"] * last_stage
+        counts = Counter(mine)
+        parts = counts + Counter(outer)
+        policy = {x: s.recompute_of(x) for x in counts}
+        forward, backward = _total(parts, lambda x: cost[("F", x)]), _total(parts, lambda x: cost[("B", x)])
         # The kernels of each direction, which gathers and reductions beside them slow (gamma).
-        forward_kernels = sum(pieces.forward[x].compute_ms for x in mine + outer)
-        backward_kernels = sum(pieces.backward[x].compute_ms for x in mine + outer)
-        for x in mine:  # a recomputed layer runs its forward again, with the collectives it reruns
+        forward_kernels = _total(parts, lambda x: pieces.forward[x].compute_ms)
+        backward_kernels = _total(parts, lambda x: pieces.backward[x].compute_ms)
+        # A recomputed layer runs its forward again, with the collectives it reruns.
+        for x, n in counts.items():
             part = pieces.forward[x]
             again = rerun_ms(policy[x], part.compute_ms, part.rerun_ms)
-            backward += again + sum(price(c) for c in rerun_collectives(policy[x], part.comms))
-            backward_kernels += again
-        gathered = [*mine, *([""] if outer else [])]  # the part outside the layers is gathered once
-        gathers = [gather.get(x, 0.0) for x in gathered]
-        reduced = [reduce.get(x, 0.0) for x in gathered]
+            backward += n * (again + sum(price(c) for c in rerun_collectives(policy[x], part.comms)))
+            backward_kernels += n * again
+        gathered = counts + Counter([""] * bool(outer))  # the part outside the layers is gathered once
+        first = gather.get(mine[0], 0.0)
+        beside = _total(gathered, lambda x: gather.get(x, 0.0)) - first
+        reduced = _total(gathered, lambda x: reduce.get(x, 0.0))
         rounds = s.micro_batches if s.zero >= 2 else 1  # sharded gradients are reduced every micro-batch
-        beside = sum(gathers[1:])
         forward += gamma * min(forward_kernels, beside)
-        beside += sum(reduced) if s.zero >= 2 and s.overlap_grad_reduce else 0.0
-        backward += gamma * min(backward_kernels, beside)
-        if gathers:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
-            forward = gathers[0] + max(forward, sum(gathers[1:]))
-            backward = gathers[0] + max(backward, sum(gathers[1:]))
-        times.append(forward + backward)
-        backwards.append(backward)
-        total = sum(reduced) * rounds
-        if s.overlap_grad_reduce:
-            last = reduced[0] + (reduced[-1] if outer and index == 0 else 0.0)
+        overlapped = reduced if s.zero >= 2 and s.overlap_grad_reduce else 0.0
+        backward += gamma * min(backward_kernels, beside + overlapped)
+        if gather:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
+            forward, backward = first + max(forward, beside), first + max(backward, beside)
+        exposed = reduced * rounds
+        if s.overlap_grad_reduce and exposed:
+            last = reduce.get(mine[0], 0.0) + (reduce.get("", 0.0) if first_stage else 0.0)
             # Reduced beside the last micro-batch's backward (ZeRO 0 and 1): all but the last reduction
             # slow its kernels, which delays the last one; a longer chain of reductions hides that.
-            slowed = gamma * min(backward_kernels, total - last) if s.zero < 2 else 0.0
-            exposed.append(max(last + slowed, total - backward * rounds) if total else 0.0)
-        else:
-            exposed.append(total)
-        params = sum(held[x] for x in mine) + (held.get("", 0) if outer else 0)
+            slowed = gamma * min(backward_kernels, exposed - last) if s.zero < 2 else 0.0
+            exposed = max(last + slowed, exposed - backward * rounds)
+        params = int(_total(gathered, lambda x: held.get(x, 0)))
         states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
         step = optimizer_step_ms(params, 0, s, cluster.device)
-        steps.append(step + sum(price(c) for c in step_comms(s, params, 0, itemsize)))
+        step += sum(price(c) for c in step_comms(s, params, 0, itemsize))
         if s.zero == 3 and s.dp > 1:  # two layers' parameters whole (computing, prefetched), one's gradients
             states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
         # As fxcost.sim.recompute.activations: a layer keeps what it does not rerun, and its input where
         # it reruns its first ops.
-        rerun = [
-            rerun_bytes(policy[x], pieces.forward[x].saved_bytes, pieces.forward[x].rerun_bytes) for x in mine
-        ]
-        saved = sum(pieces.forward[x].saved_bytes for x in outer + mine) - sum(rerun)
-        saved += plan.boundary_bytes * sum(policy[x] in KEEPS_INPUT for x in mine)
-        again = max(rerun, default=0.0)
-        peak = max(peak, states + in_flight_chunks(s, index) * saved / s.vpp + again)
+        rerun = {
+            x: rerun_bytes(policy[x], pieces.forward[x].saved_bytes, pieces.forward[x].rerun_bytes)
+            for x in counts
+        }
+        saved = _total(parts, lambda x: pieces.forward[x].saved_bytes) - _total(counts, rerun.__getitem__)
+        saved += plan.boundary_bytes * sum(n for x, n in counts.items() if policy[x] in KEEPS_INPUT)
+        return _Stage(
+            forward + backward, backward, exposed, step, states, saved, max(rerun.values(), default=0.0)
+        )
+
+    # Stages of the same layers, the first and the last apart, are the same stage.
+    memo: dict[tuple[object, ...], _Stage] = {}
+    stages: list[_Stage] = []
+    for index, mine in enumerate(by_stage):
+        ends = (index == 0, index == s.pp - 1)
+        key = (mine[0], *sorted(Counter(mine).items()), *ends)
+        if key not in memo:
+            memo[key] = priced(mine, *ends)
+        stages.append(memo[key])
+    times = [st.time for st in stages]
+    peak = max(
+        st.states + in_flight_chunks(s, i) * st.saved / s.vpp + st.again for i, st in enumerate(stages)
+    )
     # The bubble, the stages' time beyond the slowest one's, shrinks by the chunks per stage (vpp).
     pipe = s.micro_batches * max(times) + (sum(times) - max(times)) / s.vpp + 2 * (s.pp - 1) * send
     # Stage i ends its last backward before the stages ahead of it end theirs.
-    tail = max(exposed[i] + steps[i] - sum(backwards[:i]) for i in range(s.pp))
+    ahead = accumulate((st.backward for st in stages[:-1]), initial=0.0)
+    tail = max(st.exposed + st.step - before for st, before in zip(stages, ahead, strict=True))
     return Estimate(pipe + max(tail, 0.0), peak / GIB, capacity / GIB)
