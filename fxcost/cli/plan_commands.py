@@ -11,7 +11,7 @@ __all__ = ["plan_command"]
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    """Search parallel plans (tp, pp, dp, micro-batch, ZeRO, recompute, sp) of a decoder on a cluster.
+    """Search parallel plans (tp, pp, cp, dp, micro-batch, ZeRO, recompute, sp, vpp) of a decoder.
 
     MODEL is a named decoder (llama-8b, llama-70b, gpt3-1.3b, gpt3-175b) or a Hugging Face config.json
     of a decoder-only model. Every valid plan is ranked by an analytic 1F1B estimate under the GPUs'

@@ -1,9 +1,10 @@
 """A plan's iteration and memory without the event simulation: the fast first pass of the plan search.
 
 :class:`Pieces` summarizes a one-stage plan of a few traced layers (compiled once per tensor-parallel
-degree, sequence parallelism and micro-batch size, :func:`fxcost.sim.plan.compile_plan`): each traced
-layer's forward and backward compute and tensor-parallel collectives, the embeddings' and the head's,
-the bytes each saves for the backward, the parameters of each. :func:`estimate` lays a deep model of
+degree, sequence parallelism, context-parallel ring and micro-batch size,
+:func:`fxcost.sim.plan.compile_plan`): each traced layer's forward and backward compute and the
+tensor- and context-parallel collectives inside them, the embeddings' and the head's, the bytes each
+saves for the backward, the parameters of each. :func:`estimate` lays a deep model of
 those layers out in pipeline stages as :func:`fxcost.sim.deepen.deepen` does and returns:
 
 - **memory**: each stage's peak, by the same formulas as :func:`fxcost.sim.memory.rank_memory`, so it
@@ -19,8 +20,10 @@ those layers out in pipeline stages as :func:`fxcost.sim.deepen.deepen` does and
   ZeRO 3's parameter gathers run before every layer's forward and backward, prefetched one layer ahead:
   ``F`` and ``B`` are the first gather and the larger of the compute and the other gathers; ZeRO 2 and 3
   reduce the gradients after every micro-batch.
-  Collectives are priced as the simulator prices them (:func:`fxcost.sim.cluster.collective_ms` on the
-  first group of each kind, shared as the most crowded of them).
+  Collectives are priced as the simulator prices them (:func:`fxcost.sim.nccl.comm_ms` on the first
+  group of each kind, shared as the most crowded of them; a context-parallel ring's steps on its
+  slowest hop, each exposing what the attention beside it does not hide), and gradients are reduced
+  and ZeRO states sharded over the ``dp * cp`` ranks.
 
 Compute beside parameter gathers and gradient reductions takes ``gamma`` longer for the overlap, as
 in the simulator (the gathers after each stage's first, the reductions of ZeRO 2 and 3 beside every
@@ -31,16 +34,18 @@ compute, the order of collectives on their streams.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import accumulate
+from typing import NamedTuple
 
-from fxcost.sim.cluster import Cluster, link_sharing
+from fxcost.sim.cluster import Cluster, link_sharing, ring_hop
 from fxcost.sim.engine import GAMMA
 from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms
-from fxcost.sim.nccl import collective_ms
+from fxcost.sim.nccl import comm_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.ranks import groups_of, stage_ranks
 from fxcost.sim.recompute import KEEPS_INPUT, rerun_bytes, rerun_collectives, rerun_ms
@@ -95,6 +100,9 @@ class Pieces:
     forward: Mapping[str, _Part]
     backward: Mapping[str, _Part]
     params: Mapping[str, int]
+    _layouts: dict[tuple[object, ...], _Layout] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, plan: Plan, params: Mapping[str, int]) -> Pieces:
@@ -151,31 +159,90 @@ class _Stage:
     again: float
 
 
-def _total(counts: Counter[str], value: Callable[[str], float]) -> float:
+class _Layout(NamedTuple):
+    """:class:`Pieces` as a layout of ranks and a ZeRO stage price it: each part's time with the
+    collectives inside it (``cost``, by direction and part), each layer's parameters per rank
+    (``held``), its ZeRO 3 gather and gradient reduction, a pipeline send, and each layer's rerun
+    collectives by recompute policy (filled as plans ask)."""
+
+    cost: dict[tuple[str, str], float]
+    held: dict[str, int]
+    gather: dict[str, float]
+    reduce: dict[str, float]
+    send: float
+    reruns: dict[tuple[str, str], float]
+
+
+def _layout(pieces: Pieces, s: Strategy, cluster: Cluster) -> _Layout:
+    """:class:`_Layout` of ``pieces`` under ``s``'s dp, tp, pp, cp and ZeRO stage on ``cluster``, kept in
+    ``pieces``: the plans of a search share a few."""
+    key = (cluster, s.dp, s.tp, s.pp, s.cp, s.zero)
+    if key in pieces._layouts:
+        return pieces._layouts[key]
+    price = functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp)
+    itemsize = pieces.plan.itemsize
+    cost = {
+        (direction, name): part.compute_ms + sum(price(c) for c in part.comms)
+        for direction, parts in (("F", pieces.forward), ("B", pieces.backward))
+        for name, part in parts.items()
+    }
+    held = {name: count // s.tp for name, count in pieces.params.items()}  # as add_layer_collectives
+    gather = (
+        {name: price(Comm("all_gather", n * itemsize, "dp", "feature")) for name, n in held.items()}
+        if s.zero == 3 and s.data_ranks > 1
+        else {}
+    )
+    kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
+    reduce = (
+        {name: price(Comm(kind, n * itemsize, "dp", "gradient")) for name, n in held.items()}
+        if s.data_ranks > 1
+        else {}
+    )
+    send = price(Comm("send_recv", pieces.plan.boundary_bytes, "pp", "feature")) if s.pp > 1 else 0.0
+    pieces._layouts[key] = _Layout(cost, held, gather, reduce, send, {})
+    return pieces._layouts[key]
+
+
+Layers = tuple[tuple[str, int], ...]
+"""Names of a stage's traced layers (or parts), each with how many times the stage holds it."""
+
+
+def _total(counts: Layers, value: Callable[[str], float]) -> float:
     """The sum of ``value`` over the names ``counts`` holds, each as many times as it counts."""
-    return sum(n * value(x) for x, n in counts.items())
+    return sum(n * value(x) for x, n in counts)
+
+
+@lru_cache(maxsize=4096)
+def _stage_layers(layers: int, pp: int, vpp: int, traced: tuple[str, ...]) -> tuple[tuple[str, Layers], ...]:
+    """Each stage's first layer and its layers counted, of a model ``layers`` deep in ``pp`` stages of
+    ``vpp`` chunks, its layer ``i`` a repeat of ``traced[min(i, n - 1)]``."""
+    by_stage: list[list[str]] = [[] for _ in range(pp)]
+    for i, (stage, _) in enumerate(virtual_stages(layers, pp, vpp)):
+        by_stage[stage].append(traced[min(i, len(traced) - 1)])
+    return tuple((mine[0], tuple(sorted(Counter(mine).items()))) for mine in by_stage)
 
 
 @lru_cache(maxsize=256)
-def _prices(cluster: Cluster, dp: int, tp: int, pp: int) -> dict[str, tuple[list[int], float]]:
+def _prices(cluster: Cluster, dp: int, tp: int, pp: int, cp: int) -> dict[str, tuple[list[int], float]]:
     """For each group kind, the first group's ranks and how many groups share its links, the groups
     laid out as the simulator lays them out."""
-    s = Strategy(dp=dp, tp=tp, pp=pp)
+    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp)
+    groups = groups_of(s)
     prices = {
-        kind: (by_stage[0][0], max(link_sharing([g for stage in by_stage for g in stage], cluster)))
-        for kind, by_stage in groups_of(s).items()
-        if kind in ("tp", "dp")
+        kind: (groups[kind][0][0], max(link_sharing([g for stage in groups[kind] for g in stage], cluster)))
+        for kind in ("tp", "dp")
     }
     pairs = [[a, b] for a, b in zip(stage_ranks(s, 0), stage_ranks(s, 1), strict=True)] if pp > 1 else [[0]]
     prices["pp"] = (pairs[0], max(link_sharing(pairs, cluster)))
+    prices["cp"] = ring_hop(groups["cp"][0], cluster)
     return prices
 
 
 @lru_cache(maxsize=65536)
-def _comm_ms(c: Comm, cluster: Cluster, dp: int, tp: int, pp: int) -> float:
-    """``c`` priced on its group's first instance under a layout of ``dp x tp x pp`` ranks."""
-    ranks, sharing = _prices(cluster, dp, tp, pp)[c.group]
-    return collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=sharing)
+def _comm_ms(c: Comm, cluster: Cluster, dp: int, tp: int, pp: int, cp: int) -> float:
+    """``c`` priced on its group's first instance under a layout of ``dp x tp x pp x cp`` ranks."""
+    ranks, sharing = _prices(cluster, dp, tp, pp, cp)[c.group]
+    return comm_ms(c, ranks, cluster, sharing=sharing)
 
 
 def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: float = GAMMA) -> Estimate:
@@ -188,84 +255,63 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
     """
     if s.pp > layers:
         raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
-    if s.cp > 1 or s.ep > 1 or s.shard:
-        raise ValueError(f"the analytic pass models dp, tp, pp, vpp, ZeRO and sp, not {s}: use simulate")
+    if s.ep > 1 or s.shard:
+        raise ValueError(f"the analytic pass models dp, tp, pp, vpp, cp, ZeRO and sp, not {s}: use simulate")
 
-    def price(c: Comm) -> float:
-        return _comm_ms(c, cluster, s.dp, s.tp, s.pp)
-
-    plan, traced, itemsize = pieces.plan, pieces.traced, pieces.plan.itemsize
-    cost: dict[tuple[str, str], float] = {}
-    for direction, parts in (("F", pieces.forward), ("B", pieces.backward)):
-        for name, part in parts.items():
-            cost[(direction, name)] = part.compute_ms + sum(price(c) for c in part.comms)
-    held = {name: count // s.tp for name, count in pieces.params.items()}  # as add_layer_collectives
-    gather = (
-        {name: price(Comm("all_gather", n * itemsize, "dp", "feature")) for name, n in held.items()}
-        if s.zero == 3 and s.dp > 1
-        else {}
-    )
-    kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
-    reduce = (
-        {name: price(Comm(kind, n * itemsize, "dp", "gradient")) for name, n in held.items()}
-        if s.dp > 1
-        else {}
-    )
-    send = price(Comm("send_recv", plan.boundary_bytes, "pp", "feature")) if s.pp > 1 else 0
+    price = functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp)
+    plan, itemsize = pieces.plan, pieces.plan.itemsize
+    cost, held, gather, reduce, send, reruns = _layout(pieces, s, cluster)
     capacity = (cluster.device.memory_gb or float("inf")) * GIB
 
-    by_stage: list[list[str]] = [[] for _ in range(s.pp)]
-    for i, (stage, _) in enumerate(virtual_stages(layers, s.pp, s.vpp)):
-        by_stage[stage].append(traced[min(i, len(traced) - 1)])
-
-    def priced(mine: list[str], first_stage: bool, last_stage: bool) -> _Stage:
-        """A stage of ``mine`` layers (with the embeddings on the first, the head on the last).
-        It repeats its few traced layers: each distinct one is priced once, times its count."""
-        outer = ["embed"] * first_stage + ["head"] * last_stage
-        counts = Counter(mine)
-        parts = counts + Counter(outer)
-        policy = {x: s.recompute_of(x) for x in counts}
+    def priced(first: str, counts: Layers, first_stage: bool, last_stage: bool) -> _Stage:
+        """A stage of ``counts`` layers, ``first`` the first of them (with the embeddings on the first
+        stage, the head on the last). Each distinct layer is priced once, times its count."""
+        outer = (("embed", 1),) * first_stage + (("head", 1),) * last_stage
+        parts = counts + outer
+        policy = {x: s.recompute_of(x) for x, _ in counts}
         forward, backward = _total(parts, lambda x: cost[("F", x)]), _total(parts, lambda x: cost[("B", x)])
         # The kernels of each direction, which gathers and reductions beside them slow (gamma).
         forward_kernels = _total(parts, lambda x: pieces.forward[x].compute_ms)
         backward_kernels = _total(parts, lambda x: pieces.backward[x].compute_ms)
         # A recomputed layer runs its forward again, with the collectives it reruns.
-        for x, n in counts.items():
+        for x, n in counts:
             part = pieces.forward[x]
             again = rerun_ms(policy[x], part.compute_ms, part.rerun_ms)
-            backward += n * (again + sum(price(c) for c in rerun_collectives(policy[x], part.comms)))
+            if (x, policy[x]) not in reruns:
+                reruns[(x, policy[x])] = sum(price(c) for c in rerun_collectives(policy[x], part.comms))
+            backward += n * (again + reruns[(x, policy[x])])
             backward_kernels += n * again
-        gathered = counts + Counter([""] * bool(outer))  # the part outside the layers is gathered once
-        first = gather.get(mine[0], 0.0)
-        beside = _total(gathered, lambda x: gather.get(x, 0.0)) - first
+        gathered = counts + (("", 1),) * bool(outer)  # the part outside the layers is gathered once
+        beside = _total(gathered, lambda x: gather.get(x, 0.0)) - gather.get(first, 0.0)
         reduced = _total(gathered, lambda x: reduce.get(x, 0.0))
         rounds = s.micro_batches if s.zero >= 2 else 1  # sharded gradients are reduced every micro-batch
         forward += gamma * min(forward_kernels, beside)
         overlapped = reduced if s.zero >= 2 and s.overlap_grad_reduce else 0.0
         backward += gamma * min(backward_kernels, beside + overlapped)
         if gather:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
-            forward, backward = first + max(forward, beside), first + max(backward, beside)
+            forward, backward = (gather.get(first, 0.0) + max(t, beside) for t in (forward, backward))
         exposed = reduced * rounds
         if s.overlap_grad_reduce and exposed:
-            last = reduce.get(mine[0], 0.0) + (reduce.get("", 0.0) if first_stage else 0.0)
+            last = reduce.get(first, 0.0) + (reduce.get("", 0.0) if first_stage else 0.0)
             # Reduced beside the last micro-batch's backward (ZeRO 0 and 1): all but the last reduction
             # slow its kernels, which delays the last one; a longer chain of reductions hides that.
             slowed = gamma * min(backward_kernels, exposed - last) if s.zero < 2 else 0.0
             exposed = max(last + slowed, exposed - backward * rounds)
         params = int(_total(gathered, lambda x: held.get(x, 0)))
-        states = sum(model_state_bytes(params, s.shard or s.dp, s.zero, half=itemsize == 2))
+        states = sum(model_state_bytes(params, s.shard or s.data_ranks, s.zero, half=itemsize == 2))
         step = optimizer_step_ms(params, 0, s, cluster.device)
         step += sum(price(c) for c in step_comms(s, params, 0, itemsize))
-        if s.zero == 3 and s.dp > 1:  # two layers' parameters whole (computing, prefetched), one's gradients
-            states += 3 * max(held.get(x, 0) for x in gathered) * itemsize
+        # ZeRO 3 holds two layers' parameters whole (computing, prefetched) and one's gradients.
+        if s.zero == 3 and s.data_ranks > 1:
+            states += 3 * max(held.get(x, 0) for x, _ in gathered) * itemsize
         # As fxcost.sim.recompute.activations: a layer keeps what it does not rerun, and its input where
         # it reruns its first ops.
         rerun = {
             x: rerun_bytes(policy[x], pieces.forward[x].saved_bytes, pieces.forward[x].rerun_bytes)
-            for x in counts
+            for x, _ in counts
         }
         saved = _total(parts, lambda x: pieces.forward[x].saved_bytes) - _total(counts, rerun.__getitem__)
-        saved += plan.boundary_bytes * sum(n for x, n in counts.items() if policy[x] in KEEPS_INPUT)
+        saved += plan.boundary_bytes * sum(n for x, n in counts if policy[x] in KEEPS_INPUT)
         return _Stage(
             forward + backward, backward, exposed, step, states, saved, max(rerun.values(), default=0.0)
         )
@@ -273,11 +319,10 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
     # Stages of the same layers, the first and the last apart, are the same stage.
     memo: dict[tuple[object, ...], _Stage] = {}
     stages: list[_Stage] = []
-    for index, mine in enumerate(by_stage):
-        ends = (index == 0, index == s.pp - 1)
-        key = (mine[0], *sorted(Counter(mine).items()), *ends)
+    for index, (first, counts) in enumerate(_stage_layers(layers, s.pp, s.vpp, pieces.traced)):
+        key = (first, counts, index == 0, index == s.pp - 1)
         if key not in memo:
-            memo[key] = priced(mine, *ends)
+            memo[key] = priced(*key)
         stages.append(memo[key])
     times = [st.time for st in stages]
     peak = max(

@@ -68,6 +68,7 @@ __all__ = [
     "default_intra_link",
     "default_nics_per_node",
     "link_sharing",
+    "ring_hop",
 ]
 
 NVLINK_EFFICIENCY = 0.77
@@ -324,3 +325,12 @@ def link_sharing(groups: Sequence[Sequence[int]], cluster: Cluster) -> list[floa
             factor = float(max(intra_users[r] for r in g))
         factors.append(max(1.0, factor))
     return factors
+
+
+def ring_hop(rings: Sequence[Sequence[int]], cluster: Cluster) -> tuple[list[int], float]:
+    """A ring step of ``rings`` (every rank sending to the next at once): the first ring's slowest hop
+    (one off the node where it has one) and how many hops share that hop's links."""
+    hops = [[r[i], r[(i + 1) % len(r)]] for r in rings for i in range(len(r))]
+    first = hops[: len(rings[0])]
+    hop = max(first, key=lambda pair: cluster.node_of(pair[0]) != cluster.node_of(pair[1]))
+    return hop, max(link_sharing(hops, cluster))

@@ -54,8 +54,9 @@ from functools import lru_cache
 
 from fxcost.gpus.occupancy import sm_version
 from fxcost.sim.cluster import COLLECTIVES, Cluster, Link
+from fxcost.sim.comm import Comm
 
-__all__ = ["PROTOCOLS", "best_algorithm", "bus_bandwidth_gbps", "collective_ms", "nvls_capable"]
+__all__ = ["PROTOCOLS", "best_algorithm", "bus_bandwidth_gbps", "collective_ms", "comm_ms", "nvls_capable"]
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 NVLS_LATENCY_US = 25.0
@@ -120,6 +121,13 @@ def collective_ms(
         15.0
     """
     return _best(kind, nbytes, ranks, cluster, sharing)[0]
+
+
+def comm_ms(c: Comm, ranks: Sequence[int], cluster: Cluster, *, sharing: float = 1.0) -> float:
+    """:func:`collective_ms` of the plan's collective ``c`` on ``ranks``; a ring's ``c.steps`` steps
+    (context parallelism) each expose what the compute beside it (``c.hidden_ms``) does not hide."""
+    step_ms = collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=sharing)
+    return c.steps * max(step_ms - c.hidden_ms, 0.0) if c.steps > 1 else step_ms
 
 
 def best_algorithm(

@@ -9,9 +9,9 @@ product``. A new strategy field is searched by adding its row.
 The search runs in three steps, sharing the expensive work among candidates:
 
 1. **Capture** (``capture_s``): the decoder two layers deep traced once per micro-batch size and its
-   nodes priced on the GPU; then one one-stage plan per tensor-parallel degree, sequence parallelism
-   and micro-batch size (:class:`~fxcost.sim.analytic.Pieces`), which every candidate of those three
-   shares (from here on, ``search_s``).
+   nodes priced on the GPU; then one one-stage plan per tensor-parallel degree, sequence parallelism,
+   context-parallel ring and micro-batch size (:class:`~fxcost.sim.analytic.Pieces`), which every
+   candidate of those four shares (from here on, ``search_s``).
 2. **Analytic pass** (:func:`fxcost.sim.analytic.estimate`): every candidate's peak memory (exact) and
    1F1B iteration (approximate), in microseconds each.
 3. **Exact pass**: the ``exact`` fastest candidates that fit in memory deepened and run through the
@@ -70,6 +70,11 @@ class Space:
     gpus_per_node: int
     batch: int
     micro_sizes: tuple[int, ...]
+    seq: int = 0  # tokens per sequence (0: the model's context)
+
+    @property
+    def tokens(self) -> int:
+        return self.seq or self.model.seq
 
 
 Choice = Mapping[str, Any]
@@ -109,6 +114,14 @@ def _sp_rule(c: Choice, space: Space) -> str | None:
     return "sp without tensor parallelism" if c["sp"] and c["tp"] == 1 else None
 
 
+def _cp_values(space: Space) -> tuple[int, ...]:
+    return tuple(cp for cp in _powers_of_two(space.gpus) if cp == 1 or space.tokens // cp >= CP_MIN_TOKENS)
+
+
+def _cp_rule(c: Choice, space: Space) -> str | None:
+    return "2 x cp does not divide the sequence" if space.tokens % (2 * c["cp"]) else None
+
+
 def _vpp_rule(c: Choice, space: Space) -> str | None:
     if c["vpp"] == 1:
         return None
@@ -118,11 +131,18 @@ def _vpp_rule(c: Choice, space: Space) -> str | None:
     return "pp x vpp exceeds the layers" if c["pp"] * c["vpp"] > space.model.layers else None
 
 
+CP_MIN_TOKENS = 1024
+"""Context parallelism splits a sequence into at least this many tokens per rank in the search: it is
+the remedy for sequences whose activations do not fit, and every value searched multiplies the plans
+(``fxcost.simulate`` takes any ``cp``)."""
+
 # The search space: one row per setting. Tensor parallelism stays inside a node (its all-reduces are
-# on the critical path), pipeline stages are powers of two, the rest as listed.
+# on the critical path), pipeline stages and context-parallel rings are powers of two, the rest as
+# listed.
 DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("tp", lambda space: _powers_of_two(space.gpus_per_node), _tp_rule, splits_gpus=True),
     Dimension("pp", lambda space: _powers_of_two(space.gpus), _pp_rule, splits_gpus=True),
+    Dimension("cp", _cp_values, _cp_rule, splits_gpus=True),
     Dimension("micro_batch", lambda space: space.micro_sizes, _batch_rule),
     Dimension("zero", lambda space: (0, 1, 2, 3), _zero_rule),
     Dimension("recompute", lambda space: RECOMPUTE),
@@ -196,7 +216,7 @@ def plan(
     exact = positive_int("exact", exact)
     sizes = tuple(sorted({positive_int("micro-batch size", m) for m in micro_sizes}))
     update = progress or (lambda label, done, total: None)
-    space = Space(dec, cluster.world_size, cluster.gpus_per_node, batch, sizes)
+    space = Space(dec, cluster.world_size, cluster.gpus_per_node, batch, sizes, seq)
     choices, skipped = candidates(space, dimensions)
     if not choices:
         reasons = ", ".join(f"{n} {why}" for why, n in skipped.most_common())
@@ -208,14 +228,17 @@ def plan(
     config = dec.hf_config(TRACED_LAYERS, seq)
 
     captured: dict[int, Any] = {}
-    pieces: dict[tuple[int, bool, int], Pieces] = {}
+    pieces: dict[tuple[int, bool, int, int], Pieces] = {}
 
-    def piece(tp: int, sp: bool, micro: int) -> Pieces:
-        if (tp, sp, micro) not in pieces:
+    def piece(s: Strategy, micro: int) -> Pieces:
+        key = (s.tp, s.sp, s.cp, micro)
+        if key not in pieces:
             traced, params, _ = captured[micro]
-            one = compile_plan(traced, params, Strategy(tp=tp, sp=sp), cluster.device, micro, parsed)
-            pieces[(tp, sp, micro)] = Pieces.of(one, params)
-        return pieces[(tp, sp, micro)]
+            one = compile_plan(
+                traced, params, Strategy(tp=s.tp, sp=s.sp, cp=s.cp), cluster.device, micro, parsed
+            )
+            pieces[key] = Pieces.of(one, params)
+        return pieces[key]
 
     # The capture: the step traced once per micro-batch size and its nodes priced on the GPU (tp=1).
     start = time.perf_counter()
@@ -223,7 +246,7 @@ def plan(
     for i, micro in enumerate(needed):
         update("tracing", i, len(needed))
         captured[micro] = _traced(config, None, micro, seq, None, default_loss, Strategy(), estimator)
-        piece(1, False, micro)
+        piece(Strategy(), micro)
     capture_s = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -254,12 +277,12 @@ def plan(
         if i % 64 == 0:
             update("searching plans", i, len(choices))
         s, micro = _strategy(choice, batch), choice["micro_batch"]
-        guess = estimate(piece(s.tp, s.sp, micro), s, dec.layers, cluster)
+        guess = estimate(piece(s, micro), s, dec.layers, cluster)
         found.append(candidate(s, micro, guess.iteration_ms, guess.iteration_ms, False, guess.memory_gib))
     fitting = sorted((c for c in found if not c.oom), key=lambda c: c.iteration_ms)[:exact]
     for i, best in enumerate(fitting):
         update("simulating the best plans", i, len(fitting))
-        p = pieces[(best.strategy.tp, best.strategy.sp, best.micro_batch)]
+        p = piece(best.strategy, best.micro_batch)
         ms, gib = simulate_pieces(p, captured[best.micro_batch][1], best.strategy, dec.layers, cluster)
         found[found.index(best)] = candidate(best.strategy, best.micro_batch, best.analytic_ms, ms, True, gib)
     found.sort(key=lambda c: (c.oom, not c.exact, c.iteration_ms))

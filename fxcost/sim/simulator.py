@@ -32,11 +32,11 @@ from fxcost.cost_models.heads import spec_sheet_caveat
 from fxcost.estimator import Captured, Estimator, default_estimator
 from fxcost.precision import PrecisionArg, parse_precision
 from fxcost.propagate import check_execution
-from fxcost.sim.cluster import Cluster, link_sharing
+from fxcost.sim.cluster import Cluster, link_sharing, ring_hop
 from fxcost.sim.deepen import deepen
 from fxcost.sim.engine import GAMMA, Task, simulate_tasks, to_chrome_trace
 from fxcost.sim.memory import Memory, optimizer_step_ms, rank_memory
-from fxcost.sim.nccl import collective_ms
+from fxcost.sim.nccl import comm_ms
 from fxcost.sim.plan import Comm, Plan, compile_plan, host_bound
 from fxcost.sim.ranks import groups_of, stage_ranks
 from fxcost.sim.recompute import rerun_collectives, rerun_ms
@@ -255,13 +255,8 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
         if group == "pp":  # every rank of the stage sends to its counterpart on the peer stage at once
             pairs = [[a, b] for a, b in zip(stage_ranks(s, stage), stage_ranks(s, peer), strict=True)]
             return pairs[0], max(link_sharing(pairs, cluster))
-        if (
-            group == "cp"
-        ):  # a ring's step: every rank sends to the next; the slowest hop (off the node) bounds it
-            rings = [[[r[i], r[(i + 1) % len(r)]] for i in range(len(r))] for r in groups["cp"][stage]]
-            hops = [pair for ring in rings for pair in ring]
-            hop = max(rings[0], key=lambda pair: cluster.node_of(pair[0]) != cluster.node_of(pair[1]))
-            return hop, max(link_sharing(hops, cluster))
+        if group == "cp":  # a ring's step: every rank sends to the next, the slowest hop bounds it
+            return ring_hop(groups["cp"][stage], cluster)
         mine, n = groups[group][stage], len(groups[group][stage])
         return mine[0], max(sharing[group][stage * n : (stage + 1) * n])
 
@@ -271,8 +266,7 @@ def _tasks(plan: Plan, cluster: Cluster) -> tuple[list[Task], Counter[tuple[str,
         key = (c, stage, peer)
         if key not in priced:  # a ring's steps: each exposes what its compute does not hide
             ranks, shared = placed(c.group, stage, peer)
-            step_ms = collective_ms(c.kind, c.nbytes, ranks, cluster, sharing=shared)
-            priced[key] = c.steps * max(step_ms - c.hidden_ms, 0.0) if c.steps > 1 else step_ms
+            priced[key] = comm_ms(c, ranks, cluster, sharing=shared)
         collectives[(c.kind, c.group, c.nbytes)] += c.steps
         args = {"kind": c.kind, "group": c.group, "bytes": c.nbytes}
         return add(Task(name or f"{c.kind} {c.group}", stage, c.stream, priced[key], deps, args))

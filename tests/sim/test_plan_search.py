@@ -14,7 +14,7 @@ from fxcost.cli.status import BAD_INPUT, INTERRUPTED
 from fxcost.gpus import get_device
 from fxcost.sim import Cluster, SimResult, Strategy, simulate
 from fxcost.sim.ranked import PlanSearch
-from fxcost.sim.search import Space, candidates, plan
+from fxcost.sim.search import CP_MIN_TOKENS, Space, candidates, plan
 from fxcost.zoo.decoders import Decoder, decoder
 
 TINY = Decoder("tiny", layers=4, hidden=64, heads=4, ffn=128, vocab=256, seq=32)
@@ -43,6 +43,36 @@ def test_every_candidate_is_valid_and_the_invalid_are_counted() -> None:
     assert any(c["vpp"] == 2 for c in valid)
     assert skipped["pp exceeds the layers"] > 0 and skipped["the batch does not split"] > 0
     assert len({tuple(sorted(c.items())) for c in valid}) == len(valid)
+
+
+def test_context_parallel_rings_split_long_sequences_only() -> None:
+    """cp takes powers of two that leave each rank CP_MIN_TOKENS or more and split the sequence into
+    2 cp chunks (Megatron's causal balancing); it splits the GPUs with tp, pp and dp."""
+    long = Space(TINY, gpus=8, gpus_per_node=4, batch=BATCH, micro_sizes=MICRO, seq=4 * CP_MIN_TOKENS)
+    valid, _ = candidates(long)
+    assert {c["cp"] for c in valid} == {1, 2, 4}
+    assert all(c["dp"] * c["tp"] * c["pp"] * c["cp"] == 8 for c in valid)
+    short = Space(TINY, gpus=8, gpus_per_node=4, batch=BATCH, micro_sizes=MICRO, seq=2 * CP_MIN_TOKENS + 2)
+    valid, skipped = candidates(short)
+    assert {c["cp"] for c in valid} == {1} and skipped["2 x cp does not divide the sequence"] > 0
+    assert {c["cp"] for c in candidates(Space(TINY, 8, 4, BATCH, MICRO))[0]} == {1}  # the model's 32 tokens
+
+
+@pytest.mark.slow
+def test_a_context_parallel_plan_is_estimated_as_simulated() -> None:
+    """Over a sequence long enough for cp=2, the analytic pass gives a cp plan the simulator's memory
+    (exactly) and its iteration (closely), and the exact pass simulates what ``fxcost.simulate`` does."""
+    seq = 2 * CP_MIN_TOKENS
+    found = plan(TINY, CLUSTER, 4, seq, precision="bf16", exact=2, micro_sizes=(1,))
+    rings = [c for c in found.candidates if c.strategy.cp == 2]
+    assert rings and {c.strategy.cp for c in found.candidates} == {1, 2}
+    for c in rings[:: max(len(rings) // 4, 1)] + [c for c in rings if c.exact]:
+        result = simulate(TINY.hf_config(2, seq), c.strategy, CLUSTER, batch=4, seqlen=seq, precision="bf16",
+                          layers=TINY.layers)  # fmt: skip
+        assert c.memory_gib * 2**30 == pytest.approx(max(m.total for m in result.memory), rel=1e-9)
+        assert c.analytic_ms == pytest.approx(result.iteration_ms, rel=0.15), c.strategy
+        if c.exact:
+            assert c.iteration_ms == result.iteration_ms
 
 
 def _simulated(strategy: Strategy) -> SimResult:
