@@ -179,6 +179,8 @@ _KEYS = {
     "seq": ("max_position_embeddings", "n_positions", "seq_length"),
 }
 _GATED_ACTIVATIONS = ("silu", "swiglu", "swish")
+# Mixture-of-experts configs name their experts so (Mixtral, Qwen-MoE and OLMoE, DeepSeek, DBRX).
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
 def decoder(model: str | Path | dict[str, Any] | Decoder) -> Decoder:
@@ -207,6 +209,13 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
     if raw.get("is_encoder_decoder"):
         raise ValueError(
             f"{name}: an encoder-decoder config; accepted: decoder-only models (GPT, Llama, ...)"
+        )
+    experts = next((k for k in _EXPERT_KEYS if (raw.get(k) or 0) > 1), None)
+    if experts is not None:
+        raise ValueError(
+            f"{name}: a mixture-of-experts config ({experts}={raw[experts]}), which the plan search "
+            "would price as a dense model; accepted: dense decoders (simulate an MoE model with "
+            "fxcost.simulate and ep=...)"
         )
     found: dict[str, int] = {}
     for key, names in _KEYS.items():

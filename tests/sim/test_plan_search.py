@@ -185,6 +185,10 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
     assert decoder({**config, "tie_word_embeddings": True}).params == decoder(path).params - 128256 * 8192
     with pytest.raises(ValueError, match="no heads"):
         decoder({k: v for k, v in config.items() if k != "num_attention_heads"})
+    # A mixture of experts is refused by name, not planned as the dense model of one expert.
+    with pytest.raises(ValueError, match=r"mixture-of-experts config \(num_local_experts=8\).*accepted"):
+        decoder({**config, "num_local_experts": 8, "num_experts_per_tok": 2})
+    assert decoder({**config, "num_experts": 1}) == decoder(config)
 
 
 @pytest.mark.parametrize(
