@@ -44,14 +44,15 @@ from typing import NamedTuple
 
 from fxcost.sim.cluster import Cluster, link_sharing, ring_hop
 from fxcost.sim.engine import GAMMA
-from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms
+from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms, state_groups
+from fxcost.sim.moe import is_expert
 from fxcost.sim.nccl import comm_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.ranks import groups_of, stage_ranks
 from fxcost.sim.recompute import KEEPS_INPUT, rerun_bytes, rerun_collectives, rerun_ms
 from fxcost.sim.schedule import in_flight_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
-from fxcost.sim.zero import step_comms
+from fxcost.sim.zero import step_comms, zero_collectives
 
 __all__ = ["Estimate", "Pieces", "estimate"]
 
@@ -93,6 +94,7 @@ class Pieces:
         traced: the traced layers, in order; the deep model's layer ``i`` repeats ``traced[min(i, n-1)]``.
         forward, backward: by traced layer, and ``"embed"``/``"head"`` for the parts before and after.
         params: parameters by traced layer and ``""`` (outside the layers), before tensor parallelism.
+        experts: of ``params``, the mixture-of-experts layers' experts' (:func:`fxcost.sim.moe.is_expert`).
     """
 
     plan: Plan
@@ -100,6 +102,7 @@ class Pieces:
     forward: Mapping[str, _Part]
     backward: Mapping[str, _Part]
     params: Mapping[str, int]
+    experts: Mapping[str, int]
     _layouts: dict[tuple[object, ...], _Layout] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -112,8 +115,11 @@ class Pieces:
         stage = plan.stages[0]
         traced = tuple(stage.layers)
         per_layer: Counter[str] = Counter()
+        per_expert: Counter[str] = Counter()
         for module, count in params.items():
             per_layer[layer_of(module, set(traced))] += count
+            if is_expert(module):
+                per_expert[layer_of(module, set(traced))] += count
 
         def split(segments: list[Segment], first: str, last: str) -> dict[str, _Part]:
             inside = [i for i, seg in enumerate(segments) if seg.layer]
@@ -128,6 +134,7 @@ class Pieces:
             split(stage.forward, "embed", "head"),
             split(stage.backward, "head", "embed"),
             dict(per_layer),
+            dict(per_expert),
         )
 
 
@@ -161,45 +168,58 @@ class _Stage:
 
 class _Layout(NamedTuple):
     """:class:`Pieces` as a layout of ranks and a ZeRO stage price it: each part's time with the
-    collectives inside it (``cost``, by direction and part), each layer's parameters per rank
-    (``held``), its ZeRO 3 gather and gradient reduction, a pipeline send, and each layer's rerun
-    collectives by recompute policy (filled as plans ask)."""
+    collectives inside it (``cost``, by direction and part); each layer's parameters per rank, dense
+    (``held``) and its experts' (``experts``), its ZeRO 3 gathers and gradient reductions (ms) and the
+    bytes each lands at once (``gathered``, ``reduced``: ZeRO 3's memory); a pipeline send; and each
+    layer's rerun collectives by recompute policy (filled as plans ask)."""
 
     cost: dict[tuple[str, str], float]
     held: dict[str, int]
+    experts: dict[str, int]
     gather: dict[str, float]
     reduce: dict[str, float]
+    gathered: dict[str, float]
+    reduced: dict[str, float]
     send: float
     reruns: dict[tuple[str, str], float]
 
 
 def _layout(pieces: Pieces, s: Strategy, cluster: Cluster) -> _Layout:
-    """:class:`_Layout` of ``pieces`` under ``s``'s dp, tp, pp, cp and ZeRO stage on ``cluster``, kept in
-    ``pieces``: the plans of a search share a few."""
-    key = (cluster, s.dp, s.tp, s.pp, s.cp, s.zero)
+    """:class:`_Layout` of ``pieces`` under ``s``'s dp, tp, pp, cp, ep and ZeRO stage on ``cluster``, kept
+    in ``pieces``: the plans of a search share a few. Parameters, their gathers and reductions as
+    :func:`fxcost.sim.plan.add_layer_collectives` has them."""
+    key = (cluster, s.dp, s.tp, s.pp, s.cp, s.ep, s.zero)
     if key in pieces._layouts:
         return pieces._layouts[key]
-    price = functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp)
+    price = functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep)
     itemsize = pieces.plan.itemsize
     cost = {
         (direction, name): part.compute_ms + sum(price(c) for c in part.comms)
         for direction, parts in (("F", pieces.forward), ("B", pieces.backward))
         for name, part in parts.items()
     }
-    held = {name: count // s.tp for name, count in pieces.params.items()}  # as add_layer_collectives
-    gather = (
-        {name: price(Comm("all_gather", n * itemsize, "dp", "feature")) for name, n in held.items()}
-        if s.zero == 3 and s.data_ranks > 1
-        else {}
-    )
-    kind = "reduce_scatter" if s.zero >= 2 else "all_reduce"
-    reduce = (
-        {name: price(Comm(kind, n * itemsize, "dp", "gradient")) for name, n in held.items()}
-        if s.data_ranks > 1
-        else {}
-    )
+    split = s.ep > 1  # with ep, the experts are split over its ranks and reduced over the rest
+    experts = {name: pieces.experts.get(name, 0) // s.ep if split else 0 for name in pieces.params}
+    held = {
+        name: (n - (pieces.experts.get(name, 0) if split else 0)) // s.tp for name, n in pieces.params.items()
+    }
+    dense = zero_collectives(s, s.data_ranks, "dp", s.data_ranks)
+    expert = zero_collectives(s, s.data_ranks // s.ep, "edp", s.data_ranks // s.ep) if split else ([], [])
+    gather, reduce, gathered, reduced = {}, {}, {}, {}
+    for name in pieces.params:
+        mine = ((held[name], dense), (experts[name], expert))
+        gather[name] = sum(
+            price(Comm(k, n * itemsize * f, g, "param")) for n, (gs, _) in mine for k, g, f in gs
+        )
+        reduce[name] = sum(
+            price(Comm(k, n * itemsize * f, g, "gradient")) for n, (_, rs) in mine for k, g, f in rs
+        )
+        gathered[name] = sum(n * itemsize * f for n, (gs, _) in mine for k, _, f in gs if k == "all_gather")
+        reduced[name] = sum(
+            n * itemsize * f for n, (_, rs) in mine for k, _, f in rs if k == "reduce_scatter"
+        )
     send = price(Comm("send_recv", pieces.plan.boundary_bytes, "pp", "feature")) if s.pp > 1 else 0.0
-    pieces._layouts[key] = _Layout(cost, held, gather, reduce, send, {})
+    pieces._layouts[key] = _Layout(cost, held, experts, gather, reduce, gathered, reduced, send, {})
     return pieces._layouts[key]
 
 
@@ -223,14 +243,16 @@ def _stage_layers(layers: int, pp: int, vpp: int, traced: tuple[str, ...]) -> tu
 
 
 @lru_cache(maxsize=256)
-def _prices(cluster: Cluster, dp: int, tp: int, pp: int, cp: int) -> dict[str, tuple[list[int], float]]:
+def _prices(
+    cluster: Cluster, dp: int, tp: int, pp: int, cp: int, ep: int
+) -> dict[str, tuple[list[int], float]]:
     """For each group kind, the first group's ranks and how many groups share its links, the groups
     laid out as the simulator lays them out."""
-    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp)
+    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     groups = groups_of(s)
     prices = {
         kind: (groups[kind][0][0], max(link_sharing([g for stage in groups[kind] for g in stage], cluster)))
-        for kind in ("tp", "dp")
+        for kind in ("tp", "dp", "ep", "edp")
     }
     pairs = [[a, b] for a, b in zip(stage_ranks(s, 0), stage_ranks(s, 1), strict=True)] if pp > 1 else [[0]]
     prices["pp"] = (pairs[0], max(link_sharing(pairs, cluster)))
@@ -239,9 +261,10 @@ def _prices(cluster: Cluster, dp: int, tp: int, pp: int, cp: int) -> dict[str, t
 
 
 @lru_cache(maxsize=65536)
-def _comm_ms(c: Comm, cluster: Cluster, dp: int, tp: int, pp: int, cp: int) -> float:
-    """``c`` priced on its group's first instance under a layout of ``dp x tp x pp x cp`` ranks."""
-    ranks, sharing = _prices(cluster, dp, tp, pp, cp)[c.group]
+def _comm_ms(c: Comm, cluster: Cluster, dp: int, tp: int, pp: int, cp: int, ep: int) -> float:
+    """``c`` priced on its group's first instance under a layout of ``dp x tp x pp x cp`` ranks, ``ep``
+    of the data-parallel ones splitting the experts."""
+    ranks, sharing = _prices(cluster, dp, tp, pp, cp, ep)[c.group]
     return comm_ms(c, ranks, cluster, sharing=sharing)
 
 
@@ -255,12 +278,13 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
     """
     if s.pp > layers:
         raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
-    if s.ep > 1 or s.shard:
-        raise ValueError(f"the analytic pass models dp, tp, pp, vpp, cp, ZeRO and sp, not {s}: use simulate")
+    if s.shard or s.expert_load is not None:
+        raise ValueError(f"the analytic pass models balanced experts and no HSDP, not {s}: use simulate")
 
-    price = functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp)
+    price = functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep)
     plan, itemsize = pieces.plan, pieces.plan.itemsize
-    cost, held, gather, reduce, send, reruns = _layout(pieces, s, cluster)
+    lay = _layout(pieces, s, cluster)
+    cost, gather, reduce, reruns = lay.cost, lay.gather, lay.reduce, lay.reruns
     capacity = (cluster.device.memory_gb or float("inf")) * GIB
 
     def priced(first: str, counts: Layers, first_stage: bool, last_stage: bool) -> _Stage:
@@ -281,15 +305,15 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
                 reruns[(x, policy[x])] = sum(price(c) for c in rerun_collectives(policy[x], part.comms))
             backward += n * (again + reruns[(x, policy[x])])
             backward_kernels += n * again
-        gathered = counts + (("", 1),) * bool(outer)  # the part outside the layers is gathered once
-        beside = _total(gathered, lambda x: gather.get(x, 0.0)) - gather.get(first, 0.0)
-        reduced = _total(gathered, lambda x: reduce.get(x, 0.0))
+        held = counts + (("", 1),) * bool(outer)  # the part outside the layers is held (and gathered) once
+        beside = _total(held, lambda x: gather.get(x, 0.0)) - gather.get(first, 0.0)
+        reduced = _total(held, lambda x: reduce.get(x, 0.0))
         rounds = s.micro_batches if s.zero >= 2 else 1  # sharded gradients are reduced every micro-batch
         forward += gamma * min(forward_kernels, beside)
         overlapped = reduced if s.zero >= 2 and s.overlap_grad_reduce else 0.0
         backward += gamma * min(backward_kernels, beside + overlapped)
-        if gather:  # prefetched one layer ahead on their own stream: the first one waits, the rest overlap
-            forward, backward = (gather.get(first, 0.0) + max(t, beside) for t in (forward, backward))
+        # ZeRO 3's gathers, prefetched one layer ahead on their own stream: the first waits, the rest overlap.
+        forward, backward = (gather.get(first, 0.0) + max(t, beside) for t in (forward, backward))
         exposed = reduced * rounds
         if s.overlap_grad_reduce and exposed:
             last = reduce.get(first, 0.0) + (reduce.get("", 0.0) if first_stage else 0.0)
@@ -297,13 +321,18 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
             # slow its kernels, which delays the last one; a longer chain of reductions hides that.
             slowed = gamma * min(backward_kernels, exposed - last) if s.zero < 2 else 0.0
             exposed = max(last + slowed, exposed - backward * rounds)
-        params = int(_total(gathered, lambda x: held.get(x, 0)))
-        states = sum(model_state_bytes(params, s.shard or s.data_ranks, s.zero, half=itemsize == 2))
-        step = optimizer_step_ms(params, 0, s, cluster.device)
-        step += sum(price(c) for c in step_comms(s, params, 0, itemsize))
+        experts = int(_total(held, lambda x: lay.experts.get(x, 0)))
+        params = int(_total(held, lambda x: lay.held.get(x, 0))) + experts
+        states = sum(
+            sum(model_state_bytes(count, ranks, s.zero, half=itemsize == 2))
+            for count, ranks, _ in state_groups(s, params, experts)
+        )
+        step = optimizer_step_ms(params, experts, s, cluster.device)
+        step += sum(price(c) for c in step_comms(s, params, experts, itemsize))
         # ZeRO 3 holds two layers' parameters whole (computing, prefetched) and one's gradients.
-        if s.zero == 3 and s.data_ranks > 1:
-            states += 3 * max(held.get(x, 0) for x, _ in gathered) * itemsize
+        if s.zero == 3:
+            states += 2 * max(lay.gathered.get(x, 0.0) for x, _ in held)
+            states += max(lay.reduced.get(x, 0.0) for x, _ in held)
         # As fxcost.sim.recompute.activations: a layer keeps what it does not rerun, and its input where
         # it reruns its first ops.
         rerun = {
@@ -329,7 +358,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
         st.states + in_flight_chunks(s, i) * st.saved / s.vpp + st.again for i, st in enumerate(stages)
     )
     # The bubble, the stages' time beyond the slowest one's, shrinks by the chunks per stage (vpp).
-    pipe = s.micro_batches * max(times) + (sum(times) - max(times)) / s.vpp + 2 * (s.pp - 1) * send
+    pipe = s.micro_batches * max(times) + (sum(times) - max(times)) / s.vpp + 2 * (s.pp - 1) * lay.send
     # Stage i ends its last backward before the stages ahead of it end theirs.
     ahead = accumulate((st.backward for st in stages[:-1]), initial=0.0)
     tail = max(st.exposed + st.step - before for st, before in zip(stages, ahead, strict=True))

@@ -10,8 +10,9 @@ The search runs in three steps, sharing the expensive work among candidates:
 
 1. **Capture** (``capture_s``): the decoder two layers deep traced once per micro-batch size and its
    nodes priced on the GPU; then one one-stage plan per tensor-parallel degree, sequence parallelism,
-   context-parallel ring and micro-batch size (:class:`~fxcost.sim.analytic.Pieces`), which every
-   candidate of those four shares (from here on, ``search_s``).
+   context-parallel ring, expert-parallel degree and micro-batch size
+   (:class:`~fxcost.sim.analytic.Pieces`), which every candidate of those five shares (from here on,
+   ``search_s``).
 2. **Analytic pass** (:func:`fxcost.sim.analytic.estimate`): every candidate's peak memory (exact) and
    1F1B iteration (approximate), in microseconds each.
 3. **Exact pass**: the ``exact`` fastest candidates that fit in memory deepened and run through the
@@ -122,6 +123,16 @@ def _cp_rule(c: Choice, space: Space) -> str | None:
     return "2 x cp does not divide the sequence" if space.tokens % (2 * c["cp"]) else None
 
 
+def _ep_values(space: Space) -> tuple[int, ...]:
+    return tuple(ep for ep in _powers_of_two(space.model.experts) if space.model.experts % ep == 0)
+
+
+def _ep_rule(c: Choice, space: Space) -> str | None:
+    if c["ep"] > 1 and c["tp"] > 1:
+        return "ep with tp (not simulated)"
+    return "ep does not divide dp" if c["dp"] % c["ep"] else None
+
+
 def _vpp_rule(c: Choice, space: Space) -> str | None:
     if c["vpp"] == 1:
         return None
@@ -137,8 +148,8 @@ the remedy for sequences whose activations do not fit, and every value searched 
 (``fxcost.simulate`` takes any ``cp``)."""
 
 # The search space: one row per setting. Tensor parallelism stays inside a node (its all-reduces are
-# on the critical path), pipeline stages and context-parallel rings are powers of two, the rest as
-# listed.
+# on the critical path), pipeline stages and context-parallel rings are powers of two, expert
+# parallelism splits a mixture's experts over data-parallel ranks, the rest as listed.
 DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("tp", lambda space: _powers_of_two(space.gpus_per_node), _tp_rule, splits_gpus=True),
     Dimension("pp", lambda space: _powers_of_two(space.gpus), _pp_rule, splits_gpus=True),
@@ -148,6 +159,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("recompute", lambda space: RECOMPUTE),
     Dimension("sp", lambda space: (False, True), _sp_rule),
     Dimension("vpp", lambda space: (1, 2), _vpp_rule),
+    Dimension("ep", _ep_values, _ep_rule),
 )
 MICRO_SIZES = (1, 2, 4, 8)
 
@@ -228,16 +240,17 @@ def plan(
     config = dec.hf_config(TRACED_LAYERS, seq)
 
     captured: dict[int, Any] = {}
-    pieces: dict[tuple[int, bool, int, int], Pieces] = {}
+    pieces: dict[tuple[int, bool, int, int, int], Pieces] = {}
 
     def piece(s: Strategy, micro: int) -> Pieces:
-        key = (s.tp, s.sp, s.cp, micro)
+        """The one-stage plan of a micro-batch of ``micro`` under ``s``'s tp, sp, cp and ep (ep taking
+        as many data-parallel ranks)."""
+        key = (s.tp, s.sp, s.cp, s.ep, micro)
         if key not in pieces:
             traced, params, _ = captured[micro]
-            one = compile_plan(
-                traced, params, Strategy(tp=s.tp, sp=s.sp, cp=s.cp), cluster.device, micro, parsed
-            )
-            pieces[key] = Pieces.of(one, params)
+            one = Strategy(tp=s.tp, sp=s.sp, cp=s.cp, ep=s.ep, dp=s.ep)
+            plan = compile_plan(traced, params, one, cluster.device, micro * s.ep, parsed)
+            pieces[key] = Pieces.of(plan, params)
         return pieces[key]
 
     # The capture: the step traced once per micro-batch size and its nodes priced on the GPU (tp=1).

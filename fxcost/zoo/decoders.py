@@ -11,6 +11,9 @@ tensors and deepen (:mod:`fxcost.sim.deepen`), as the family it belongs to runs 
   and 3 and torchtitan's Llama run. Before, a gated decoder was traced as GPT-2 with a GELU MLP of
   ``1.5 f`` (the same matmul FLOPs): its norms, rotary embeddings, SwiGLU and grouped-query repeats
   were missing and its dropouts were extra.
+- **Mixtral** (``gated`` with ``experts``): Llama's blocks with each MLP a mixture of ``experts``
+  SwiGLU experts, a router sending each token to ``top_k`` of them (Hugging Face's Mixtral; the
+  simulator assumes balanced routing, :mod:`fxcost.sim.moe`).
 
 Named models (:data:`DECODERS`), each from its paper:
 
@@ -20,6 +23,8 @@ Named models (:data:`DECODERS`), each from its paper:
 - ``llama-8b``, ``llama-70b``: Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3:
   32 layers, 4096, 32 heads, FFN 14336; 80 layers, 8192, 64 heads, FFN 28672; 8 key/value heads;
   vocabulary 128000, 128256 in the released configs; context 8192).
+- ``mixtral-8x7b``: Jiang et al. 2024, "Mixtral of Experts", Table 1 (32 layers, 4096, 32 heads, 8
+  key/value heads, expert width 14336, 8 experts, top 2, vocabulary 32000, context 32768).
 
 Example:
     >>> decoder("llama-70b").params_b  # doctest: +ELLIPSIS
@@ -53,6 +58,8 @@ class Decoder:
         kv_heads: key and value heads (grouped-query attention, Llama family only); None: ``heads``.
         tied: the output layer is the input embedding; None: the family's way (GPT tied, Llama not;
             Llama 3.2's 1B and 3B are tied).
+        experts, top_k: a mixture of ``experts`` MLPs (each ``ffn`` wide, gated only) of which each
+            token runs ``top_k``; 1 and 1: one dense MLP.
     """
 
     name: str
@@ -65,9 +72,11 @@ class Decoder:
     gated: bool = False
     kv_heads: int | None = None
     tied: bool | None = None
+    experts: int = 1
+    top_k: int = 1
 
     def __post_init__(self) -> None:
-        for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq"):
+        for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "experts", "top_k"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"decoder {self.name!r}: {key} must be a whole number >= 1, got {value!r}")
@@ -90,10 +99,22 @@ class Decoder:
     @property
     def matmul_params(self) -> int:
         """Parameters of the matmuls: the queries' and output's ``2 h^2`` and the keys' and values'
-        ``2 h x kv_heads x head dim`` per layer, the MLP's ``2 or 3 h f``, and the output layer."""
+        ``2 h x kv_heads x head dim`` per layer, the MLP's ``2 or 3 h f`` (each expert's, and the
+        router's ``h x experts``), and the output layer."""
+        return self._matmul_params(self.experts)
+
+    @property
+    def active_matmul_params(self) -> int:
+        """:attr:`matmul_params` a token runs through: ``top_k`` of the experts."""
+        return self._matmul_params(self.top_k)
+
+    def _matmul_params(self, experts: int) -> int:
         h, kv = self.hidden, (self.kv_heads or self.heads) * (self.hidden // self.heads)
         attention = 2 * h * h + 2 * h * kv
-        return self.layers * (attention + (3 if self.gated else 2) * h * self.ffn) + self.vocab * h
+        mlp = experts * (3 if self.gated else 2) * h * self.ffn + (
+            h * self.experts if self.experts > 1 else 0
+        )
+        return self.layers * (attention + mlp) + self.vocab * h
 
     @property
     def is_tied(self) -> bool:
@@ -120,9 +141,14 @@ class Decoder:
             raise ValueError(f"unknown attention {attention!r}; accepted: {', '.join(ATTENTIONS)}")
         depth = min(layers, self.layers)
         if self.gated:
+            family = (
+                {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_local_experts":
+                 self.experts, "num_experts_per_tok": self.top_k, "output_router_logits": False}
+                if self.experts > 1
+                else {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+            )  # fmt: skip
             return {
-                "model_type": "llama",
-                "architectures": ["LlamaForCausalLM"],
+                **family,
                 "num_hidden_layers": depth,
                 "hidden_size": self.hidden,
                 "num_attention_heads": self.heads,
@@ -155,8 +181,9 @@ class Decoder:
         of sequences ``seq`` long: PaLM's count (Chowdhery et al. 2022, appendix B) ``6 N + 12 L h s``
         per token, with ``N`` the matmul parameters (the layers' and the output layer's; the embedding
         lookup and positions do no matmul) and ``12 L h s`` the attention's score and value matmuls
-        (Narayanan et al. 2021, eq. 3, has the same terms)."""
-        return tokens * (6.0 * self.matmul_params + 12.0 * self.layers * self.hidden * seq)
+        (Narayanan et al. 2021, eq. 3, has the same terms); a mixture of experts counts the ``top_k``
+        experts a token runs (:attr:`active_matmul_params`)."""
+        return tokens * (6.0 * self.active_matmul_params + 12.0 * self.layers * self.hidden * seq)
 
 
 DECODERS: dict[str, Decoder] = {
@@ -166,6 +193,9 @@ DECODERS: dict[str, Decoder] = {
         Decoder("gpt3-175b", 96, 12288, 96, 4 * 12288, 50257, 2048),
         Decoder("llama-8b", 32, 4096, 32, 14336, 128256, 8192, gated=True, kv_heads=8),
         Decoder("llama-70b", 80, 8192, 64, 28672, 128256, 8192, gated=True, kv_heads=8),
+        Decoder(
+            "mixtral-8x7b", 32, 4096, 32, 14336, 32000, 32768, gated=True, kv_heads=8, experts=8, top_k=2
+        ),
     )
 }
 
@@ -179,8 +209,10 @@ _KEYS = {
     "seq": ("max_position_embeddings", "n_positions", "seq_length"),
 }
 _GATED_ACTIVATIONS = ("silu", "swiglu", "swish")
-# Mixture-of-experts configs name their experts so (Mixtral, Qwen-MoE and OLMoE, DeepSeek, DBRX).
-_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+# Mixture-of-experts configs name their experts so: Mixtral's (read), Qwen-MoE's and OLMoE's,
+# DeepSeek's and DBRX's (shared experts, expert widths of their own or other blocks: refused).
+_MIXTRAL_EXPERTS = "num_local_experts"
+_OTHER_EXPERT_KEYS = ("num_experts", "n_routed_experts", "moe_num_experts")
 
 
 def decoder(model: str | Path | dict[str, Any] | Decoder) -> Decoder:
@@ -210,12 +242,12 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
         raise ValueError(
             f"{name}: an encoder-decoder config; accepted: decoder-only models (GPT, Llama, ...)"
         )
-    experts = next((k for k in _EXPERT_KEYS if (raw.get(k) or 0) > 1), None)
-    if experts is not None:
+    other = next((k for k in _OTHER_EXPERT_KEYS if (raw.get(k) or 0) > 1), None)
+    if other is not None:
         raise ValueError(
-            f"{name}: a mixture-of-experts config ({experts}={raw[experts]}), which the plan search "
-            "would price as a dense model; accepted: dense decoders (simulate an MoE model with "
-            "fxcost.simulate and ep=...)"
+            f"{name}: a mixture-of-experts config ({other}={raw[other]}) other than Mixtral's; accepted: "
+            f"dense decoders and Mixtral-style ones ({_MIXTRAL_EXPERTS}, num_experts_per_tok); simulate "
+            "others with fxcost.simulate and ep=..."
         )
     found: dict[str, int] = {}
     for key, names in _KEYS.items():
@@ -236,5 +268,8 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
         )
     kv = kv if gated else None
     tied = raw.get("tie_word_embeddings")
+    experts = int(raw.get(_MIXTRAL_EXPERTS) or 1)
+    top_k = int(raw.get("num_experts_per_tok") or 2) if experts > 1 else 1  # Mixtral's default: 2
     return Decoder(name, gated=gated, kv_heads=None if kv is None else int(kv),
-                   tied=None if tied is None else bool(tied), **found)  # fmt: skip
+                   tied=None if tied is None else bool(tied), experts=experts, top_k=top_k,
+                   **found)  # fmt: skip

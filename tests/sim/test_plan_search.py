@@ -75,6 +75,34 @@ def test_a_context_parallel_plan_is_estimated_as_simulated() -> None:
             assert c.iteration_ms == result.iteration_ms
 
 
+MOE = dataclasses.replace(TINY, name="tiny-moe", gated=True, kv_heads=2, experts=4, top_k=2)
+
+
+def test_expert_parallel_degrees_divide_the_experts_and_dp() -> None:
+    space = Space(MOE, gpus=8, gpus_per_node=4, batch=BATCH, micro_sizes=MICRO)
+    valid, skipped = candidates(space)
+    assert {c["ep"] for c in valid} == {1, 2, 4}
+    assert all(c["dp"] % c["ep"] == 0 and (c["ep"] == 1 or c["tp"] == 1) for c in valid)
+    assert skipped["ep does not divide dp"] > 0 and skipped["ep with tp (not simulated)"] > 0
+    assert {c["ep"] for c in candidates(Space(TINY, 8, 4, BATCH, MICRO))[0]} == {1}  # a dense model
+
+
+@pytest.mark.slow
+def test_an_expert_parallel_plan_is_estimated_as_simulated() -> None:
+    """A Mixtral-style decoder's ep plans: the analytic pass has the simulator's memory (exactly) and
+    iteration (closely), and the exact pass is what ``fxcost.simulate`` says."""
+    found = plan(MOE, CLUSTER, BATCH, SEQ, precision="bf16", exact=3, micro_sizes=TRACED_AT)
+    experts = [c for c in found.candidates if c.strategy.ep > 1]
+    assert experts and {c.strategy.ep for c in experts} == {2, 4}
+    for c in experts[:: max(len(experts) // 4, 1)] + [c for c in experts if c.exact]:
+        result = simulate(MOE.hf_config(2, SEQ), c.strategy, CLUSTER, batch=BATCH, seqlen=SEQ,
+                          precision="bf16", layers=MOE.layers)  # fmt: skip
+        assert c.memory_gib * 2**30 == pytest.approx(max(m.total for m in result.memory), rel=1e-9)
+        assert c.analytic_ms == pytest.approx(result.iteration_ms, rel=0.05), c.strategy
+        if c.exact:
+            assert c.iteration_ms == result.iteration_ms
+
+
 def _simulated(strategy: Strategy) -> SimResult:
     """``fxcost.simulate`` of the tiny decoder under ``strategy``, as the search's exact pass runs it."""
     return simulate(TINY.hf_config(2, SEQ), strategy, CLUSTER, batch=BATCH, seqlen=SEQ, precision="bf16",
@@ -139,18 +167,36 @@ def test_model_flops_by_hand() -> None:
     n = 32 * (2 * 4096**2 + 2 * 4096 * 8 * 128 + 3 * 4096 * 14336) + 128256 * 4096
     assert (llama.matmul_params, llama.params) == (n, n + 128256 * 4096)
     assert round(llama.params_b, 2) == 8.03
+    # Mixtral 8x7B: 8 experts of 3hf and a router of h x 8 per layer, two of them run per token (46.7B
+    # parameters, 12.9B active with the embedding, as Jiang et al. give them).
+    mixtral = decoder("mixtral-8x7b")
+    attention, expert = 2 * 4096**2 + 2 * 4096 * 8 * 128, 3 * 4096 * 14336
+    assert mixtral.matmul_params == 32 * (attention + 8 * expert + 4096 * 8) + 32000 * 4096
+    assert mixtral.active_matmul_params == 32 * (attention + 2 * expert + 4096 * 8) + 32000 * 4096
+    assert mixtral.model_flops(10, 4096) == 10 * (6 * mixtral.active_matmul_params + 12 * 32 * 4096 * 4096)
+    assert (round(mixtral.params_b, 1), round((mixtral.active_matmul_params + 32000 * 4096) / 1e9, 1)) == (
+        46.7,
+        12.9,
+    )
 
 
-@pytest.mark.parametrize(("gated", "tied"), [(False, None), (True, None), (True, True)])
-def test_the_traced_model_has_the_parameters_the_decoder_counts(gated: bool, tied: bool | None) -> None:
+@pytest.mark.parametrize(
+    ("gated", "tied", "experts"), [(False, None, 1), (True, None, 1), (True, True, 1), (True, None, 4)]
+)
+def test_the_traced_model_has_the_parameters_the_decoder_counts(
+    gated: bool, tied: bool | None, experts: int
+) -> None:
     # Each family's matrices as the Decoder counts them (GPT: tied output layer and learned positions;
-    # Llama: grouped-query keys and values, an output layer of its own unless tied, as Llama 3.2 1B's);
-    # biases and norms left out.
+    # Llama: grouped-query keys and values, an output layer of its own unless tied, as Llama 3.2 1B's;
+    # Mixtral: its experts and router); biases and norms left out.
     from fxcost.zoo.hf import hf_step
 
-    d = dataclasses.replace(TINY, gated=gated, kv_heads=2 if gated else None, tied=tied)
+    d = dataclasses.replace(TINY, gated=gated, kv_heads=2 if gated else None, tied=tied, experts=experts,
+                            top_k=min(experts, 2))  # fmt: skip
     model = hf_step(d.hf_config(d.layers, d.seq), batch=1, seqlen=d.seq).model
-    matrices = sum(p.numel() for p in model.parameters() if p.dim() == 2)  # parameters() counts a tie once
+    assert (type(model).__name__ == "MixtralForCausalLM") == (experts > 1)
+    # parameters() counts a tie once; Mixtral's experts may be one 3-D tensor per layer
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
     assert matrices == d.params
     plan_of = plan(d, CLUSTER, BATCH, SEQ, precision="bf16", exact=1, micro_sizes=(1,))
     assert plan_of.candidates and not plan_of.candidates[0].oom
@@ -185,9 +231,16 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
     assert decoder({**config, "tie_word_embeddings": True}).params == decoder(path).params - 128256 * 8192
     with pytest.raises(ValueError, match="no heads"):
         decoder({k: v for k, v in config.items() if k != "num_attention_heads"})
-    # A mixture of experts is refused by name, not planned as the dense model of one expert.
-    with pytest.raises(ValueError, match=r"mixture-of-experts config \(num_local_experts=8\).*accepted"):
-        decoder({**config, "num_local_experts": 8, "num_experts_per_tok": 2})
+    # Mixtral's experts are read (top 2 unless it says); other mixtures are refused by name, not planned
+    # as the dense model of one expert.
+    mixtral = decoder({**config, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 1})
+    assert (mixtral.experts, mixtral.top_k) == (8, 1)
+    assert mixtral.hf_config(2, 4096)["model_type"] == "mixtral"
+    assert decoder({**config, "num_local_experts": 8}).top_k == 2
+    with pytest.raises(
+        ValueError, match=r"mixture-of-experts config \(num_experts=60\) other than Mixtral's"
+    ):
+        decoder({**config, "num_experts": 60, "moe_intermediate_size": 1408})
     assert decoder({**config, "num_experts": 1}) == decoder(config)
 
 
