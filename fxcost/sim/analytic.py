@@ -246,17 +246,19 @@ def _stage_layers(layers: int, pp: int, vpp: int, traced: tuple[str, ...]) -> tu
 def _prices(
     cluster: Cluster, dp: int, tp: int, pp: int, cp: int, ep: int
 ) -> dict[str, tuple[list[int], float]]:
-    """For each group kind, the first group's ranks and how many groups share its links, the groups
-    laid out as the simulator lays them out."""
+    """For each group kind the layout has, the first group's ranks and how many groups share its links,
+    the groups laid out as the simulator lays them out."""
     s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
     groups = groups_of(s)
     prices = {
         kind: (groups[kind][0][0], max(link_sharing([g for stage in groups[kind] for g in stage], cluster)))
-        for kind in ("tp", "dp", "ep", "edp")
+        for kind in ("tp", "dp") + ("ep", "edp") * (ep > 1)
     }
-    pairs = [[a, b] for a, b in zip(stage_ranks(s, 0), stage_ranks(s, 1), strict=True)] if pp > 1 else [[0]]
-    prices["pp"] = (pairs[0], max(link_sharing(pairs, cluster)))
-    prices["cp"] = ring_hop(groups["cp"][0], cluster)
+    if pp > 1:
+        pairs = [[a, b] for a, b in zip(stage_ranks(s, 0), stage_ranks(s, 1), strict=True)]
+        prices["pp"] = (pairs[0], max(link_sharing(pairs, cluster)))
+    if cp > 1:
+        prices["cp"] = ring_hop(groups["cp"][0], cluster)
     return prices
 
 

@@ -32,19 +32,18 @@ than the host needs to issue its ops (:func:`fxcost.propagate.issue_bound_ms`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from fxcost.cost_models import CostModel, NodeBatch, predict_batch
-from fxcost.cost_models.eager import kernel_times
-from fxcost.cost_models.heads.step_intervals import step_bounds, step_sums
+from fxcost.cost_models import NodeBatch
 from fxcost.estimator import Captured
 from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
 from fxcost.propagate import issue_bound_ms
 from fxcost.records import PHASES, NodeCost
+from fxcost.sim import pricing
 from fxcost.sim.comm import Comm
 from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
 from fxcost.sim.dims import vocabulary, width_and_tokens
@@ -160,10 +159,9 @@ def compile_plan(
         raise ValueError(f"cp={s.cp} splits the sequence of attention and this step has none; accepted: cp=1")
     if seqlen:  # context parallelism: every node on the rank's part of the sequence
         whole_tokens = width_and_tokens(batch_nodes.nodes)[1]
-        batch_nodes = NodeBatch.of(split_sequence(batch_nodes.nodes, s.cp, seqlen, whole_tokens))
-    ms, source = predict_batch(batch_nodes, chain, device)
-    kernel = _kernels_of(batch_nodes, ms, source, device)
-    interval = _interval(batch_nodes.nodes, ms, source, captured.counts.sum(axis=1), device)
+        whole = batch_nodes.nodes, s.cp, seqlen, whole_tokens
+        batch_nodes = batch_nodes.derived(("cp", s.cp), lambda: NodeBatch.of(split_sequence(*whole)))
+    _, _, kernel, interval = pricing.priced(batch_nodes, chain, device, captured.counts.sum(axis=1))
     hidden, tokens = width_and_tokens(batch_nodes.nodes)
     vocab = vocabulary(batch_nodes.nodes)
     itemsize = itemsize_of(precision)
@@ -172,7 +170,7 @@ def compile_plan(
     ]
     experts = expert_plan(batch_nodes.nodes, forward, s, hidden, tokens, itemsize)
     if experts is not None:
-        experts.price(lambda nodes: _kernel_ms(NodeBatch.of(nodes), chain, device))
+        experts.price(lambda nodes: pricing.kernel_ms(NodeBatch.of(nodes), chain, device))
 
     # Per distinct node, its tensor-parallel shard inside a layer and outside (vocabulary-parallel).
     def in_layer(n: NodeCost) -> NodeCost | None:
@@ -184,13 +182,18 @@ def compile_plan(
     if s.tp > 1:
         layered = [n for n in batch_nodes.nodes if layer_of(n.module, set(layers))]
         check_tp(s.tp, hidden, attention_heads(layered))
-    layer_shard, layer_ms = _shards(batch_nodes.nodes, in_layer, s.tp, chain, device)
+
+    def split_by(
+        kind: str, shard: pricing.Shard, tp: int = s.tp, among: np.ndarray | None = None
+    ) -> pricing.Shards:
+        return pricing.shards(batch_nodes, kind, shard, tp, chain, device, among)
+
+    layer_shard, layer_ms = split_by("layer", in_layer)
     forward_runs = captured.counts[:, PHASES.index("fw")] > 0  # column splits serve the forward only
-    column_shard, column_ms = _shards(batch_nodes.nodes, lambda n: shard_column(n, s.tp, tokens), s.tp,
-                                      chain, device, forward_runs)  # fmt: skip
-    outer_shard, outer_ms = _shards(batch_nodes.nodes, outside, s.tp, chain, device)
-    seq_shard, seq_ms = _shards(batch_nodes.nodes, lambda n: shard_sequence(n, s.tp, hidden, tokens),
-                                s.tp if s.sp else 1, chain, device)  # fmt: skip
+    column_shard, column_ms = split_by("column", lambda n: shard_column(n, s.tp, tokens), among=forward_runs)
+    outer_shard, outer_ms = split_by("vocabulary", outside)
+    seq_tp = s.tp if s.sp else 1  # sequence parallelism splits the tokens between the regions
+    seq_shard, seq_ms = split_by("sequence", lambda n: shard_sequence(n, s.tp, hidden, tokens), seq_tp)
 
     known = set(layers)
     layer_by_module = {module: layer_of(module, known) for module in {n.module for n in report.nodes}}
@@ -327,50 +330,6 @@ def add_layer_collectives(
             seg.after += [Comm(k, held(seg.layer) * itemsize * f, g, "gradient") for k, g, f in reductions]
             seg.after += [Comm(k, expert(seg.layer) * itemsize * f, g, "gradient")
                           for k, g, f in expert_reductions if expert(seg.layer)]  # fmt: skip
-
-
-def _shards(
-    nodes: Sequence[NodeCost],
-    shard: Callable[[NodeCost], NodeCost | None],
-    tp: int,
-    chain: Sequence[CostModel],
-    device: Device,
-    among: np.ndarray | None = None,
-) -> tuple[dict[int, NodeCost], dict[int, float]]:
-    """The nodes ``shard`` splits (of those ``among`` marks), by position, and their kernel ms (none
-    when ``tp`` is 1)."""
-    if tp == 1:
-        return {}, {}
-    shards = {
-        i: s for i, n in enumerate(nodes) if (among is None or among[i]) and (s := shard(n)) is not None
-    }
-    if not shards:
-        return {}, {}
-    kernel = _kernel_ms(NodeBatch.of(list(shards.values())), chain, device)
-    return shards, dict(zip(shards, kernel, strict=True))
-
-
-def _interval(
-    nodes: Sequence[NodeCost], ms: np.ndarray, source: np.ndarray, counts: np.ndarray, device: Device
-) -> tuple[float, float]:
-    """The interval of the step's time on ``device`` (each distinct node ``counts`` times), as factors
-    (:mod:`~fxcost.cost_models.heads.step_intervals`)."""
-    total = float(np.nan_to_num(ms) @ counts)
-    low, high = step_bounds(step_sums(nodes, ms, source, counts, device))  # NaN, no prediction: nothing
-    return (low / total, high / total) if total > 0 else (1.0, 1.0)
-
-
-def _kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> list[float]:
-    """Kernel time per node of ``batch`` predicted by ``chain``
-    (:func:`fxcost.cost_models.eager.kernel_times`, with the nodes' DRAM floors), 0 where there is no
-    prediction."""
-    ms, source = predict_batch(batch, chain, device)
-    return _kernels_of(batch, ms, source, device)
-
-
-def _kernels_of(batch: NodeBatch, ms: np.ndarray, source: np.ndarray, device: Device) -> list[float]:
-    """:func:`_kernel_ms` of predictions made already."""
-    return np.nan_to_num(kernel_times(batch, ms, source, device)).tolist()
 
 
 def _last_products(ordered: Sequence[tuple[NodeCost, int]], layer_by_module: Mapping[str, str]) -> set[int]:
