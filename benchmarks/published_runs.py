@@ -292,11 +292,12 @@ def cluster_of(run: Run) -> tuple[Device, Cluster, list[str]]:
 
 @functools.cache
 def code_state() -> str:
-    """A digest of the installed fxcost's source and shipped weights: what a cached row was simulated by."""
+    """A digest of the installed fxcost's source, shipped weights and GPU tables: what a cached row was
+    simulated by."""
     root = Path(fxcost.__file__).parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
-        if path.suffix in {".py", ".json", ".npz"} and path.is_file():
+        if path.suffix in {".py", ".json", ".npz", ".csv"} and path.is_file():
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -308,7 +309,7 @@ def simulated(run: Run, cluster: Cluster, cache: Path | None) -> dict[str, Any]:
     ``memory_gib``; cached by the row."""
     c = cluster
     key = json.dumps([CACHE_FORMAT, code_state(), config_of(run), str(run.strategy), run.global_batch,
-                      run.model.layers, run.precision, str(c), c.intra.bandwidth_gbps,
+                      run.model.layers, run.precision, str(c), repr(c.device), c.intra.bandwidth_gbps,
                       c.inter.bandwidth_gbps, c.nics_per_node],
                      sort_keys=True)  # fmt: skip
     path = cache / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json" if cache else None

@@ -74,8 +74,9 @@ class NodeBatch:
         return len(self.nodes)
 
     def derived(self, key: Hashable, compute: Callable[[], Any]) -> Any:
-        """Device-independent data a model derives from the nodes, computed once per batch and reused
-        for every device the batch is predicted on (``predict`` calls models once per device)."""
+        """Data derived from the nodes, computed once per batch under ``key`` and reused: what a model
+        derives for every device the batch is predicted on (``predict`` calls models once per device),
+        or what a caller prices on one device, with the device in ``key``."""
         if key not in self._derived:
             self._derived[key] = compute()
         return self._derived[key]

@@ -1,9 +1,9 @@
 """A plan's iteration and memory without the event simulation: the fast first pass of the plan search.
 
 :class:`Pieces` summarizes a one-stage plan of a few traced layers (compiled once per tensor-parallel
-degree, sequence parallelism, context-parallel ring and micro-batch size,
+degree, sequence parallelism, context-parallel ring, expert-parallel degree and micro-batch size,
 :func:`fxcost.sim.plan.compile_plan`): each traced layer's forward and backward compute and the
-tensor- and context-parallel collectives inside them, the embeddings' and the head's, the bytes each
+tensor-, context- and expert-parallel collectives inside them, the embeddings' and the head's, the bytes each
 saves for the backward, the parameters of each. :func:`estimate` lays a deep model of
 those layers out in pipeline stages as :func:`fxcost.sim.deepen.deepen` does and returns:
 
@@ -275,8 +275,8 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
     ``gamma``: the overlap factor, as the simulator's.
 
     Raises:
-        ValueError: ``s.pp`` exceeds ``layers``, or ``s`` uses context or expert parallelism or HSDP,
-            which this pass does not model (``fxcost.simulate`` does).
+        ValueError: ``s.pp`` exceeds ``layers``, or ``s`` gives experts a load (``expert_load``) or
+            uses HSDP, which this pass does not model (``fxcost.simulate`` does).
     """
     if s.pp > layers:
         raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")

@@ -4,8 +4,9 @@ context-parallel ring and expert-parallel degree from the same captured nodes, a
 the predictions, the shards and their prices (the sequence-parallel and the plain plan of one ``tp``
 share every shard but the sequence's).
 
-What is kept depends on the batch's nodes, the device and the capture's cost models (``chain``), which
-one :class:`~fxcost.estimator.Captured` fixes for every batch it gives.
+What is kept is keyed by the device (all of its facts: a device file's GPU of the same name, or a GPU
+priced :func:`~fxcost.gpus.holdout.uncalibrated`, is priced anew). It depends on the capture's cost
+models (``chain``) too, which are the :class:`~fxcost.estimator.Captured`'s for every batch it gives.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def priced(batch: NodeBatch, chain: Sequence[CostModel], device: Device, counts:
         interval = (low / total, high / total) if total > 0 else (1.0, 1.0)
         return ms, source, _kernels_of(batch, ms, source, device), interval
 
-    return batch.derived(("plan pricing", device.name), compute)
+    return batch.derived(("plan pricing", device), compute)
 
 
 def shards(
@@ -72,7 +73,7 @@ def shards(
         kernel = kernel_ms(NodeBatch.of(list(found.values())), chain, device)
         return found, dict(zip(found, kernel, strict=True))
 
-    return batch.derived(("plan shards", kind, tp, device.name), compute)
+    return batch.derived(("plan shards", kind, tp, device), compute)
 
 
 def kernel_ms(batch: NodeBatch, chain: Sequence[CostModel], device: Device) -> list[float]:

@@ -108,7 +108,7 @@ def _batch_rule(c: Choice, space: Space) -> str | None:
 
 
 def _zero_rule(c: Choice, space: Space) -> str | None:
-    return "ZeRO without data parallelism" if c["zero"] and c["dp"] == 1 else None
+    return "ZeRO without data parallelism" if c["zero"] and c["dp"] * c["cp"] == 1 else None
 
 
 def _sp_rule(c: Choice, space: Space) -> str | None:
@@ -120,7 +120,7 @@ def _cp_values(space: Space) -> tuple[int, ...]:
 
 
 def _cp_rule(c: Choice, space: Space) -> str | None:
-    return "2 x cp does not divide the sequence" if space.tokens % (2 * c["cp"]) else None
+    return "2 x cp does not divide the sequence" if c["cp"] > 1 and space.tokens % (2 * c["cp"]) else None
 
 
 def _ep_values(space: Space) -> tuple[int, ...]:

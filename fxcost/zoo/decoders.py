@@ -95,6 +95,13 @@ class Decoder:
                 f"decoder {self.name!r}: kv_heads={kv} needs a gated (Llama-family) decoder; a GPT-family "
                 "one is traced as GPT-2, whose every head has its keys and values"
             )
+        if self.experts > 1 and not self.gated:
+            raise ValueError(
+                f"decoder {self.name!r}: experts={self.experts} needs a gated decoder (Mixtral's SwiGLU "
+                "experts); a GPT-family one is traced as GPT-2, with one MLP"
+            )
+        if self.top_k > self.experts:
+            raise ValueError(f"decoder {self.name!r}: top_k={self.top_k} exceeds experts={self.experts}")
 
     @property
     def matmul_params(self) -> int:
@@ -242,10 +249,12 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
         raise ValueError(
             f"{name}: an encoder-decoder config; accepted: decoder-only models (GPT, Llama, ...)"
         )
-    other = next((k for k in _OTHER_EXPERT_KEYS if (raw.get(k) or 0) > 1), None)
+    nested = {k: v for part in raw.values() if isinstance(part, dict) for k, v in part.items()}  # DBRX's
+    other = next((k for k in _OTHER_EXPERT_KEYS if (raw.get(k) or nested.get(k) or 0) > 1), None)
     if other is not None:
         raise ValueError(
-            f"{name}: a mixture-of-experts config ({other}={raw[other]}) other than Mixtral's; accepted: "
+            f"{name}: a mixture-of-experts config ({other}={raw.get(other) or nested[other]}) other than "
+            "Mixtral's; accepted: "
             f"dense decoders and Mixtral-style ones ({_MIXTRAL_EXPERTS}, num_experts_per_tok); simulate "
             "others with fxcost.simulate and ep=..."
         )

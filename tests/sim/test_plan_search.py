@@ -49,13 +49,17 @@ def test_context_parallel_rings_split_long_sequences_only() -> None:
     """cp takes powers of two that leave each rank CP_MIN_TOKENS or more and split the sequence into
     2 cp chunks (Megatron's causal balancing); it splits the GPUs with tp, pp and dp."""
     long = Space(TINY, gpus=8, gpus_per_node=4, batch=BATCH, micro_sizes=MICRO, seq=4 * CP_MIN_TOKENS)
-    valid, _ = candidates(long)
-    assert {c["cp"] for c in valid} == {1, 2, 4}
-    assert all(c["dp"] * c["tp"] * c["pp"] * c["cp"] == 8 for c in valid)
+    rings, _ = candidates(long)
+    assert {c["cp"] for c in rings} == {1, 2, 4}
+    assert all(c["dp"] * c["tp"] * c["pp"] * c["cp"] == 8 for c in rings)
+    # ZeRO shards over the dp x cp ranks: a context-parallel ring alone may run it
+    assert any(c["zero"] and c["dp"] == 1 and c["cp"] > 1 for c in rings)
     short = Space(TINY, gpus=8, gpus_per_node=4, batch=BATCH, micro_sizes=MICRO, seq=2 * CP_MIN_TOKENS + 2)
     valid, skipped = candidates(short)
     assert {c["cp"] for c in valid} == {1} and skipped["2 x cp does not divide the sequence"] > 0
     assert {c["cp"] for c in candidates(Space(TINY, 8, 4, BATCH, MICRO))[0]} == {1}  # the model's 32 tokens
+    odd, _ = candidates(Space(TINY, 8, 4, BATCH, MICRO, seq=31))  # cp=1 takes any sequence
+    assert odd and {c["cp"] for c in odd} == {1}
 
 
 @pytest.mark.slow
@@ -241,6 +245,10 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
         ValueError, match=r"mixture-of-experts config \(num_experts=60\) other than Mixtral's"
     ):
         decoder({**config, "num_experts": 60, "moe_intermediate_size": 1408})
+    with pytest.raises(ValueError, match=r"\(moe_num_experts=16\) other than Mixtral's"):  # DBRX's, nested
+        decoder({**config, "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4}})
+    with pytest.raises(ValueError, match="experts=8 needs a gated decoder"):
+        decoder({**config, "num_local_experts": 8, "hidden_act": "gelu"})
     assert decoder({**config, "num_experts": 1}) == decoder(config)
 
 
@@ -257,6 +265,11 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
             "kv_heads must be .* dividing heads 4, got 3",
         ),
         (lambda: Decoder("gpt", 2, 64, 4, 8, 8, 8, kv_heads=2), "kv_heads=2 needs a gated"),
+        (
+            lambda: Decoder("moe", 2, 64, 4, 8, 8, 8, gated=True, experts=4, top_k=5),
+            "top_k=5 exceeds experts=4",
+        ),
+        (lambda: Decoder("moe", 2, 64, 4, 8, 8, 8, experts=0), "experts must be a whole number >= 1"),
     ],
 )
 def test_bad_input_is_one_clear_error(call: object, match: str) -> None:
