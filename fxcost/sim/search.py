@@ -249,8 +249,8 @@ def plan(
         if key not in pieces:
             traced, params, _ = captured[micro]
             one = Strategy(tp=s.tp, sp=s.sp, cp=s.cp, ep=s.ep, dp=s.ep)
-            plan = compile_plan(traced, params, one, cluster.device, micro * s.ep, parsed)
-            pieces[key] = Pieces.of(plan, params)
+            compiled = compile_plan(traced, params, one, cluster.device, micro * s.ep, parsed)
+            pieces[key] = Pieces.of(compiled, params)
         return pieces[key]
 
     # The capture: the step traced once per micro-batch size and its nodes priced on the GPU (tp=1).

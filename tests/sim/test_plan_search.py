@@ -247,8 +247,8 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
         decoder({**config, "num_experts": 60, "moe_intermediate_size": 1408})
     with pytest.raises(ValueError, match=r"\(moe_num_experts=16\) other than Mixtral's"):  # DBRX's, nested
         decoder({**config, "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4}})
-    with pytest.raises(ValueError, match="experts=8 needs a gated decoder"):
-        decoder({**config, "num_local_experts": 8, "hidden_act": "gelu"})
+    with pytest.raises(ValueError, match="experts=8 needs a gated decoder"), pytest.warns(UserWarning):
+        decoder({**config, "num_local_experts": 8, "hidden_act": "gelu"})  # warns of its 8 key/value heads
     assert decoder({**config, "num_experts": 1}) == decoder(config)
 
 
