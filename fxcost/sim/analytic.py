@@ -191,7 +191,7 @@ def _layout(pieces: Pieces, s: Strategy, cluster: Cluster) -> _Layout:
     key = (cluster, s.dp, s.tp, s.pp, s.cp, s.ep, s.zero)
     if key in pieces._layouts:
         return pieces._layouts[key]
-    price = functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep)
+    price = _pricer(s, cluster)
     itemsize = pieces.plan.itemsize
     cost = {
         (direction, name): part.compute_ms + sum(price(c) for c in part.comms)
@@ -207,17 +207,12 @@ def _layout(pieces: Pieces, s: Strategy, cluster: Cluster) -> _Layout:
     expert = zero_collectives(s, s.data_ranks // s.ep, "edp", s.data_ranks // s.ep) if split else ([], [])
     gather, reduce, gathered, reduced = {}, {}, {}, {}
     for name in pieces.params:
-        mine = ((held[name], dense), (experts[name], expert))
-        gather[name] = sum(
-            price(Comm(k, n * itemsize * f, g, "param")) for n, (gs, _) in mine for k, g, f in gs
-        )
-        reduce[name] = sum(
-            price(Comm(k, n * itemsize * f, g, "gradient")) for n, (_, rs) in mine for k, g, f in rs
-        )
-        gathered[name] = sum(n * itemsize * f for n, (gs, _) in mine for k, _, f in gs if k == "all_gather")
-        reduced[name] = sum(
-            n * itemsize * f for n, (_, rs) in mine for k, _, f in rs if k == "reduce_scatter"
-        )
+        shares = ((held[name], dense), (experts[name], expert))
+        gathers = [Comm(k, n * itemsize * f, g, "param") for n, (gs, _) in shares for k, g, f in gs]
+        reductions = [Comm(k, n * itemsize * f, g, "gradient") for n, (_, rs) in shares for k, g, f in rs]
+        gather[name], reduce[name] = sum(map(price, gathers)), sum(map(price, reductions))
+        gathered[name] = sum(c.nbytes for c in gathers if c.kind == "all_gather")
+        reduced[name] = sum(c.nbytes for c in reductions if c.kind == "reduce_scatter")
     send = price(Comm("send_recv", pieces.plan.boundary_bytes, "pp", "feature")) if s.pp > 1 else 0.0
     pieces._layouts[key] = _Layout(cost, held, experts, gather, reduce, gathered, reduced, send, {})
     return pieces._layouts[key]
@@ -270,6 +265,11 @@ def _comm_ms(c: Comm, cluster: Cluster, dp: int, tp: int, pp: int, cp: int, ep: 
     return comm_ms(c, ranks, cluster, sharing=sharing)
 
 
+def _pricer(s: Strategy, cluster: Cluster) -> Callable[[Comm], float]:
+    """Prices a collective under ``s``'s layout of ranks on ``cluster`` (:func:`_comm_ms`)."""
+    return functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep)
+
+
 def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: float = GAMMA) -> Estimate:
     """The iteration and peak memory of ``pieces`` deepened to ``layers`` layers under ``s`` on ``cluster``;
     ``gamma``: the overlap factor, as the simulator's.
@@ -283,7 +283,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
     if s.shard or s.expert_load is not None:
         raise ValueError(f"the analytic pass models balanced experts and no HSDP, not {s}: use simulate")
 
-    price = functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep)
+    price = _pricer(s, cluster)
     plan, itemsize = pieces.plan, pieces.plan.itemsize
     lay = _layout(pieces, s, cluster)
     cost, gather, reduce, reruns = lay.cost, lay.gather, lay.reduce, lay.reruns
