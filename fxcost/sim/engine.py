@@ -4,10 +4,11 @@ Tasks run in their stream's order, each once the tasks it depends on have finish
 *feature* communication (activations: tensor-parallel all-reduces, pipeline sends; the compute
 stream waits for them), *gradient* communication (data-parallel reductions, asynchronous) and
 *param* communication (ZeRO-3/FSDP parameter all-gathers, issued ahead of the compute that needs
-them, on their own stream as FSDP does). The simulator takes tasks in order of their earliest start,
-so when a compute task starts every gradient or param transfer already running is known; a compute
-task that overlaps one is slowed by the overlap factor ``gamma`` for the overlapping part (Proteus
-§VI-C: kernels and NCCL share SMs and memory bandwidth).
+them, on their own stream as FSDP does). The simulator takes tasks in order of their earliest start.
+A compute task is slowed by the overlap factor ``gamma`` for each part of it that a gradient or param
+transfer of its rank runs beside (Proteus §VI-C: kernels and NCCL share SMs and memory bandwidth),
+whether the transfer was running when the kernel started or starts while it runs: a compute task
+ends, and what waits for it starts, only once every transfer that starts inside it is known.
 
 Ranks that do the same work (the data-parallel and tensor-parallel peers of a pipeline stage) are
 simulated once: one track per stage.
@@ -66,31 +67,22 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
     heads = dict.fromkeys(queues, 0)
     free = dict.fromkeys(queues, 0.0)
     waiting = [len(set(task.deps)) for task in tasks]  # dependencies not finished yet
-    gradient_spans: dict[int, list[tuple[float, float]]] = {}
-    # The tasks that can start (the next of their stream, dependencies done), by earliest start;
-    # communication first at equal times, so that compute sees the transfers it overlaps.
-    ready: list[tuple[float, int, int, int]] = []
+    transfers: dict[int, list[tuple[float, float]]] = {}  # gradient and param spans by stage
+    running: dict[int, int] = {}  # the compute task running on each stage, its end not yet known
+    # Events by time: a running compute task's end (kind 0), then the tasks that can start (the next
+    # of their stream, dependencies done): communication (1) before compute (2) at equal times.
+    events: list[tuple[float, int, int, int]] = []
 
     def offer(key: tuple[int, str]) -> None:
         queue = queues[key]
         if heads[key] < len(queue) and waiting[i := queue[heads[key]]] == 0:
             start = max([free[key], *(tasks[d].end_ms for d in tasks[i].deps)])
-            heapq.heappush(ready, (start, 0 if key[1] != "compute" else 1, order[key], i))
+            heapq.heappush(events, (start, 2 if key[1] == "compute" else 1, order[key], i))
 
-    for key in keys:
-        offer(key)
-    done = 0
-    while ready:
-        start, _, _, i = heapq.heappop(ready)
-        task = tasks[i]
+    def finish(i: int) -> None:
+        nonlocal done
         key = queue_of[i]
-        duration = task.duration_ms
-        if task.stream == "compute" and gamma > 0:
-            duration += gamma * _overlap(gradient_spans.get(task.stage, []), start, start + duration)
-        task.start_ms, task.end_ms = start, start + duration
-        if task.stream in ("gradient", "param"):
-            gradient_spans.setdefault(task.stage, []).append((task.start_ms, task.end_ms))
-        free[key] = task.end_ms
+        free[key] = tasks[i].end_ms
         heads[key] += 1
         done += 1
         for j in dependents[i]:
@@ -100,6 +92,36 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
             other = queue_of[j]
             if waiting[j] == 0 and other != key and queues[other][heads[other]] == j:
                 offer(other)
+
+    for key in keys:
+        offer(key)
+    done = 0
+    while events:
+        time, kind, _, i = heapq.heappop(events)
+        task = tasks[i]
+        if kind == 0:  # a compute task's end: later only if a transfer started inside it since
+            if task.end_ms > time:
+                heapq.heappush(events, (task.end_ms, 0, 0, i))
+            else:
+                del running[task.stage]
+                finish(i)
+            continue
+        task.start_ms, task.end_ms = time, time + task.duration_ms
+        spans = transfers.setdefault(task.stage, [])
+        if task.stream == "compute" and gamma > 0:
+            spans[:] = [span for span in spans if span[1] > time]  # later tasks start later still
+            task.end_ms += gamma * _overlap(spans, time, time + task.duration_ms)
+            running[task.stage] = i
+            heapq.heappush(events, (task.end_ms, 0, 0, i))
+            continue
+        if task.stream in ("gradient", "param"):
+            spans.append((task.start_ms, task.end_ms))
+            if (kernel := running.get(task.stage)) is not None:
+                k = tasks[kernel]
+                k.end_ms += gamma * _overlap(
+                    [(task.start_ms, task.end_ms)], k.start_ms, k.start_ms + k.duration_ms
+                )
+        finish(i)
     if done < len(tasks):
         stuck = [tasks[q[heads[k]]].name for k, q in queues.items() if heads[k] < len(q)]
         raise ValueError(f"the schedule deadlocks: no stream can run its next task ({stuck[:4]})")

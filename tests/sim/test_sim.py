@@ -206,6 +206,18 @@ def test_gradient_reduction_overlaps_the_backward_unless_told_not_to() -> None:
     assert compute.end_ms == -1.0
 
 
+def test_a_transfer_that_starts_inside_a_kernel_slows_it_and_what_waits_for_it() -> None:
+    tasks = [
+        Task("F", 0, "compute", 2.0),
+        Task("B", 0, "compute", 10.0, [0]),  # runs from 2 to 12 ms unslowed
+        Task("send", 0, "feature", 5.0),
+        Task("gather", 0, "param", 4.0, [2]),  # from 5 to 9 ms, inside B
+        Task("after B", 0, "gradient", 1.0, [1]),
+    ]
+    assert simulate_tasks(tasks, gamma=0.2) == pytest.approx(12.0 + 0.2 * 4.0 + 1.0)
+    assert (tasks[1].end_ms, tasks[4].start_ms) == pytest.approx((12.8, 12.8))
+
+
 # -- memory --------------------------------------------------------------------------------------
 
 
