@@ -72,6 +72,7 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
     # Events by time: a running compute task's end (kind 0), then the tasks that can start (the next
     # of their stream, dependencies done): communication (1) before compute (2) at equal times.
     events: list[tuple[float, int, int, int]] = []
+    done = 0
 
     def offer(key: tuple[int, str]) -> None:
         queue = queues[key]
@@ -95,7 +96,6 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
 
     for key in keys:
         offer(key)
-    done = 0
     while events:
         time, kind, _, i = heapq.heappop(events)
         task = tasks[i]

@@ -8,6 +8,7 @@ one child (``attn``, ``mlp``: :func:`region_of`), tensor-parallel unless it is a
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -54,6 +55,7 @@ def region_of(module: str, layer: str) -> str:
     return rest.split(".", 1)[0]
 
 
+@functools.lru_cache(maxsize=65536)
 def in_tp_region(module: str, layer: str) -> bool:
     """Whether a node of ``layer`` runs in a tensor-parallel child (attention, MLP): not the layer's
     own residual nodes, not its norms."""

@@ -147,13 +147,14 @@ def compile_plan(
     micro = s.micro_batch(batch)
     chain = captured.chain
     report = captured.report
-    nodes = [n for n in report.nodes if n.phase in ("fw", "bw")]
-    layers = layers_of([n.module for n in nodes])
+    batch_nodes = captured.node_batch(micro, precision)
+    # What the traced graph alone decides, kept with its nodes for the plans that price them again.
+    modules = [n.module for n in report.nodes if n.phase in ("fw", "bw")]
+    layers = batch_nodes.derived("layers", lambda: layers_of(modules))
+    core = batch_nodes.derived("core attention", lambda: core_attention(report.nodes))  # selective reruns
     placed = virtual_stages(len(layers), s.pp, s.vpp)  # (stage, chunk) of each layer
     stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(layers)}
 
-    batch_nodes = captured.node_batch(micro, precision)
-    core = core_attention(report.nodes)  # the nodes selective recomputation reruns, by name
     seqlen = seqlen_of(batch_nodes.nodes) if s.cp > 1 else None
     if s.cp > 1 and not seqlen:
         raise ValueError(f"cp={s.cp} splits the sequence of attention and this step has none; accepted: cp=1")

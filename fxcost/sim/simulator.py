@@ -194,9 +194,14 @@ def _scaled_iteration(tasks: list[Task], factor: float, gamma: float) -> float:
 def _scaled(tasks: list[Task], factor: float) -> list[Task]:
     """Copies of ``tasks`` with every compute task ``factor`` times as long, but the optimizer step: a
     memory pass at the bandwidth, not a kernel the cost models predict."""
-    scaled = [t.stream == "compute" and t.name != OPTIMIZER_STEP for t in tasks]
-    return [dataclasses.replace(t, duration_ms=t.duration_ms * (factor if s else 1.0), deps=list(t.deps),
-                                args=dict(t.args)) for t, s in zip(tasks, scaled, strict=True)]  # fmt: skip
+
+    def copy(t: Task) -> Task:  # the engine sets only a task's times: its deps and args are shared
+        scaled = t.stream == "compute" and t.name != OPTIMIZER_STEP
+        return Task(
+            t.name, t.stage, t.stream, t.duration_ms * factor if scaled else t.duration_ms, t.deps, t.args
+        )
+
+    return [copy(t) for t in tasks]
 
 
 def _traced(

@@ -211,6 +211,8 @@ class Strategy:
         return int(self._setting(module, "tp", self.tp))
 
     def _setting(self, module: str, name: str, default: Any) -> Any:
+        if not self.modules:
+            return default
         parts = module.split(".") if module else []
         for depth in range(len(parts), -1, -1):
             settings = self.modules.get(".".join(parts[:depth]))
