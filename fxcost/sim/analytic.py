@@ -35,6 +35,7 @@ compute, the order of collectives on their streams.
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -270,6 +271,19 @@ def _pricer(s: Strategy, cluster: Cluster) -> Callable[[Comm], float]:
     return functools.partial(_comm_ms, cluster=cluster, dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep)
 
 
+def _beyond_backward(reduced: float, backward: float, layers: int, s: Strategy) -> float:
+    """How long a stage's gradient reductions (``reduced`` ms, each of its ``layers`` layers' issued once
+    its last backward of the layer is done) go on after its last backward (``backward`` ms, all its
+    model chunks). Interleaved 1F1B runs the backwards in groups of ``pp`` micro-batches, the last
+    chunk first, so chunk ``c``'s last backward ends ``c pp`` chunk backwards before the stage's, and
+    the earlier chunks' reductions run beside the later ones' backwards."""
+    chunk, share, end = backward / s.vpp, reduced / s.vpp, -math.inf
+    first = chunk / max(layers // s.vpp, 1)  # a chunk's first reduction waits for its first layer
+    for c in reversed(range(s.vpp)):
+        end = max(end, -c * s.pp * chunk - chunk + first) + share
+    return end
+
+
 def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: float = GAMMA) -> Estimate:
     """The iteration and peak memory of ``pieces`` deepened to ``layers`` layers under ``s`` on ``cluster``;
     ``gamma``: the overlap factor, as the simulator's.
@@ -322,7 +336,9 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
             # Reduced beside the last micro-batch's backward (ZeRO 0 and 1): all but the last reduction
             # slow its kernels, which delays the last one; a longer chain of reductions hides that.
             slowed = gamma * min(backward_kernels, exposed - last) if s.zero < 2 else 0.0
-            exposed = max(last + slowed, exposed - backward * rounds)
+            exposed = max(
+                last + slowed, _beyond_backward(exposed, backward * rounds, sum(n for _, n in counts), s)
+            )
         experts = int(_total(held, lambda x: lay.experts.get(x, 0)))
         params = int(_total(held, lambda x: lay.held.get(x, 0))) + experts
         states = sum(

@@ -11,6 +11,8 @@ from fxcost import zoo
 from fxcost.estimator import Captured, default_estimator
 from fxcost.gpus import get_device
 from fxcost.sim import Cluster, Strategy, simulate
+from fxcost.sim.analytic import _beyond_backward
+from fxcost.sim.comm import Comm
 from fxcost.sim.engine import simulate_tasks
 from fxcost.sim.memory import rank_memory
 from fxcost.sim.nccl import collective_ms
@@ -72,6 +74,42 @@ def _uniform(pp: int, vpp: int, m: int, boundary_bytes: float = 0.0, activation:
         return StagePlan(p, layers, forward, backward, 0, activation, 0.0)
 
     return Plan(s, [stage(p) for p in range(pp)], boundary_bytes, hidden=1, tokens=1, itemsize=2)
+
+
+def _reduced(pp: int, vpp: int, m: int, per_chunk: int, nbytes: float) -> Plan:
+    """As :func:`_uniform` on two data-parallel replicas, each chunk ``per_chunk`` layers whose
+    gradients are all-reduced (``nbytes``, none if 0) once their last backward is done."""
+
+    def stage(p: int) -> StagePlan:
+        chunks = [[f"l{(c * pp + p) * per_chunk + i}" for i in range(per_chunk)] for c in range(vpp)]
+        reduce = [Comm("all_reduce", nbytes, "dp", "gradient")] if nbytes else []
+        forward = [Segment(x, 1.0 / vpp / per_chunk, 0, chunk=c) for c, xs in enumerate(chunks) for x in xs]
+        backward = [Segment(x, 2.0 / vpp / per_chunk, 0, chunk=c, after=list(reduce))
+                    for c, xs in reversed(list(enumerate(chunks))) for x in reversed(xs)]  # fmt: skip
+        return StagePlan(p, [x for xs in chunks for x in xs], forward, backward, 0, 0.0, 0.0)
+
+    return Plan(Strategy(dp=2, pp=pp, micro_batches=m, vpp=vpp), [stage(p) for p in range(pp)], 0.0,
+                hidden=1, tokens=1, itemsize=2)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pp", "vpp", "m", "per_chunk"), [(2, 2, 4, 4), (4, 2, 8, 3), (2, 3, 6, 2), (4, 4, 8, 2), (2, 1, 4, 4)]
+)
+@pytest.mark.parametrize("nbytes", [1e8, 3e8])
+def test_the_analytic_pass_has_the_reductions_an_interleaved_pipeline_leaves_after_its_backward(
+    pp: int, vpp: int, m: int, per_chunk: int, nbytes: float
+) -> None:
+    """Chunk c's last backward ends c pp chunk backwards before the stage's: its reductions hide behind
+    the later chunks' backwards, and only what they leave shows (not all the reductions but one
+    micro-batch's backward, as without interleaving), at least the last layer's."""
+    cluster = Cluster.parse(f"{2 * pp}xA100-SXM4-40GB", intra_latency_us=0.0)
+    plan, bare = _reduced(pp, vpp, m, per_chunk, nbytes), _reduced(pp, vpp, m, per_chunk, 0.0)
+    tasks, _ = _tasks(plan, cluster)
+    tail = simulate_tasks(tasks) - simulate_tasks(_tasks(bare, cluster)[0])
+    each = collective_ms("all_reduce", nbytes, [0, pp], cluster)  # replicas pp ranks apart
+    assert {t.duration_ms for t in tasks if t.stream == "gradient"} == {each}
+    beyond = _beyond_backward(each * vpp * per_chunk, 2.0, vpp * per_chunk, plan.strategy)
+    assert tail == pytest.approx(max(each, beyond), rel=1e-9)  # at least the last layer's reduction
 
 
 @pytest.mark.parametrize(
