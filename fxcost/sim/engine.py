@@ -5,10 +5,11 @@ Tasks run in their stream's order, each once the tasks it depends on have finish
 stream waits for them), *gradient* communication (data-parallel reductions, asynchronous) and
 *param* communication (ZeRO-3/FSDP parameter all-gathers, issued ahead of the compute that needs
 them, on their own stream as FSDP does). The simulator takes tasks in order of their earliest start.
-A compute task is slowed by the overlap factor ``gamma`` for each part of it that a gradient or param
-transfer of its rank runs beside (Proteus §VI-C: kernels and NCCL share SMs and memory bandwidth),
-whether the transfer was running when the kernel started or starts while it runs: a compute task
-ends, and what waits for it starts, only once every transfer that starts inside it is known.
+A compute task is slowed by the overlap factor ``gamma`` for each part of its unslowed duration that
+a gradient or param transfer of its rank runs beside (Proteus §VI-C: kernels and NCCL share SMs and
+memory bandwidth), whether the transfer was running when the kernel started or starts while it runs:
+a compute task ends, and what waits for it starts, only once every transfer that starts inside it is
+known. (A transfer starting in the slowdown itself, after the unslowed duration, does not slow it.)
 
 Ranks that do the same work (the data-parallel and tensor-parallel peers of a pipeline stage) are
 simulated once: one track per stage.
@@ -70,7 +71,8 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
     transfers: dict[int, list[tuple[float, float]]] = {}  # gradient and param spans by stage
     running: dict[int, int] = {}  # the compute task running on each stage, its end not yet known
     # Events by time: a running compute task's end (kind 0), then the tasks that can start (the next
-    # of their stream, dependencies done): communication (1) before compute (2) at equal times.
+    # of their stream, dependencies done), communication (1) before compute (2), then by stream: an
+    # order that makes runs repeatable (a kernel counts a transfer starting with it either way).
     events: list[tuple[float, int, int, int]] = []
     done = 0
 
@@ -114,7 +116,7 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
             running[task.stage] = i
             heapq.heappush(events, (task.end_ms, 0, 0, i))
             continue
-        if task.stream in ("gradient", "param"):
+        if task.stream in ("gradient", "param") and gamma > 0:
             spans.append((task.start_ms, task.end_ms))
             if (kernel := running.get(task.stage)) is not None:
                 k = tasks[kernel]

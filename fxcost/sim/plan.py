@@ -149,9 +149,10 @@ def compile_plan(
     report = captured.report
     batch_nodes = captured.node_batch(micro, precision)
     # What the traced graph alone decides, kept with its nodes for the plans that price them again.
-    modules = [n.module for n in report.nodes if n.phase in ("fw", "bw")]
-    layers = batch_nodes.derived("layers", lambda: layers_of(modules))
-    core = batch_nodes.derived("core attention", lambda: core_attention(report.nodes))  # selective reruns
+    layers = batch_nodes.derived(
+        "plan.layers", lambda: layers_of([n.module for n in report.nodes if n.phase in ("fw", "bw")])
+    )
+    core = batch_nodes.derived("plan.core attention", lambda: core_attention(report.nodes))  # selective
     placed = virtual_stages(len(layers), s.pp, s.vpp)  # (stage, chunk) of each layer
     stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(layers)}
 

@@ -49,9 +49,11 @@ def test_a_deep_model_refuses_more_stages_than_layers() -> None:
 def _reference(tasks: list[Task], gamma: float) -> float:
     """The schedule by its definition, one event at a time: of every stream's next task whose
     dependencies have ended, the one that can start first starts (communication before compute at
-    equal times, then the stream seen first), unless a running kernel ends first. A kernel runs
-    ``gamma`` times longer for each part of it a gradient transfer of its stage runs beside, whether
-    the transfer (gradient or param) started before it or starts while it runs."""
+    equal times, then the stream seen first), unless a running kernel ends first. A transfer's end is
+    known when it starts (nothing slows it), so it counts as ended then; a kernel's only at its end.
+    A kernel runs longer by ``gamma`` times each part of its unslowed duration that a gradient or
+    param transfer of its stage runs beside, whether the transfer started before it or starts while
+    it runs."""
     queues: dict[tuple[int, str], list[int]] = {}
     for i, t in enumerate(tasks):
         queues.setdefault((t.stage, t.stream), []).append(i)
