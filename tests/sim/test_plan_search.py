@@ -157,6 +157,11 @@ def test_the_csv_has_every_candidate(search: PlanSearch, tmp_path: Path) -> None
     assert len(rows) == len(search.candidates)
     assert [int(r["rank"]) for r in rows] == list(range(1, len(rows) + 1))
     assert {r["strategy"] for r in rows} == {str(c.strategy) for c in search.candidates}
+    for r in rows:  # each searched dimension has its column
+        s = Strategy.parse(r["strategy"])
+        assert [int(r[k]) for k in ("dp", "tp", "pp", "zero", "sp", "vpp", "cp", "ep")] == [
+            s.dp, s.tp, s.pp, s.zero, int(s.sp), s.vpp, s.cp, s.ep
+        ]  # fmt: skip
     assert "OUT OF MEMORY" not in search.table(3).splitlines()[2]
 
 
