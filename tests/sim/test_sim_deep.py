@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import graphlib
 import random
 from typing import Any
 
@@ -111,6 +112,30 @@ def test_the_engine_schedules_as_its_definition_says(seed: int) -> None:
     assert simulate_tasks(tasks, gamma) == pytest.approx(_reference(copy, gamma), rel=1e-12)
     spans = [t.start_ms for t in tasks] + [t.end_ms for t in tasks]
     assert spans == pytest.approx([t.start_ms for t in copy] + [t.end_ms for t in copy], rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_engine_refuses_exactly_the_schedules_that_deadlock(seed: int) -> None:
+    """Dependencies drawn from any task, later ones too: the engine raises when the dependencies and
+    the streams' orders form a cycle, and otherwise schedules as its definition says."""
+    rng = random.Random(seed)
+    tasks = _random_tasks(rng, rng.randint(2, 30))
+    for t in tasks:
+        t.deps = rng.sample([j for j in range(len(tasks)) if tasks[j] is not t], k=rng.randint(0, 1))
+    order = graphlib.TopologicalSorter({i: set(t.deps) for i, t in enumerate(tasks)})
+    streams: dict[tuple[int, str], int] = {}
+    for i, t in enumerate(tasks):  # a stream runs its tasks in list order
+        if (t.stage, t.stream) in streams:
+            order.add(i, streams[(t.stage, t.stream)])
+        streams[(t.stage, t.stream)] = i
+    try:
+        order.prepare()
+    except graphlib.CycleError:
+        with pytest.raises(ValueError, match="deadlocks"):
+            simulate_tasks(tasks, 0.1)
+        return
+    copy = [Task(t.name, t.stage, t.stream, t.duration_ms, list(t.deps)) for t in tasks]
+    assert simulate_tasks(tasks, 0.1) == pytest.approx(_reference(copy, 0.1), rel=1e-12)
 
 
 def test_a_recomputed_layer_all_reduces_its_tensor_parallel_activations_again() -> None:
