@@ -109,20 +109,18 @@ def simulate_tasks(tasks: Sequence[Task], gamma: float = 0.0) -> float:
                 finish(i)
             continue
         task.start_ms, task.end_ms = time, time + task.duration_ms
-        spans = transfers.setdefault(task.stage, [])
-        if task.stream == "compute" and gamma > 0:
-            spans[:] = [span for span in spans if span[1] > time]  # later tasks start later still
-            task.end_ms += gamma * _overlap(spans, time, time + task.duration_ms)
+        if gamma > 0 and task.stream == "compute":
+            spans = transfers.setdefault(task.stage, [])
+            spans[:] = [span for span in spans if span[1] > time]  # later kernels start later still
+            task.end_ms += gamma * _overlap(spans, time, task.end_ms)
             running[task.stage] = i
             heapq.heappush(events, (task.end_ms, 0, 0, i))
             continue
-        if task.stream in ("gradient", "param") and gamma > 0:
-            spans.append((task.start_ms, task.end_ms))
-            if (kernel := running.get(task.stage)) is not None:
+        if gamma > 0 and task.stream in ("gradient", "param"):
+            transfers.setdefault(task.stage, []).append((time, task.end_ms))
+            if (kernel := running.get(task.stage)) is not None:  # started at or before this transfer
                 k = tasks[kernel]
-                k.end_ms += gamma * _overlap(
-                    [(task.start_ms, task.end_ms)], k.start_ms, k.start_ms + k.duration_ms
-                )
+                k.end_ms += gamma * max(0.0, min(task.end_ms, k.start_ms + k.duration_ms) - time)
         finish(i)
     if done < len(tasks):
         stuck = [tasks[q[heads[k]]].name for k, q in queues.items() if heads[k] < len(q)]

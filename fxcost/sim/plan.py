@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,6 +44,7 @@ from fxcost.gpus import Device
 from fxcost.precision import PRECISIONS, Precision, PrecisionArg, parse_precision
 from fxcost.propagate import issue_bound_ms
 from fxcost.records import PHASES, NodeCost
+from fxcost.report import Report
 from fxcost.sim import pricing
 from fxcost.sim.comm import Comm
 from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
@@ -120,6 +122,23 @@ class Plan:
     compute_interval: tuple[float, float] = (1.0, 1.0)
 
 
+class _GraphLayers(NamedTuple):
+    """The repeated layers of a traced step (in order, and as a set), the layer of each module ("" outside
+    them) and the forward nodes selective recomputation reruns (:func:`core_attention`)."""
+
+    order: list[str]
+    known: frozenset[str]
+    of_module: dict[str, str]
+    core: set[tuple[int, str]]
+
+    @classmethod
+    def of(cls, report: Report) -> _GraphLayers:
+        order = layers_of([n.module for n in report.nodes if n.phase in ("fw", "bw")])
+        known = frozenset(order)
+        of_module = {module: layer_of(module, known) for module in {n.module for n in report.nodes}}
+        return cls(order, known, of_module, core_attention(report.nodes))
+
+
 def itemsize_of(precision: Precision | None) -> int:
     """Bytes per element of a step run in ``precision`` (None: fp32)."""
     return (precision or PRECISIONS["fp32"]).itemsize
@@ -149,10 +168,7 @@ def compile_plan(
     report = captured.report
     batch_nodes = captured.node_batch(micro, precision)
     # What the traced graph alone decides, kept with its nodes for the plans that price them again.
-    layers = batch_nodes.derived(
-        "plan.layers", lambda: layers_of([n.module for n in report.nodes if n.phase in ("fw", "bw")])
-    )
-    core = batch_nodes.derived("plan.core attention", lambda: core_attention(report.nodes))  # selective
+    layers, known, layer_by_module, core = batch_nodes.derived("plan.graph", lambda: _GraphLayers.of(report))
     placed = virtual_stages(len(layers), s.pp, s.vpp)  # (stage, chunk) of each layer
     stage_of_layer = {layer: placed[i][0] for i, layer in enumerate(layers)}
 
@@ -182,7 +198,7 @@ def compile_plan(
         return shard_vocabulary(n, s.tp, tokens, vocab) if vocab else None
 
     if s.tp > 1:
-        layered = [n for n in batch_nodes.nodes if layer_of(n.module, set(layers))]
+        layered = [n for n in batch_nodes.nodes if layer_of(n.module, known)]
         check_tp(s.tp, hidden, attention_heads(layered))
 
     def split_by(
@@ -197,8 +213,6 @@ def compile_plan(
     seq_tp = s.tp if s.sp else 1  # sequence parallelism splits the tokens between the regions
     seq_shard, seq_ms = split_by("sequence", lambda n: shard_sequence(n, s.tp, hidden, tokens), seq_tp)
 
-    known = set(layers)
-    layer_by_module = {module: layer_of(module, known) for module in {n.module for n in report.nodes}}
     stages = [StagePlan(i, [x for x in layers if stage_of_layer[x] == i], [], [], 0, 0.0, 0.0)
               for i in range(s.pp)]  # fmt: skip
     boundary, rows = tokens * hidden * itemsize, [(tokens, hidden)]

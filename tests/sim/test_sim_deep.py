@@ -92,6 +92,11 @@ def _reference(tasks: list[Task], gamma: float) -> float:
     return max(t.end_ms for t in tasks)
 
 
+def _unscheduled(tasks: list[Task]) -> list[Task]:
+    """Fresh copies of ``tasks``, not yet scheduled."""
+    return [Task(t.name, t.stage, t.stream, t.duration_ms, list(t.deps)) for t in tasks]
+
+
 def _random_tasks(rng: random.Random, n: int) -> list[Task]:
     tasks = []
     for i in range(n):
@@ -108,7 +113,7 @@ def test_the_engine_schedules_as_its_definition_says(seed: int) -> None:
     rng = random.Random(seed)
     n, gamma = rng.randint(1, 60), rng.choice((0.0, 0.1))
     tasks = _random_tasks(rng, n)
-    copy = [Task(t.name, t.stage, t.stream, t.duration_ms, list(t.deps)) for t in tasks]
+    copy = _unscheduled(tasks)
     assert simulate_tasks(tasks, gamma) == pytest.approx(_reference(copy, gamma), rel=1e-12)
     spans = [t.start_ms for t in tasks] + [t.end_ms for t in tasks]
     assert spans == pytest.approx([t.start_ms for t in copy] + [t.end_ms for t in copy], rel=1e-12)
@@ -134,7 +139,7 @@ def test_the_engine_refuses_exactly_the_schedules_that_deadlock(seed: int) -> No
         with pytest.raises(ValueError, match="deadlocks"):
             simulate_tasks(tasks, 0.1)
         return
-    copy = [Task(t.name, t.stage, t.stream, t.duration_ms, list(t.deps)) for t in tasks]
+    copy = _unscheduled(tasks)
     assert simulate_tasks(tasks, 0.1) == pytest.approx(_reference(copy, 0.1), rel=1e-12)
 
 

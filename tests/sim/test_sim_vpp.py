@@ -63,33 +63,29 @@ def test_megatrons_interleaved_order_for_two_stages_two_chunks_four_micro_batche
     assert [d for d, _, _ in run_order(four, 1)] == ["F"] * 4 + ["B"] * 4
 
 
-def _uniform(pp: int, vpp: int, m: int, boundary_bytes: float = 0.0, activation: float = 0.0) -> Plan:
-    """Each stage: vpp chunks of one layer, a chunk's forward 1/vpp ms and backward 2/vpp ms."""
-    s = Strategy(pp=pp, micro_batches=m, vpp=vpp)
-
-    def stage(p: int) -> StagePlan:
-        layers = [f"l{c * pp + p}" for c in range(vpp)]
-        forward = [Segment(layer, 1.0 / vpp, 0, chunk=c) for c, layer in enumerate(layers)]
-        backward = [Segment(layer, 2.0 / vpp, 0, chunk=c) for c, layer in reversed(list(enumerate(layers)))]
-        return StagePlan(p, layers, forward, backward, 0, activation, 0.0)
-
-    return Plan(s, [stage(p) for p in range(pp)], boundary_bytes, hidden=1, tokens=1, itemsize=2)
-
-
-def _reduced(pp: int, vpp: int, m: int, per_chunk: int, nbytes: float) -> Plan:
-    """As :func:`_uniform` on two data-parallel replicas, each chunk ``per_chunk`` layers whose
-    gradients are all-reduced (``nbytes``, none if 0) once their last backward is done."""
+def _uniform(
+    pp: int,
+    vpp: int,
+    m: int,
+    boundary_bytes: float = 0.0,
+    activation: float = 0.0,
+    per_chunk: int = 1,
+    reduced_bytes: float = 0.0,
+) -> Plan:
+    """Each stage: vpp chunks of ``per_chunk`` layers, a chunk's forward 1/vpp ms and backward 2/vpp ms;
+    with ``reduced_bytes``, two data-parallel replicas all-reduce each layer's gradients once its last
+    backward is done."""
+    s = Strategy(dp=2 if reduced_bytes else 1, pp=pp, micro_batches=m, vpp=vpp)
+    reduce = [Comm("all_reduce", reduced_bytes, "dp", "gradient")] if reduced_bytes else []
 
     def stage(p: int) -> StagePlan:
         chunks = [[f"l{(c * pp + p) * per_chunk + i}" for i in range(per_chunk)] for c in range(vpp)]
-        reduce = [Comm("all_reduce", nbytes, "dp", "gradient")] if nbytes else []
         forward = [Segment(x, 1.0 / vpp / per_chunk, 0, chunk=c) for c, xs in enumerate(chunks) for x in xs]
         backward = [Segment(x, 2.0 / vpp / per_chunk, 0, chunk=c, after=list(reduce))
                     for c, xs in reversed(list(enumerate(chunks))) for x in reversed(xs)]  # fmt: skip
-        return StagePlan(p, [x for xs in chunks for x in xs], forward, backward, 0, 0.0, 0.0)
+        return StagePlan(p, [x for xs in chunks for x in xs], forward, backward, 0, activation, 0.0)
 
-    return Plan(Strategy(dp=2, pp=pp, micro_batches=m, vpp=vpp), [stage(p) for p in range(pp)], 0.0,
-                hidden=1, tokens=1, itemsize=2)  # fmt: skip
+    return Plan(s, [stage(p) for p in range(pp)], boundary_bytes, hidden=1, tokens=1, itemsize=2)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +99,7 @@ def test_the_analytic_pass_has_the_reductions_an_interleaved_pipeline_leaves_aft
     the later chunks' backwards, and only what they leave shows (not all the reductions but one
     micro-batch's backward, as without interleaving), at least the last layer's."""
     cluster = Cluster.parse(f"{2 * pp}xA100-SXM4-40GB", intra_latency_us=0.0)
-    plan, bare = _reduced(pp, vpp, m, per_chunk, nbytes), _reduced(pp, vpp, m, per_chunk, 0.0)
+    plan, bare = (_uniform(pp, vpp, m, per_chunk=per_chunk, reduced_bytes=b) for b in (nbytes, 0.0))
     tasks, _ = _tasks(plan, cluster)
     tail = simulate_tasks(tasks) - simulate_tasks(_tasks(bare, cluster)[0])
     each = collective_ms("all_reduce", nbytes, [0, pp], cluster)  # replicas pp ranks apart
