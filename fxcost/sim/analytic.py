@@ -46,7 +46,7 @@ from typing import NamedTuple
 from fxcost.sim.cluster import Cluster, link_sharing, ring_hop
 from fxcost.sim.engine import GAMMA
 from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms, state_groups
-from fxcost.sim.moe import is_expert
+from fxcost.sim.moe import expert_shards, is_expert
 from fxcost.sim.nccl import comm_ms
 from fxcost.sim.plan import Comm, Plan, Segment, host_bound, layer_of
 from fxcost.sim.ranks import groups_of, stage_ranks
@@ -200,7 +200,9 @@ def _layout(pieces: Pieces, s: Strategy, cluster: Cluster) -> _Layout:
         for name, part in parts.items()
     }
     split = s.ep > 1  # with ep, the experts are split over its ranks and reduced over the rest
-    experts = {name: pieces.experts.get(name, 0) // s.ep if split else 0 for name in pieces.params}
+    experts = {
+        name: pieces.experts.get(name, 0) // expert_shards(s) if split else 0 for name in pieces.params
+    }
     held = {
         name: (n - (pieces.experts.get(name, 0) if split else 0)) // s.tp for name, n in pieces.params.items()
     }
@@ -244,7 +246,7 @@ def _prices(
 ) -> dict[str, tuple[list[int], float]]:
     """For each group kind the layout has, the first group's ranks and how many groups share its links,
     the groups laid out as the simulator lays them out."""
-    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
+    s = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, sp=tp > 1)  # sp places no rank (ep with tp needs it)
     groups = groups_of(s)
     prices = {
         kind: (groups[kind][0][0], max(link_sharing([g for stage in groups[kind] for g in stage], cluster)))

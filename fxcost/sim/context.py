@@ -2,11 +2,14 @@
 2023, "Ring Attention with Blockwise Transformers").
 
 Every node of the step runs on ``1/cp`` of the sequence: a tensor's dimension as long as the sequence
-(or as the micro-batch's tokens) is split. Attention needs every key for its queries: the keys and
-values travel around the ring of the ``cp`` ranks in ``cp - 1`` send/recv steps per layer while each
-rank computes the attention of its queries on the block it holds, so a rank's attention is its queries
-against all keys (``1/cp`` of the whole), and a step's transfer hides behind a step's compute when the
-compute is longer (:class:`~fxcost.sim.plan.Comm` ``hidden_ms``). With a causal mask Megatron splits the
+(or as the micro-batch's tokens) is split; a mixture-of-experts layer's experts run on the rank's
+tokens' routed rows (their first dimension, a multiple of the tokens).
+
+Attention needs every key for its queries: the keys and values travel around the ring of the ``cp``
+ranks in ``cp - 1`` send/recv steps per layer while each rank computes the attention of its queries on
+the block it holds, so a rank's attention is its queries against all keys (``1/cp`` of the whole), and
+a step's transfer hides behind a step's compute when the compute is longer
+(:class:`~fxcost.sim.plan.Comm` ``hidden_ms``). With a causal mask Megatron splits the
 sequence into ``2 cp`` chunks and gives rank ``i`` chunks ``i`` and ``2 cp - 1 - i`` so that every rank
 has the same share of the unmasked work: the rank's work is ``1/cp`` of the traced attention's, whatever
 the mask. The backward passes the keys and values again, with their gradients: twice the bytes.
@@ -19,6 +22,7 @@ attention, split over ``tp``). Gradients are reduced over ``dp * cp`` ranks (:mo
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -26,6 +30,7 @@ from fxcost.lowering import recorded_bytes
 from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.comm import Comm
+from fxcost.sim.moe import is_expert, is_router
 
 if TYPE_CHECKING:
     from fxcost.sim.plan import StagePlan
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["add_ring", "attention_nodes", "kv_width", "seqlen_of", "split_sequence"]
 
 _FUSED = ("scaled_dot_product",)  # aten's fused attentions: q, k, v in, the queries' rows out
+_INDEX = re.compile(r"\.\d+(?=\.|$)")  # a path's index component (a layer's, an expert's)
 
 
 def seqlen_of(nodes: Sequence[NodeCost]) -> int | None:
@@ -72,15 +78,24 @@ def split_sequence(nodes: Sequence[NodeCost], cp: int, seqlen: int, tokens: int)
 
 def kv_width(nodes: Sequence[NodeCost], attention: set[int], hidden: int, tokens: int) -> int:
     """The width of the keys (and values) one rank sends: the narrowest output of the matmuls on the
-    tokens in the modules of the attention nodes (``k_proj``; ``hidden`` for a fused QKV projection)."""
-    modules = {nodes[i].module.rsplit(".", 1)[0] for i in attention} | {nodes[i].module for i in attention}
+    tokens in the modules of the attention nodes, in any layer (``k_proj``; ``hidden`` for a fused QKV
+    projection), a mixture-of-experts router's (as wide as the experts) aside. Any layer: a distinct
+    node names one of the layers that ran it, the attention another layer than its projections."""
+    attending = [_any_layer(nodes[i].module) for i in attention]
+    modules = {m.rsplit(".", 1)[0] for m in attending} | set(attending)
     widths = [
         n.out_shapes[0][-1]
         for n in nodes
         if n.op in MATMULS and n.out_shapes and math.prod(n.out_shapes[0][:-1]) == tokens
-        and any(n.module == m or n.module.startswith(m + ".") for m in modules)
+        and any(_any_layer(n.module) == m or _any_layer(n.module).startswith(m + ".") for m in modules)
+        and not is_router(n.module)
     ]  # fmt: skip
     return min(widths, default=hidden)
+
+
+def _any_layer(module: str) -> str:
+    """``module``'s path with its indices wildcarded (``model.layers.#.self_attn``)."""
+    return _INDEX.sub(".#", module)
 
 
 def _has_scores(node: NodeCost, seqlen: int) -> bool:
@@ -111,6 +126,11 @@ def _split(node: NodeCost, cp: int, seqlen: int, tokens: int) -> NodeCost:
     elif attention:  # scores (softmax, mask, dropout): the rank's queries' rows
         in_shapes = [split(x, queries=True) for x in node.in_shapes]
         out_shapes = [split(x, queries=True) for x in node.out_shapes]
+    elif is_expert(node.module):  # routed rows (tokens x top-k, sorted by expert); the weights stay whole
+        in_shapes, out_shapes = (
+            [_rows(x, cp, tokens) for x in node.in_shapes],
+            [_rows(x, cp, tokens) for x in node.out_shapes],
+        )
     else:
         in_shapes, out_shapes = [split(x) for x in node.in_shapes], [split(x) for x in node.out_shapes]
     if in_shapes == list(node.in_shapes) and out_shapes == list(node.out_shapes):
@@ -125,6 +145,14 @@ def _split(node: NodeCost, cp: int, seqlen: int, tokens: int) -> NodeCost:
     return node.replace(in_shapes=in_shapes, out_shapes=out_shapes, flops=flops,
                         bytes_read=recorded_bytes(in_shapes, node.in_dtypes),
                         bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
+
+
+def _rows(shape: Shape, cp: int, tokens: int) -> Shape:
+    """A tensor of an expert's rows split along them: its first dimension where it is a multiple of the
+    tokens (each token's routed copies; a width as long as the tokens is not its rows)."""
+    if 1 <= len(shape) <= 2 and shape[0] % tokens == 0:
+        return (shape[0] // cp, *shape[1:])
+    return shape
 
 
 def _is_2d_matmul(node: NodeCost) -> bool:

@@ -23,6 +23,17 @@ Parameters under a module path with an ``experts`` component (``mlp.experts``,
 ``block_sparse_moe.experts.3``) are expert parameters: a rank holds ``1/ep`` of them, and their
 gradients are reduced over the ``dp * cp / ep`` ranks holding the same experts (group ``"edp"``) while
 the dense ones are reduced over all ``dp * cp`` (group ``"dp"``).
+
+**With tensor parallelism** (Megatron-LM's expert tensor parallelism at the tensor-parallel degree,
+its default before MoE parallel folding; sequence parallelism required, as Megatron-LM requires it),
+every expert's MLP is split over the ``tp`` ranks like a dense one (:func:`fxcost.sim.shard.shard_node`),
+so a rank holds ``1/(ep * tp)`` of the expert parameters. The MoE layer's input stays split along the
+sequence: each rank routes its ``1/tp`` of the tokens, sends its routed rows to their experts' ranks
+(an all-to-all over ``ep`` of ``1/tp`` of the rows), gathers the rows its ``tp`` group received (an
+all-gather over ``tp``), runs its experts' shards on all of them, reduce-scatters the partial results
+over ``tp`` and sends them back; the backward runs the same four on the gradients. The router and the
+layer's own routing nodes run on the rank's part of the sequence, not as a tensor-parallel block; a
+shared expert beside the routed ones is a tensor-parallel block of its own.
 """
 
 from __future__ import annotations
@@ -36,14 +47,28 @@ from fxcost.lowering.composite import GROUPED_MM_OPS
 from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.comm import Comm
+from fxcost.sim.shard import shard_node
 from fxcost.sim.strategy import Strategy
 
-__all__ = ["ExpertPlan", "expert_plan", "is_expert"]
+__all__ = ["ExpertPlan", "expert_plan", "expert_shards", "is_expert", "is_router"]
+
+_ROUTERS = frozenset({"gate", "router"})  # a MoE layer's router (Mixtral, Qwen2-MoE; GPT-OSS)
 
 
 def is_expert(module: str) -> bool:
     """Whether ``module`` is (inside) a mixture-of-experts layer's experts."""
     return "experts" in module.split(".")
+
+
+def is_router(module: str) -> bool:
+    """Whether ``module`` is a mixture-of-experts layer's router (``mlp.gate``, ``block_sparse_moe.gate``)."""
+    return module.rpartition(".")[2] in _ROUTERS
+
+
+def expert_shards(s: Strategy) -> int:
+    """The ranks one expert parameter is split over with ``ep > 1``: the ``ep`` ranks, and the ``tp``
+    ranks within each (expert tensor parallelism)."""
+    return s.ep * s.tp
 
 
 class ExpertPlan:
@@ -56,11 +81,20 @@ class ExpertPlan:
         a2a_bytes: the bytes one all-to-all moves for the busiest rank (its routed rows of the width).
     """
 
-    def __init__(self, load: float, nodes: dict[int, NodeCost], a2a_bytes: float) -> None:
+    def __init__(
+        self,
+        load: float,
+        nodes: dict[int, NodeCost],
+        a2a_bytes: float,
+        tp: int = 1,
+        blocks: frozenset[str] = frozenset(),
+    ) -> None:
         self.load = load
         self.nodes = nodes
         self.ms: dict[int, float] = {}
         self.a2a_bytes = a2a_bytes
+        self.tp = tp  # the tensor-parallel ranks splitting every expert (1: none)
+        self.blocks = blocks  # the MoE layers' paths (the experts' parents), with tp > 1
         self._inside = False  # whether the last node seen was an expert's
 
     def price(self, kernel_ms: Callable[[list[NodeCost]], Sequence[float]]) -> None:
@@ -72,6 +106,21 @@ class ExpertPlan:
         """The kernel ms of distinct node ``d`` run by ``module``: the rank's, if it is an expert's."""
         return self.ms[d] if d in self.ms and is_expert(module) else kernel[d]
 
+    def node_of(self, d: int, module: str, nodes: Sequence[NodeCost]) -> NodeCost:
+        """Distinct node ``d`` as the rank runs it for ``module``."""
+        return self.nodes[d] if d in self.nodes and is_expert(module) else nodes[d]
+
+    def region(self, module: str, child: str | None) -> str | None:
+        """The tensor-parallel block a node of ``module`` runs in, ``child`` of its layer as for a dense
+        layer, but with experts split over ``tp``: none for the experts (their all-to-alls and ``tp``
+        collectives are :meth:`crossing`'s) and the MoE layer's routing, its own block for any other
+        child of the MoE layer (a shared expert)."""
+        block = next((b for b in self.blocks if module == b or module.startswith(b + ".")), None)
+        if block is None:
+            return child
+        rest = module[len(block) + 1 :].split(".", 1)[0]
+        return None if not rest or is_router(f"{block}.{rest}") or rest == "experts" else f"{block}.{rest}"
+
     def crossing(self, module: str) -> list[Comm]:
         """The all-to-all issued before a node of ``module`` runs (none, or one where the run enters or
         leaves the experts: the dispatch and the combine, or their gradients); "" ends a run."""
@@ -79,7 +128,12 @@ class ExpertPlan:
         if inside == self._inside:
             return []
         self._inside = inside
-        return [Comm("all_to_all", self.a2a_bytes, "ep", "feature")]
+        if self.tp == 1:
+            return [Comm("all_to_all", self.a2a_bytes, "ep", "feature")]
+        a2a = Comm("all_to_all", self.a2a_bytes / self.tp, "ep", "feature")  # the rank's part of the sequence
+        if inside:  # the rows its tp group received, gathered; leaving, the partial results scattered
+            return [a2a, Comm("all_gather", self.a2a_bytes, "tp", "feature")]
+        return [Comm("reduce_scatter", self.a2a_bytes, "tp", "feature"), a2a]
 
 
 def expert_plan(
@@ -116,11 +170,24 @@ def expert_plan(
         shares = [sum(s.expert_load[r * per_rank : (r + 1) * per_rank]) for r in range(s.ep)]
         load = max(shares) * s.ep
     rows = _routed_rows([(node.module, nodes[d]) for node, d in occurrences], hidden)
+    tp = s.tp if s.ep > 1 else 1  # ep with tp: every expert split over tp too
     changed = {}
     for d, node in enumerate(nodes):
-        if is_expert(node.module) and (node.op in GROUPED_MM_OPS or load != 1.0):
-            changed[d] = _on_rank(node, s.ep, experts, load)
-    return ExpertPlan(load, changed, rows * hidden * itemsize * load if rows else tokens * hidden * itemsize)
+        if not is_expert(node.module):
+            continue
+        mine = _on_rank(node, s.ep, experts, load) if node.op in GROUPED_MM_OPS or load != 1.0 else node
+        mine = (shard_node(mine, tp, hidden, tokens) or mine) if tp > 1 else mine
+        if mine is not node:
+            changed[d] = mine
+    blocks = {_block_of(n.module) for n in nodes if is_expert(n.module)} if tp > 1 else set()
+    a2a = rows * hidden * itemsize * load if rows else tokens * hidden * itemsize
+    return ExpertPlan(load, changed, a2a, tp, frozenset(blocks))
+
+
+def _block_of(module: str) -> str:
+    """The MoE layer an expert's ``module`` belongs to: its path up to ``experts``."""
+    parts = module.split(".")
+    return ".".join(parts[: parts.index("experts")])
 
 
 def _experts(nodes: Sequence[NodeCost]) -> int | None:

@@ -50,7 +50,7 @@ from fxcost.sim.comm import Comm
 from fxcost.sim.context import add_ring, attention_nodes, kv_width, seqlen_of, split_sequence
 from fxcost.sim.dims import vocabulary, width_and_tokens
 from fxcost.sim.layers import in_tp_region, layer_of, layers_of, region_of
-from fxcost.sim.moe import expert_plan, is_expert
+from fxcost.sim.moe import expert_plan, expert_shards, is_expert
 from fxcost.sim.recompute import LINEAR, activations, core_attention, reruns
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.shard import (
@@ -253,6 +253,7 @@ def compile_plan(
                 child = region
             elif layer:
                 child = region_of(node.module, layer) if node.module.startswith(layer + ".") else None
+                child = experts.region(node.module, child) if experts is not None else child
                 if child and in_tp_region(node.module, layer) and s.tp_of(node.module) > 1:
                     shards, shard_ms = layer_shard, layer_ms
             else:  # outside the layers: the vocabulary-wide head, loss and embedding gradient
@@ -278,7 +279,8 @@ def compile_plan(
             current.compute_ms += node_ms
             current.ops += 1
             if phase == "fw":
-                written = (shards[d] if sharded else batch_nodes.nodes[d]).bytes_written or 0
+                ran = experts.node_of(d, node.module, batch_nodes.nodes) if experts else batch_nodes.nodes[d]
+                written = (shards[d] if sharded else ran).bytes_written or 0
                 current.saved_bytes += written
                 for policy in reruns(node, (node.graph, node.name) in core, linears, layer) if layer else ():
                     current.rerun_ms[policy] = current.rerun_ms.get(policy, 0.0) + node_ms
@@ -327,7 +329,7 @@ def add_layer_collectives(
         return per_layer[layer] // s.tp_of(layer)
 
     def expert(layer: str) -> int:
-        return per_expert[layer] // s.ep
+        return per_expert[layer] // expert_shards(s)
 
     # (kind, group, share of the layer's bytes)
     gathers, reductions = zero_collectives(s, s.data_ranks, "dp", s.shard or s.data_ranks)
@@ -335,7 +337,7 @@ def add_layer_collectives(
     expert_gathers, expert_reductions = zero_collectives(s, edp, "edp", edp) if s.ep > 1 else ([], [])
     for plan in stages:
         held_layers = {seg.layer for seg in plan.forward + plan.backward}
-        plan.expert_params = sum(per_expert[layer] // s.ep for layer in held_layers)
+        plan.expert_params = sum(expert(layer) for layer in held_layers)
         plan.params = sum(held(layer) for layer in held_layers) + plan.expert_params
         for segments in (plan.forward, plan.backward):
             for seg in {seg.layer: seg for seg in reversed(segments)}.values():  # first of each layer

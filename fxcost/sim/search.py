@@ -128,8 +128,8 @@ def _ep_values(space: Space) -> tuple[int, ...]:
 
 
 def _ep_rule(c: Choice, space: Space) -> str | None:
-    if c["ep"] > 1 and c["tp"] > 1:
-        return "ep with tp (not simulated)"
+    if c["ep"] > 1 and c["tp"] > 1 and not c["sp"]:
+        return "ep with tp without sp"
     return "ep does not divide dp" if c["dp"] % c["ep"] else None
 
 

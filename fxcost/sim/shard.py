@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from fxcost.lowering import recorded_bytes
+from fxcost.lowering.experts import GROUPED_MM_OPS
 from fxcost.lowering.nodes import MATMULS, matmul_operands
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.recompute import LINEAR
@@ -39,6 +40,8 @@ def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | 
     along its heads or features, or None if its result is as wide as the model (it runs whole)."""
     if node.op in MATMULS:
         return _shard_matmul(node, tp, tokens)
+    if node.op in GROUPED_MM_OPS:
+        return _shard_grouped(node, tp, hidden)
     outs = node.out_shapes or node.in_shapes
     if not outs or not outs[0] or outs[0][-1] == hidden:
         return None  # as wide as the model: a replicated tensor
@@ -149,6 +152,34 @@ def _shard_matmul(node: NodeCost, tp: int, tokens: int, column: bool = False) ->
                         flops=None if node.flops is None else node.flops // tp,
                         bytes_read=recorded_bytes(shapes, node.in_dtypes),
                         bytes_written=recorded_bytes(out, node.out_dtypes))  # fmt: skip
+
+
+def _shard_grouped(node: NodeCost, tp: int, hidden: int) -> NodeCost | None:
+    """A mixture-of-experts grouped GEMM (rows ``[S, K]`` by the experts' weights ``[E, K, N]``; its
+    backward also takes the output's gradient ``[S, N]`` and returns the rows' and the weights'
+    gradients) as one of ``tp`` ranks runs it: every expert's weight split along its width that is not
+    the model's, ``N`` for the first product (column-parallel), ``K`` for the last (row-parallel), as
+    Megatron-LM splits each expert's MLP like a dense one. None if neither splits evenly."""
+    if len(node.in_shapes) < 2 or len(node.in_shapes[0]) != 2 or len(node.in_shapes[1]) != 3:
+        return None
+    _, k, n = node.in_shapes[1]
+    if n != hidden and n % tp == 0:
+        split = {1: 2, 3: 1}  # the weight's N, the output gradient's N (operand index: dimension)
+        outs = {0: 1} if "backward" not in node.op else {1: 2}
+    elif k != hidden and k % tp == 0:
+        split, outs = {0: 1, 1: 1}, {} if "backward" not in node.op else {0: 1, 1: 1}
+    else:
+        return None
+
+    def cut(shape: Shape, dim: int | None) -> Shape:
+        return shape if dim is None else (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
+
+    in_shapes = [cut(x, split.get(i)) for i, x in enumerate(node.in_shapes)]
+    out_shapes = [cut(x, outs.get(i)) for i, x in enumerate(node.out_shapes)]
+    return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
+                        flops=None if node.flops is None else node.flops // tp,
+                        bytes_read=recorded_bytes(in_shapes, node.in_dtypes),
+                        bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
 
 
 _ATTENTION = frozenset(

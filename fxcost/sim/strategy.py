@@ -96,7 +96,8 @@ class Strategy:
             inherited by the module's children unless they have their own.
         ep: expert-parallel ranks (Megatron-LM, DeepSpeed-MoE): each mixture-of-experts layer's experts
             split over ``ep`` ranks of a data-parallel group (``dp % ep == 0``; the world stays
-            ``dp * tp * pp * cp``), tokens sent to their experts and back by all-to-alls.
+            ``dp * tp * pp * cp``), tokens sent to their experts and back by all-to-alls. With
+            ``tp > 1`` (and ``sp``, required) each expert is split over the ``tp`` ranks too.
         expert_load: the share of the routed tokens each expert gets (fractions summing to 1, one per
             expert of a layer; written ``expert_load=0.4/0.2/0.2/0.2``); None: balanced routing. The rank
             whose experts get the most bounds the step.
@@ -146,8 +147,9 @@ class Strategy:
         if self.dp % self.ep:
             raise ValueError(f"ep={self.ep} does not divide dp={self.dp}: expert-parallel groups are made of "
                              f"data-parallel ranks; accepted ep: a divisor of dp")  # fmt: skip
-        if self.ep > 1 and self.tp > 1:
-            raise ValueError(f"ep={self.ep} with tp={self.tp} is not supported; accepted: tp=1 with ep > 1")
+        if self.ep > 1 and self.tp > 1 and not self.sp:
+            raise ValueError(f"ep={self.ep} with tp={self.tp} needs sequence parallelism, as Megatron-LM "
+                             f"does for experts split over tp; accepted: sp=1, or tp=1")  # fmt: skip
         if self.expert_load is not None:
             Routing(self.expert_load)  # raises for loads a captured model's routing would refuse
         if self.vpp > 1 and (self.pp == 1 or self.micro_batches % self.pp or self.schedule != "1f1b"):

@@ -86,8 +86,9 @@ def test_expert_parallel_degrees_divide_the_experts_and_dp() -> None:
     space = Space(MOE, gpus=8, gpus_per_node=4, batch=BATCH, micro_sizes=MICRO)
     valid, skipped = candidates(space)
     assert {c["ep"] for c in valid} == {1, 2, 4}
-    assert all(c["dp"] % c["ep"] == 0 and (c["ep"] == 1 or c["tp"] == 1) for c in valid)
-    assert skipped["ep does not divide dp"] > 0 and skipped["ep with tp (not simulated)"] > 0
+    assert all(c["dp"] % c["ep"] == 0 and (c["ep"] == 1 or c["tp"] == 1 or c["sp"]) for c in valid)
+    assert any(c["ep"] > 1 and c["tp"] > 1 for c in valid)  # experts split over tp too, with sp
+    assert skipped["ep does not divide dp"] > 0 and skipped["ep with tp without sp"] > 0
     assert {c["ep"] for c in candidates(Space(TINY, 8, 4, BATCH, MICRO))[0]} == {1}  # a dense model
 
 
@@ -98,7 +99,13 @@ def test_an_expert_parallel_plan_is_estimated_as_simulated() -> None:
     found = plan(MOE, CLUSTER, BATCH, SEQ, precision="bf16", exact=3, micro_sizes=TRACED_AT)
     experts = [c for c in found.candidates if c.strategy.ep > 1]
     assert experts and {c.strategy.ep for c in experts} == {2, 4}
-    for c in experts[:: max(len(experts) // 4, 1)] + [c for c in experts if c.exact]:
+    split = [c for c in experts if c.strategy.tp > 1]  # expert tensor parallelism
+    assert split
+    for c in (
+        experts[:: max(len(experts) // 4, 1)]
+        + split[:: max(len(split) // 2, 1)]
+        + [c for c in experts if c.exact]
+    ):
         result = simulate(MOE.hf_config(2, SEQ), c.strategy, CLUSTER, batch=BATCH, seqlen=SEQ,
                           precision="bf16", layers=MOE.layers)  # fmt: skip
         assert c.memory_gib * 2**30 == pytest.approx(max(m.total for m in result.memory), rel=1e-9)

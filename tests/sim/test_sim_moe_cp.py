@@ -61,7 +61,7 @@ def test_the_strategy_takes_ep_expert_load_and_cp() -> None:
         Strategy.parse("dp=2,ep=2,expert_load=0.5/0.6")
     with pytest.raises(ValueError, match="expert_load takes fractions"):
         Strategy.parse("dp=2,expert_load=a/b")
-    with pytest.raises(ValueError, match="tp=1 with ep > 1"):
+    with pytest.raises(ValueError, match="needs sequence parallelism"):
         Strategy(dp=2, tp=2, ep=2)
     alone = Strategy(cp=2, overlap_grad_reduce=False)  # gradients reduced over cp ranks, after the backward
     assert Strategy.parse(str(alone)) == alone
@@ -175,3 +175,87 @@ def test_a_shared_experts_last_product_is_row_parallel() -> None:
         if i in last and ".layers.0." in n.module
     }
     assert rows == {"self_attn.o_proj", "mlp.shared_expert.down_proj", "mlp.shared_expert_gate"}
+
+
+def test_tensor_parallelism_splits_every_experts_weight_like_a_dense_mlp(
+    mixtral: tuple[Any, Captured],
+) -> None:
+    # Each expert's gate/up weight (4 x 64 x 256) is column-parallel, its down weight (4 x 128 x 64)
+    # row-parallel: forward and backward, both products run half the FLOPs on half the weight.
+    from fxcost.lowering.experts import GROUPED_MM_OPS
+    from fxcost.sim.shard import shard_node
+
+    _, captured = mixtral
+    grouped = {(n.op, n.in_shapes[1]): n for n in captured.report.nodes if n.op in GROUPED_MM_OPS}
+    assert len(grouped) == 4  # two products, forward and backward
+    weights = {
+        (EXPERTS, WIDTH, 2 * FFN): (EXPERTS, WIDTH, FFN),
+        (EXPERTS, FFN, WIDTH): (EXPERTS, FFN // 2, WIDTH),
+    }
+    for node in grouped.values():
+        shard = shard_node(node, 2, WIDTH, BATCH * SEQ)
+        assert shard is not None and node.flops is not None
+        assert shard.flops == node.flops // 2 and shard.in_shapes[1] == weights[node.in_shapes[1]]
+        assert shard.in_shapes[2] == (EXPERTS,)  # every expert's offset stays
+        if "backward" in node.op:  # the weight's gradient has the weight's shard
+            assert shard.out_shapes[1] == shard.in_shapes[1]
+
+
+def test_expert_tensor_parallelism_gathers_the_routed_rows_over_tp_around_the_experts(
+    mixtral: tuple[Any, Captured],
+) -> None:
+    # dp=4, tp=2, ep=2: a replica's 64 tokens route 128 rows of the width; each tp rank holds half the
+    # sequence, so it sends half the rows to their experts' ranks, gathers the 128 its tp group received,
+    # runs its 2 experts' halves on them, and scatters the partial results back before the combine.
+    from fxcost.sim.dims import width_and_tokens
+    from fxcost.sim.moe import expert_plan
+
+    rows = BATCH // 4 * SEQ * TOP_K * WIDTH * FP32
+    sequence = BATCH // 4 * SEQ * WIDTH * FP32
+    st = _plan(mixtral, "dp=4,tp=2,sp=1,ep=2").stages[0]
+    attention = [("all_gather", "tp", sequence), ("reduce_scatter", "tp", sequence)]
+    experts = [("all_to_all", "ep", rows / 2), ("all_gather", "tp", rows), ("reduce_scatter", "tp", rows),
+               ("all_to_all", "ep", rows / 2)]  # fmt: skip
+    # The router runs on the rank's tokens: no gather of the sequence before the MoE layer.
+    assert [[(c.kind, c.group, c.nbytes) for c in seg.inside] for seg in st.forward if seg.layer] == [
+        attention + experts
+    ] * 2
+    assert [[(c.kind, c.group, c.nbytes) for c in seg.inside] for seg in st.backward if seg.layer] == [
+        experts + attention
+    ] * 2
+    assert st.expert_params == 2 * EXPERT_PARAMS // 4  # each expert split over ep, then over tp
+    dense = _plan(mixtral, "dp=4,tp=2,sp=1").stages[0]
+    assert dense.params - (st.params - st.expert_params) == 2 * EXPERT_PARAMS // 2  # the rest: / tp alike
+    # The rank runs 2 of the 4 experts, every weight halved (gate/up by columns, down by rows).
+    _, captured = mixtral
+    nodes = captured.node_batch(BATCH // 4, None).nodes
+    forward = [(n, d) for n, d in zip(captured.report.nodes, captured.index, strict=True)
+               if n.phase == "fw" and d is not None]  # fmt: skip
+    plan = expert_plan(nodes, forward, Strategy.parse("dp=4,tp=2,sp=1,ep=2"), *width_and_tokens(nodes), FP32)
+    assert plan is not None
+    weights = {
+        n.in_shapes[1] for n in plan.nodes.values() if len(n.in_shapes) > 1 and len(n.in_shapes[1]) == 3
+    }
+    assert weights == {(2, WIDTH, FFN), (2, FFN // 2, WIDTH)}
+
+
+def test_context_parallelism_splits_the_experts_routed_rows_and_rings_the_keys_not_the_router(
+    mixtral: tuple[Any, Captured],
+) -> None:
+    # 256 tokens route 512 rows; the gate/up weight is 64 x 256, as wide as the tokens: a rank's experts
+    # run on its 256 rows with every weight whole. The keys (2 heads of 16: 32 wide) go round the ring,
+    # not the router's 4-wide output.
+    from fxcost.lowering.experts import GROUPED_MM_OPS
+    from fxcost.sim.context import split_sequence
+
+    _, captured = mixtral
+    nodes = captured.node_batch(BATCH, None).nodes
+    split = split_sequence(nodes, 2, SEQ, BATCH * SEQ)
+    grouped = [(a, b) for a, b in zip(nodes, split, strict=True) if a.op in GROUPED_MM_OPS]
+    assert len(grouped) == 4
+    for whole, half in grouped:
+        assert whole.in_shapes[0][0] == BATCH * SEQ * TOP_K and half.in_shapes[0][0] == BATCH * SEQ
+        assert half.in_shapes[1] == whole.in_shapes[1] and half.flops == whole.flops // 2
+    st = _plan(mixtral, "cp=2").stages[0]
+    kv = 2 * BATCH * SEQ // 2 * WIDTH // 2 * FP32
+    assert [c.nbytes for seg in st.forward for c in seg.inside if c.group == "cp"] == [kv] * 2
