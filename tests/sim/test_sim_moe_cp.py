@@ -224,6 +224,10 @@ def test_expert_tensor_parallelism_gathers_the_routed_rows_over_tp_around_the_ex
         experts + attention
     ] * 2
     assert st.expert_params == 2 * EXPERT_PARAMS // 4  # each expert split over ep, then over tp
+    # ZeRO 1: the dense optimizer states over the 4 replicas, the experts' over the 2 holding the same shard.
+    zero = _plan(mixtral, "dp=4,tp=2,sp=1,ep=2,zero=1")
+    mem = fxcost.sim.memory.rank_memory(zero, zero.stages[0], 80)
+    assert mem.optimizer == pytest.approx(8 * ((st.params - st.expert_params) / 4 + st.expert_params / 2))
     dense = _plan(mixtral, "dp=4,tp=2,sp=1").stages[0]
     assert dense.params - (st.params - st.expert_params) == 2 * EXPERT_PARAMS // 2  # the rest: / tp alike
     # The rank runs 2 of the 4 experts, every weight halved (gate/up by columns, down by rows).
