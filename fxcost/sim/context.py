@@ -22,11 +22,11 @@ attention, split over ``tp``). Gradients are reduced over ``dp * cp`` ranks (:mo
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fxcost.lowering import recorded_bytes
+from fxcost.lowering.experts import GROUPED_MM_OPS
 from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.comm import Comm
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["add_ring", "attention_nodes", "kv_width", "seqlen_of", "split_sequence"]
 
 _FUSED = ("scaled_dot_product",)  # aten's fused attentions: q, k, v in, the queries' rows out
-_INDEX = re.compile(r"\.\d+(?=\.|$)")  # a path's index component (a layer's, an expert's)
 
 
 def seqlen_of(nodes: Sequence[NodeCost]) -> int | None:
@@ -78,24 +77,30 @@ def split_sequence(nodes: Sequence[NodeCost], cp: int, seqlen: int, tokens: int)
 
 def kv_width(nodes: Sequence[NodeCost], attention: set[int], hidden: int, tokens: int) -> int:
     """The width of the keys (and values) one rank sends: the narrowest output of the matmuls on the
-    tokens in the modules of the attention nodes, in any layer (``k_proj``; ``hidden`` for a fused QKV
-    projection), a mixture-of-experts router's (as wide as the experts) aside. Any layer: a distinct
-    node names one of the layers that ran it, the attention another layer than its projections."""
-    attending = [_any_layer(nodes[i].module) for i in attention]
-    modules = {m.rsplit(".", 1)[0] for m in attending} | set(attending)
-    widths = [
-        n.out_shapes[0][-1]
+    tokens in the modules of the attention nodes (else in their parents), in any layer (``k_proj``;
+    ``hidden`` for a fused QKV projection), a mixture-of-experts router's (one column per expert)
+    aside. Any layer: a distinct node names one of the layers that ran it, the attention another
+    layer than its projections."""
+    attending = {_any_layer(nodes[i].module) for i in attention}
+    products = [
+        (_any_layer(n.module), n.out_shapes[0][-1])
         for n in nodes
         if n.op in MATMULS and n.out_shapes and math.prod(n.out_shapes[0][:-1]) == tokens
-        and any(_any_layer(n.module) == m or _any_layer(n.module).startswith(m + ".") for m in modules)
         and not is_router(n.module)
     ]  # fmt: skip
-    return min(widths, default=hidden)
+    parents = {m.rsplit(".", 1)[0] for m in attending}
+    for modules in (attending, parents):  # the attention's own products, else its parent's
+        widths = [
+            w for module, w in products if any(module == m or module.startswith(m + ".") for m in modules)
+        ]
+        if widths:
+            return min(widths)
+    return hidden
 
 
 def _any_layer(module: str) -> str:
     """``module``'s path with its indices wildcarded (``model.layers.#.self_attn``)."""
-    return _INDEX.sub(".#", module)
+    return ".".join("#" if part.isdigit() else part for part in module.split("."))
 
 
 def _has_scores(node: NodeCost, seqlen: int) -> bool:
@@ -127,10 +132,7 @@ def _split(node: NodeCost, cp: int, seqlen: int, tokens: int) -> NodeCost:
         in_shapes = [split(x, queries=True) for x in node.in_shapes]
         out_shapes = [split(x, queries=True) for x in node.out_shapes]
     elif is_expert(node.module):  # routed rows (tokens x top-k, sorted by expert); the weights stay whole
-        in_shapes, out_shapes = (
-            [_rows(x, cp, tokens) for x in node.in_shapes],
-            [_rows(x, cp, tokens) for x in node.out_shapes],
-        )
+        in_shapes, out_shapes = _expert_rows(node, cp, tokens)
     else:
         in_shapes, out_shapes = [split(x) for x in node.in_shapes], [split(x) for x in node.out_shapes]
     if in_shapes == list(node.in_shapes) and out_shapes == list(node.out_shapes):
@@ -147,12 +149,28 @@ def _split(node: NodeCost, cp: int, seqlen: int, tokens: int) -> NodeCost:
                         bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
 
 
-def _rows(shape: Shape, cp: int, tokens: int) -> Shape:
-    """A tensor of an expert's rows split along them: its first dimension where it is a multiple of the
-    tokens (each token's routed copies; a width as long as the tokens is not its rows)."""
-    if 1 <= len(shape) <= 2 and shape[0] % tokens == 0:
-        return (shape[0] // cp, *shape[1:])
-    return shape
+def _expert_rows(node: NodeCost, cp: int, tokens: int) -> tuple[list[Shape], list[Shape]]:
+    """An expert's node on the rank's routed rows: a grouped GEMM's rows (its input's, its output
+    gradient's, its result's; the rows ``aten._grouped_mm``'s weight gradient contracts), any other
+    tensor's first dimension where it is a multiple of the tokens (each token's routed copies, or the
+    tokens); the weights and the experts' offsets stay whole, and so does a width as long as the
+    tokens."""
+    ins, outs = list(node.in_shapes), list(node.out_shapes)
+
+    def cut(shape: Shape, dim: int) -> Shape:
+        return (*shape[:dim], shape[dim] // cp, *shape[dim + 1 :]) if len(shape) > dim else shape
+
+    if node.op in GROUPED_MM_OPS:
+        if len(ins) >= 2 and len(ins[0]) == len(ins[1]) == 2 and outs and len(outs[0]) == 3:
+            return [cut(ins[0], 1), cut(ins[1], 0), *ins[2:]], outs  # [A, S] x [S, B] -> [E, A, B]
+        rows = (0, 3)  # the rows and the output's gradient, of [S, K] x [E, K, N] (offsets [E])
+        split_ins = [cut(x, 0) if i in rows else x for i, x in enumerate(ins)]
+        return split_ins, [cut(x, 0) for x in outs[:1]] + outs[1:]  # the rows' result; a weight gradient
+
+    def routed(shape: Shape) -> Shape:
+        return cut(shape, 0) if shape and shape[0] % tokens == 0 else shape
+
+    return [routed(x) for x in ins], [routed(x) for x in outs]
 
 
 def _is_2d_matmul(node: NodeCost) -> bool:

@@ -31,9 +31,10 @@ so a rank holds ``1/(ep * tp)`` of the expert parameters. The MoE layer's input 
 sequence: each rank routes its ``1/tp`` of the tokens, sends its routed rows to their experts' ranks
 (an all-to-all over ``ep`` of ``1/tp`` of the rows), gathers the rows its ``tp`` group received (an
 all-gather over ``tp``), runs its experts' shards on all of them, reduce-scatters the partial results
-over ``tp`` and sends them back; the backward runs the same four on the gradients. The router and the
-layer's own routing nodes run on the rank's part of the sequence, not as a tensor-parallel block; a
-shared expert beside the routed ones is a tensor-parallel block of its own.
+over ``tp`` and sends them back; the backward runs the same four on the gradients. The router (and a
+shared expert's gate) and the layer's own routing nodes are no tensor-parallel block (priced on all
+the micro-batch's tokens, where Megatron-LM routes each rank's part: a small overcount); a shared
+expert beside the routed ones is a tensor-parallel block of its own.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from fxcost.lowering import recorded_bytes
-from fxcost.lowering.composite import GROUPED_MM_OPS
+from fxcost.lowering.experts import GROUPED_MM_OPS
 from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.comm import Comm
@@ -52,7 +53,8 @@ from fxcost.sim.strategy import Strategy
 
 __all__ = ["ExpertPlan", "expert_plan", "expert_shards", "is_expert", "is_router"]
 
-_ROUTERS = frozenset({"gate", "router"})  # a MoE layer's router (Mixtral, Qwen2-MoE; GPT-OSS)
+# A MoE layer's router (Mixtral, Qwen-MoE; GPT-OSS, DBRX), and Qwen2-MoE's gate of its shared expert.
+_ROUTERS = frozenset({"gate", "router", "shared_expert_gate"})
 
 
 def is_expert(module: str) -> bool:
@@ -61,8 +63,9 @@ def is_expert(module: str) -> bool:
 
 
 def is_router(module: str) -> bool:
-    """Whether ``module`` is a mixture-of-experts layer's router (``mlp.gate``, ``block_sparse_moe.gate``)."""
-    return module.rpartition(".")[2] in _ROUTERS
+    """Whether ``module`` is (in) a mixture-of-experts layer's router (``mlp.gate``, DBRX's
+    ``ffn.router.layer``) or a shared expert's gate."""
+    return any(part in _ROUTERS for part in module.split("."))
 
 
 def expert_shards(s: Strategy) -> int:
@@ -79,6 +82,8 @@ class ExpertPlan:
         ms: kernel ms of distinct expert nodes re-priced for the rank (only those that change).
         nodes: those nodes as the rank runs them.
         a2a_bytes: the bytes one all-to-all moves for the busiest rank (its routed rows of the width).
+        tp: the tensor-parallel ranks each expert is split over (1: none; ``tp`` with ``ep > 1``).
+        blocks: the MoE layers' paths (the experts' parents) where ``tp > 1``.
     """
 
     def __init__(
@@ -214,7 +219,7 @@ def _routed_rows(occurrences: Sequence[tuple[str, NodeCost]], hidden: int) -> in
             continue
         x = node.in_shapes[0] if node.op in GROUPED_MM_OPS else node.in_shapes[-2]
         if len(x) == 2 and x[-1] == hidden:
-            layer = ".".join(module.split(".")[: module.split(".").index("experts")])
+            layer = _block_of(module)
             by_layer[layer] += x[0]
     return next((rows for rows in by_layer.values() if rows), 0)
 

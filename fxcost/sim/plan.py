@@ -269,7 +269,8 @@ def compile_plan(
             if sharded and region is None and s.sp and layer:
                 current.inside.append(gather)  # entering: the whole sequence from its parts
             region = child if sharded else region
-            if not sharded and layer and region is None and d in seq_shard:
+            routed = experts is not None and is_expert(node.module)  # the rank's experts, as it runs them
+            if not sharded and layer and region is None and d in seq_shard and not routed:
                 shards, shard_ms, sharded = seq_shard, seq_ms, True  # between the regions: split tokens
             if experts is not None:  # entering or leaving the experts: an all-to-all
                 current.inside += experts.crossing(node.module)

@@ -155,26 +155,39 @@ def _shard_matmul(node: NodeCost, tp: int, tokens: int, column: bool = False) ->
 
 
 def _shard_grouped(node: NodeCost, tp: int, hidden: int) -> NodeCost | None:
-    """A mixture-of-experts grouped GEMM (rows ``[S, K]`` by the experts' weights ``[E, K, N]``; its
-    backward also takes the output's gradient ``[S, N]`` and returns the rows' and the weights'
-    gradients) as one of ``tp`` ranks runs it: every expert's weight split along its width that is not
-    the model's, ``N`` for the first product (column-parallel), ``K`` for the last (row-parallel), as
-    Megatron-LM splits each expert's MLP like a dense one. None if neither splits evenly."""
-    if len(node.in_shapes) < 2 or len(node.in_shapes[0]) != 2 or len(node.in_shapes[1]) != 3:
-        return None
-    _, k, n = node.in_shapes[1]
-    if n != hidden and n % tp == 0:
-        split = {1: 2, 3: 1}  # the weight's N, the output gradient's N (operand index: dimension)
-        outs = {0: 1} if "backward" not in node.op else {1: 2}
-    elif k != hidden and k % tp == 0:
-        split, outs = {0: 1, 1: 1}, {} if "backward" not in node.op else {0: 1, 1: 1}
+    """A mixture-of-experts grouped GEMM as one of ``tp`` ranks runs it, every expert's MLP split like a
+    dense one (Megatron-LM's expert tensor parallelism): the first product's weight ``[E, K, N]`` along
+    ``N`` (column-parallel), the last's along ``K`` (row-parallel), told apart by the width that is not
+    the model's (the last where both are: an expert as wide as the model). Layouts: rows ``[S, K]`` by
+    weights ``[E, K, N]`` (Hugging Face's op; its backward also takes the output's gradient ``[S, N]``
+    and returns the rows' and the weights' gradients), and ``aten._grouped_mm``'s weight gradient
+    ``[A, S] x [S, B] -> [E, A, B]`` (grouped along the rows), split along ``A`` or ``B``, whichever is
+    not the model's width. None if nothing splits evenly."""
+    ins = node.in_shapes
+    if len(ins) >= 2 and len(ins[0]) == len(ins[1]) == 2 and node.out_shapes and len(node.out_shapes[0]) == 3:
+        a, b = ins[0][0], ins[1][1]
+        if a != hidden and a % tp == 0:
+            split, outs = {0: 0}, {0: 1}
+        elif b != hidden and b % tp == 0:
+            split, outs = {1: 1}, {0: 2}
+        else:
+            return None
+    elif len(ins) >= 2 and len(ins[0]) == 2 and len(ins[1]) == 3:
+        _, k, n = ins[1]
+        backward = "backward" in node.op
+        if n != hidden and n % tp == 0:  # the weight's N, the output gradient's N (operand: dimension)
+            split, outs = {1: 2, 3: 1}, ({1: 2} if backward else {0: 1})
+        elif (k != hidden or n == hidden) and k % tp == 0:  # the rows' K, the weight's, their gradients'
+            split, outs = {0: 1, 1: 1}, ({0: 1, 1: 1} if backward else {})
+        else:
+            return None
     else:
         return None
 
     def cut(shape: Shape, dim: int | None) -> Shape:
         return shape if dim is None else (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
 
-    in_shapes = [cut(x, split.get(i)) for i, x in enumerate(node.in_shapes)]
+    in_shapes = [cut(x, split.get(i)) for i, x in enumerate(ins)]
     out_shapes = [cut(x, outs.get(i)) for i, x in enumerate(node.out_shapes)]
     return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
                         flops=None if node.flops is None else node.flops // tp,

@@ -23,6 +23,11 @@ MIXTRAL = dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidde
                intermediate_size=FFN, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, vocab_size=100)  # fmt: skip
 EXPERT_PARAMS = EXPERTS * (WIDTH * 2 * FFN + FFN * WIDTH)  # per layer
+# Qwen2-MoE's MLP: 4 routed experts of width 32 and a shared expert of width 64 with its own 1-wide gate.
+QWEN2_MOE = dict(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], hidden_size=WIDTH,
+                 intermediate_size=FFN, moe_intermediate_size=32, shared_expert_intermediate_size=WIDTH,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=EXPERTS,
+                 num_experts_per_tok=TOP_K, vocab_size=100, decoder_sparse_step=1)  # fmt: skip
 # q and o 64 x 64, k and v 64 x 32 (2 of 4 heads), the router 64 x 4, two RMSNorms of 64.
 DENSE_PARAMS = 2 * WIDTH * WIDTH + 2 * WIDTH * WIDTH // 2 + WIDTH * EXPERTS + 2 * WIDTH
 
@@ -155,11 +160,7 @@ def test_a_shared_experts_last_product_is_row_parallel() -> None:
     from fxcost.sim.layers import layer_of, layers_of
     from fxcost.sim.plan import _last_products
 
-    qwen = dict(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], hidden_size=WIDTH,
-                intermediate_size=FFN, moe_intermediate_size=32, shared_expert_intermediate_size=WIDTH,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=EXPERTS,
-                num_experts_per_tok=TOP_K, vocab_size=100, decoder_sparse_step=1)  # fmt: skip
-    step = hf_step(qwen, BATCH, SEQ)
+    step = hf_step(QWEN2_MOE, BATCH, SEQ)
     captured = default_estimator().capture(
         step.model, step.inputs, True, loss_fn=step.loss_fn, batch_size=BATCH
     )
@@ -263,3 +264,66 @@ def test_context_parallelism_splits_the_experts_routed_rows_and_rings_the_keys_n
     st = _plan(mixtral, "cp=2").stages[0]
     kv = 2 * BATCH * SEQ // 2 * WIDTH // 2 * FP32
     assert [c.nbytes for seg in st.forward for c in seg.inside if c.group == "cp"] == [kv] * 2
+
+
+def test_a_shared_expert_is_a_tensor_parallel_block_of_its_own_and_its_gate_routes() -> None:
+    # Qwen2-MoE under ep=2, tp=2: the attention and the shared expert each gather the sequence and
+    # scatter it; the routed experts exchange their rows; the shared expert's 1-wide gate is routing,
+    # no block (it would gather the sequence again). Under cp=2 the ring passes the 32-wide keys, not
+    # that gate's single column.
+    step = hf_step(QWEN2_MOE, BATCH, SEQ)
+    traced = (step.model, default_estimator().capture(step.model, step.inputs, True, loss_fn=step.loss_fn,
+                                                      batch_size=BATCH))  # fmt: skip
+    rows, sequence = BATCH // 4 * SEQ * TOP_K * WIDTH * FP32, BATCH // 4 * SEQ * WIDTH * FP32
+    block = [("all_gather", "tp", sequence), ("reduce_scatter", "tp", sequence)]
+    experts = [("all_to_all", "ep", rows / 2), ("all_gather", "tp", rows), ("reduce_scatter", "tp", rows),
+               ("all_to_all", "ep", rows / 2)]  # fmt: skip
+    st = _plan(traced, "dp=4,tp=2,sp=1,ep=2").stages[0]
+    for seg in [seg for seg in st.forward if seg.layer]:
+        comms = [(c.kind, c.group, c.nbytes) for c in seg.inside]
+        assert sorted(comms) == sorted(block * 2 + experts) and comms[:2] == block
+    st = _plan(traced, "cp=2").stages[0]
+    kv = 2 * BATCH * SEQ // 2 * WIDTH // 2 * FP32
+    assert [c.nbytes for seg in st.forward for c in seg.inside if c.group == "cp"] == [kv] * 2
+
+
+def test_with_one_expert_per_token_the_rank_still_runs_its_own_experts() -> None:
+    # Top-1 routing: the routed rows are as many as the tokens, but they are the rank's experts' rows,
+    # not the sequence's: a given load makes the busiest rank's expert GEMMs longer (wide enough here
+    # for them to be more than their launch floors).
+    config = {**MIXTRAL, "num_experts_per_tok": 1, "hidden_size": 512, "intermediate_size": 1024,
+              "num_attention_heads": 8, "num_key_value_heads": 4}  # fmt: skip
+    step = hf_step(config, BATCH, 256)
+    traced = (step.model, default_estimator().capture(step.model, step.inputs, True, loss_fn=step.loss_fn,
+                                                      batch_size=BATCH))  # fmt: skip
+    spec = "dp=4,tp=2,sp=1,ep=2"
+    balanced, skewed = _plan(traced, spec), _plan(traced, spec + ",expert_load=0.7/0.1/0.1/0.1")
+    ratio = sum(seg.compute_ms for seg in skewed.stages[0].forward) / sum(
+        seg.compute_ms for seg in balanced.stages[0].forward
+    )
+    assert ratio > 1.03  # 1.0005 when the sequence's shard priced the grouped GEMMs
+
+
+def test_a_grouped_gemm_splits_along_the_width_that_is_not_the_models() -> None:
+    from fxcost.lowering import recorded_bytes
+    from fxcost.records import NodeCost
+    from fxcost.sim.context import split_sequence
+    from fxcost.sim.shard import shard_node
+
+    def grouped(op: str, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> NodeCost:
+        return NodeCost("g", op, "bw", module="layers.0.mlp.experts", in_shapes=ins, out_shapes=outs,
+                        in_dtypes=["torch.float32"] * len(ins), out_dtypes=["torch.float32"] * len(outs),
+                        flops=1000, bytes_read=recorded_bytes(ins, ["torch.float32"] * len(ins)))  # fmt: skip
+
+    # An expert as wide as the model (GPT-OSS: 2,880 both): its down projection is the row-parallel one.
+    down = shard_node(
+        grouped("aten._grouped_mm.default", [(512, 64), (4, 64, 64), (4,)], [(512, 64)]), 2, 64, 256
+    )
+    assert down is not None and down.in_shapes == [(512, 32), (4, 32, 64), (4,)] and down.flops == 500
+    # aten's weight gradient, grouped along the rows: [A, S] x [S, B] -> [E, A, B], A the expert's width.
+    dw = grouped("aten._grouped_mm.default", [(128, 512), (512, 64), (4,)], [(4, 128, 64)])
+    tp = shard_node(dw, 2, 64, 256)
+    assert tp is not None and tp.in_shapes[0] == (64, 512) and tp.out_shapes == [(4, 64, 64)]
+    # cp: the rows it contracts split, the expert's width (a multiple of the 256 tokens here) whole.
+    (cp,) = split_sequence([dw], 2, 32, 256)
+    assert cp.in_shapes == [(128, 256), (256, 64), (4,)] and cp.out_shapes == [(4, 128, 64)]
