@@ -58,8 +58,9 @@ def region_of(module: str, layer: str) -> str:
 @functools.lru_cache(maxsize=65536)
 def in_tp_region(module: str, layer: str) -> bool:
     """Whether a node of ``layer`` runs in a tensor-parallel child (attention, MLP): not the layer's
-    own residual nodes, not its norms."""
+    own residual nodes, not its norms. A norm inside a child (Qwen3's and OLMoE's on the queries and
+    keys) is the child's: split with the heads where its tensors are (:func:`~fxcost.sim.shard.shard_node`
+    keeps a tensor as wide as the model whole)."""
     if module == layer:
         return False
-    child = region_of(module, layer)
-    return not _NORM.search(child) and not _NORM.search(module)
+    return not _NORM.search(region_of(module, layer))

@@ -13,7 +13,9 @@ tensors and deepen (:mod:`fxcost.sim.deepen`), as the family it belongs to runs 
   were missing and its dropouts were extra.
 - **Mixtral** (``gated`` with ``experts``): Llama's blocks with each MLP a mixture of ``experts``
   SwiGLU experts, a router sending each token to ``top_k`` of them (Hugging Face's Mixtral; the
-  simulator assumes balanced routing, :mod:`fxcost.sim.moe`).
+  simulator assumes balanced routing, :mod:`fxcost.sim.moe`). A Qwen3-MoE or OLMoE config is traced as
+  its own family (``moe_family``): the same experts and router, with RMSNorms on each head's queries
+  and keys, and Qwen3's heads as wide as its ``head_dim`` says.
 
 Named models (:data:`DECODERS`), each from its paper:
 
@@ -39,9 +41,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ATTENTIONS", "DECODERS", "Decoder", "decoder"]
+__all__ = ["ATTENTIONS", "DECODERS", "MOE_FAMILIES", "Decoder", "decoder"]
 
 ATTENTIONS = ("sdpa", "eager")
+
+MOE_FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    "mixtral": ("MixtralForCausalLM", "num_local_experts", "intermediate_size", {}),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        "num_experts",
+        "moe_intermediate_size",
+        {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True},
+    ),
+    "olmoe": ("OlmoeForCausalLM", "num_experts", "intermediate_size", {}),
+}
+"""The Hugging Face families a mixture of experts is traced as, by ``model_type``: the architecture, the
+config's keys for the experts and their width, and the settings that make every layer's MLP routed."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,8 @@ class Decoder:
             Llama 3.2's 1B and 3B are tied).
         experts, top_k: a mixture of ``experts`` MLPs (each ``ffn`` wide, gated only) of which each
             token runs ``top_k``; 1 and 1: one dense MLP.
+        head_dim: each attention head's width; None: ``hidden / heads``.
+        moe_family: the Hugging Face family a mixture is traced as (:data:`MOE_FAMILIES`).
     """
 
     name: str
@@ -74,12 +91,26 @@ class Decoder:
     tied: bool | None = None
     experts: int = 1
     top_k: int = 1
+    head_dim: int | None = None
+    moe_family: str = "mixtral"
 
     def __post_init__(self) -> None:
-        for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "experts", "top_k"):
+        for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "experts", "top_k", "head_dim"):
             value = getattr(self, key)
+            if key == "head_dim" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"decoder {self.name!r}: {key} must be a whole number >= 1, got {value!r}")
+        if self.moe_family not in MOE_FAMILIES:
+            raise ValueError(
+                f"decoder {self.name!r}: unknown moe_family {self.moe_family!r}; accepted: "
+                f"{', '.join(MOE_FAMILIES)}"
+            )
+        if self.head_dim is not None and not self.gated:
+            raise ValueError(
+                f"decoder {self.name!r}: head_dim={self.head_dim} needs a gated (Llama-family) decoder; a "
+                "GPT-family one is traced as GPT-2, whose heads are hidden / heads wide"
+            )
         if self.hidden % self.heads:
             raise ValueError(
                 f"decoder {self.name!r}: hidden {self.hidden} is not a multiple of heads {self.heads}"
@@ -105,9 +136,9 @@ class Decoder:
 
     @property
     def matmul_params(self) -> int:
-        """Parameters of the matmuls: the queries' and output's ``2 h^2`` and the keys' and values'
-        ``2 h x kv_heads x head dim`` per layer, the MLP's ``2 or 3 h f`` (each expert's, and the
-        router's ``h x experts``), and the output layer."""
+        """Parameters of the matmuls: the queries' and output's ``2 h x heads x head dim`` (``2 h^2``)
+        and the keys' and values' ``2 h x kv_heads x head dim`` per layer, the MLP's ``2 or 3 h f``
+        (each expert's, and the router's ``h x experts``), and the output layer."""
         return self._matmul_params(self.experts)
 
     @property
@@ -115,9 +146,14 @@ class Decoder:
         """:attr:`matmul_params` a token runs through: ``top_k`` of the experts."""
         return self._matmul_params(self.top_k)
 
+    @property
+    def attention_width(self) -> int:
+        """The queries' width, ``heads x head_dim`` (``hidden`` unless the heads say otherwise)."""
+        return self.heads * (self.head_dim or self.hidden // self.heads)
+
     def _matmul_params(self, experts: int) -> int:
-        h, kv = self.hidden, (self.kv_heads or self.heads) * (self.hidden // self.heads)
-        attention = 2 * h * h + 2 * h * kv
+        h, kv = self.hidden, (self.kv_heads or self.heads) * (self.attention_width // self.heads)
+        attention = 2 * h * self.attention_width + 2 * h * kv
         mlp = experts * (3 if self.gated else 2) * h * self.ffn + (
             h * self.experts if self.experts > 1 else 0
         )
@@ -148,12 +184,14 @@ class Decoder:
             raise ValueError(f"unknown attention {attention!r}; accepted: {', '.join(ATTENTIONS)}")
         depth = min(layers, self.layers)
         if self.gated:
-            family = (
-                {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_local_experts":
-                 self.experts, "num_experts_per_tok": self.top_k, "output_router_logits": False}
-                if self.experts > 1
-                else {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
-            )  # fmt: skip
+            family: dict[str, Any] = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+            if self.experts > 1:
+                architecture, count, width, own = MOE_FAMILIES[self.moe_family]
+                family = {"model_type": self.moe_family, "architectures": [architecture], count: self.experts,
+                          "num_experts_per_tok": self.top_k, width: self.ffn, "output_router_logits": False,
+                          **own}  # fmt: skip
+            if self.head_dim is not None:
+                family["head_dim"] = self.head_dim
             return {
                 **family,
                 "num_hidden_layers": depth,
@@ -188,9 +226,10 @@ class Decoder:
         of sequences ``seq`` long: PaLM's count (Chowdhery et al. 2022, appendix B) ``6 N + 12 L h s``
         per token, with ``N`` the matmul parameters (the layers' and the output layer's; the embedding
         lookup and positions do no matmul) and ``12 L h s`` the attention's score and value matmuls
+        (``h`` the queries' width, :attr:`attention_width`)
         (Narayanan et al. 2021, eq. 3, has the same terms); a mixture of experts counts the ``top_k``
         experts a token runs (:attr:`active_matmul_params`)."""
-        return tokens * (6.0 * self.active_matmul_params + 12.0 * self.layers * self.hidden * seq)
+        return tokens * (6.0 * self.active_matmul_params + 12.0 * self.layers * self.attention_width * seq)
 
 
 DECODERS: dict[str, Decoder] = {
@@ -216,10 +255,12 @@ _KEYS = {
     "seq": ("max_position_embeddings", "n_positions", "seq_length"),
 }
 _GATED_ACTIVATIONS = ("silu", "swiglu", "swish")
-# Mixture-of-experts configs name their experts so: Mixtral's (read), Qwen-MoE's and OLMoE's,
-# DeepSeek's and DBRX's (shared experts, expert widths of their own or other blocks: refused).
+# Mixture-of-experts configs name their experts so: Mixtral's, Qwen3-MoE's and OLMoE's (read: routed
+# experts only), Qwen2-MoE's, DeepSeek's and DBRX's (shared experts, expert widths of their own or
+# other blocks: refused).
 _MIXTRAL_EXPERTS = "num_local_experts"
 _OTHER_EXPERT_KEYS = ("num_experts", "n_routed_experts", "moe_num_experts")
+_SHARED_EXPERT_KEYS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
 
 
 def decoder(model: str | Path | dict[str, Any] | Decoder) -> Decoder:
@@ -251,12 +292,17 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
         )
     nested = {k: v for part in raw.values() if isinstance(part, dict) for k, v in part.items()}  # DBRX's
     other = next((k for k in _OTHER_EXPERT_KEYS if (raw.get(k) or nested.get(k) or 0) > 1), None)
-    if other is not None:
+    family = str(raw.get("model_type") or "")
+    routed_only = (
+        other == "num_experts" and family in MOE_FAMILIES and not any(raw.get(k) for k in _SHARED_EXPERT_KEYS)
+        and (raw.get("decoder_sparse_step") or 1) == 1 and not raw.get("mlp_only_layers")
+    )  # fmt: skip
+    if other is not None and not routed_only:
         raise ValueError(
             f"{name}: a mixture-of-experts config ({other}={raw.get(other) or nested[other]}) other than "
-            "Mixtral's; accepted: "
-            f"dense decoders and Mixtral-style ones ({_MIXTRAL_EXPERTS}, num_experts_per_tok); simulate "
-            "others with fxcost.simulate and ep=..."
+            "Mixtral's, Qwen3-MoE's and OLMoE's (routed experts in every layer); accepted: dense decoders "
+            f"and those ({_MIXTRAL_EXPERTS} or num_experts, num_experts_per_tok); simulate others with "
+            "fxcost.simulate and ep=..."
         )
     found: dict[str, int] = {}
     for key, names in _KEYS.items():
@@ -277,8 +323,17 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
         )
     kv = kv if gated else None
     tied = raw.get("tie_word_embeddings")
-    experts = int(raw.get(_MIXTRAL_EXPERTS) or 1)
-    top_k = int(raw.get("num_experts_per_tok") or 2) if experts > 1 else 1  # Mixtral's default: 2
+    experts, top_k, moe_family = int(raw.get(_MIXTRAL_EXPERTS) or 1), 1, "mixtral"
+    if experts > 1:
+        top_k = int(raw.get("num_experts_per_tok") or 2)  # Mixtral's default: 2
+    elif other is not None:  # Qwen3-MoE's or OLMoE's: the experts' own width where it is given
+        experts, moe_family = int(raw[other]), family
+        top_k = int(raw.get("num_experts_per_tok") or 8)  # both families' default: 8
+        found["ffn"] = int(raw.get(MOE_FAMILIES[family][2]) or found["ffn"])
+    head_dim = raw.get("head_dim") if gated else None
+    head_dim = (
+        None if head_dim is None or int(head_dim) * found["heads"] == found["hidden"] else int(head_dim)
+    )
     return Decoder(name, gated=gated, kv_heads=None if kv is None else int(kv),
                    tied=None if tied is None else bool(tied), experts=experts, top_k=top_k,
-                   **found)  # fmt: skip
+                   head_dim=head_dim, moe_family=moe_family, **found)  # fmt: skip

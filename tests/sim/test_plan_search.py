@@ -197,20 +197,26 @@ def test_model_flops_by_hand() -> None:
 
 
 @pytest.mark.parametrize(
-    ("gated", "tied", "experts"), [(False, None, 1), (True, None, 1), (True, True, 1), (True, None, 4)]
-)
+    ("gated", "tied", "experts", "family", "head_dim"),
+    [(False, None, 1, "", None), (True, None, 1, "LlamaForCausalLM", None), (True, True, 1, "", 32),
+     (True, None, 4, "MixtralForCausalLM", None), (True, None, 4, "Qwen3MoeForCausalLM", 32),
+     (True, None, 4, "OlmoeForCausalLM", None)],
+)  # fmt: skip
 def test_the_traced_model_has_the_parameters_the_decoder_counts(
-    gated: bool, tied: bool | None, experts: int
+    gated: bool, tied: bool | None, experts: int, family: str, head_dim: int | None
 ) -> None:
     # Each family's matrices as the Decoder counts them (GPT: tied output layer and learned positions;
-    # Llama: grouped-query keys and values, an output layer of its own unless tied, as Llama 3.2 1B's;
-    # Mixtral: its experts and router); biases and norms left out.
+    # Llama: grouped-query keys and values, an output layer of its own unless tied, as Llama 3.2 1B's,
+    # heads wider than hidden / heads where the config says; Mixtral, Qwen3-MoE, OLMoE: their experts
+    # and router); biases and norms left out.
+    from fxcost.zoo.decoders import MOE_FAMILIES
     from fxcost.zoo.hf import hf_step
 
+    moe = next((k for k, v in MOE_FAMILIES.items() if v[0] == family), "mixtral")
     d = dataclasses.replace(TINY, gated=gated, kv_heads=2 if gated else None, tied=tied, experts=experts,
-                            top_k=min(experts, 2))  # fmt: skip
+                            top_k=min(experts, 2), head_dim=head_dim, moe_family=moe)  # fmt: skip
     model = hf_step(d.hf_config(d.layers, d.seq), batch=1, seqlen=d.seq).model
-    assert (type(model).__name__ == "MixtralForCausalLM") == (experts > 1)
+    assert type(model).__name__ == (family or type(model).__name__)
     # parameters() counts a tie once; Mixtral's experts may be one 3-D tensor per layer
     matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
     assert matrices == d.params
@@ -262,6 +268,29 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="experts=8 needs a gated decoder"), pytest.warns(UserWarning):
         decoder({**config, "num_local_experts": 8, "hidden_act": "gelu"})  # warns of its 8 key/value heads
     assert decoder({**config, "num_experts": 1}) == decoder(config)
+    # Qwen3-MoE and OLMoE: routed experts in every layer, read with their own family; Qwen3's heads are
+    # head_dim wide (128 x 32 = 4,096 > hidden 2,048 in Qwen3-30B-A3B). A shared expert or dense layers
+    # among the sparse ones are refused.
+    qwen3 = {**config, "model_type": "qwen3_moe", "hidden_size": 2048, "num_attention_heads": 32,
+             "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+             "moe_intermediate_size": 768, "intermediate_size": 6144, "num_hidden_layers": 48,
+             "vocab_size": 151936}  # fmt: skip
+    q = decoder(qwen3)
+    assert (q.experts, q.top_k, q.ffn, q.head_dim, q.moe_family, q.attention_width) == (
+        128, 8, 768, 128, "qwen3_moe", 4096)  # fmt: skip
+    assert round(q.params_b, 1) == 30.5  # Qwen3-30B-A3B: 30.5B parameters (Qwen's model card)
+    traced = q.hf_config(2, 4096)
+    keys = ("model_type", "num_experts", "moe_intermediate_size", "head_dim")
+    assert [traced[k] for k in keys] == ["qwen3_moe", 128, 768, 128]
+    olmoe = decoder({**config, "model_type": "olmoe", "num_experts": 64, "num_experts_per_tok": 8,
+                     "intermediate_size": 1024})  # fmt: skip
+    assert (olmoe.experts, olmoe.ffn, olmoe.moe_family, olmoe.head_dim) == (64, 1024, "olmoe", None)
+    with pytest.raises(ValueError, match=r"\(num_experts=60\) other than Mixtral's, Qwen3-MoE's"):
+        decoder(
+            {**qwen3, "model_type": "qwen2_moe", "num_experts": 60, "shared_expert_intermediate_size": 5632}
+        )
+    with pytest.raises(ValueError, match="routed experts in every layer"):
+        decoder({**qwen3, "mlp_only_layers": [0]})
 
 
 @pytest.mark.parametrize(

@@ -198,3 +198,31 @@ def test_a_tp_heavy_plan_computes_less_and_communicates_as_much_with_sp() -> Non
     )
     assert runs[1].iteration_ms < runs[0].iteration_ms
     assert runs[1].memory[0].activations < runs[0].memory[0].activations
+
+
+def test_a_norm_on_each_heads_queries_is_split_with_the_heads() -> None:
+    # Qwen3 normalizes each head's queries and keys inside the attention (q_norm, k_norm): its tensors
+    # split with the heads, its block still gathers once and scatters once; the layer's own norms
+    # (input_layernorm) stay outside the tensor-parallel blocks.
+    from fxcost.sim.layers import in_tp_region
+    from fxcost.zoo.hf import hf_step
+
+    config = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": LAYERS,
+              "hidden_size": DIM, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": DIM // 4,
+              "intermediate_size": 96, "vocab_size": VOCAB, "max_position_embeddings": SEQ,
+              "attn_implementation": "sdpa"}  # fmt: skip
+    step = hf_step(config, BATCH, SEQ)
+    captured = default_estimator().capture(
+        step.model, step.inputs, True, loss_fn=step.loss_fn, batch_size=BATCH
+    )
+    whole = TOKENS * DIM * FP32
+    layers = [seg for seg in _plan((step.model, captured), "tp=2,sp=1").stages[0].forward if seg.layer]
+    per_block = [("all_gather", whole), ("reduce_scatter", whole)]
+    assert layers and all([(c.kind, c.nbytes) for c in seg.inside] == per_block * 2 for seg in layers)
+    norms = [n for n in captured.report.nodes if n.module.endswith(("q_norm", "k_norm")) and n.phase == "fw"]
+    assert norms and all(in_tp_region(n.module, "model.layers.0") for n in norms)
+    assert not in_tp_region("model.layers.0.input_layernorm", "model.layers.0")
+    for n in norms:
+        if n.bytes_written and n.out_shapes and n.out_shapes[0][-1] != 1:  # the statistics keep a column
+            split = shard_node(n, 2, DIM, TOKENS)
+            assert split is not None and split.bytes_written == n.bytes_written // 2, n.op
