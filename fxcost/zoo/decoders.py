@@ -13,9 +13,10 @@ tensors and deepen (:mod:`fxcost.sim.deepen`), as the family it belongs to runs 
   were missing and its dropouts were extra.
 - **Mixtral** (``gated`` with ``experts``): Llama's blocks with each MLP a mixture of ``experts``
   SwiGLU experts, a router sending each token to ``top_k`` of them (Hugging Face's Mixtral; the
-  simulator assumes balanced routing, :mod:`fxcost.sim.moe`). A Qwen3-MoE or OLMoE config is traced as
-  its own family (``moe_family``): the same experts and router, with RMSNorms on each head's queries
-  and keys, and Qwen3's heads as wide as its ``head_dim`` says.
+  simulator assumes balanced routing, :mod:`fxcost.sim.moe`). A Qwen3-MoE, OLMoE or Qwen2-MoE config
+  is traced as its own family (``moe_family``): the same experts and router, with RMSNorms on the
+  queries and keys (Qwen3, OLMoE), Qwen3's heads as wide as its ``head_dim`` says, and Qwen2-MoE's
+  shared expert beside the routed ones with its sigmoid gate.
 
 Named models (:data:`DECODERS`), each from its paper:
 
@@ -54,6 +55,12 @@ MOE_FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
         {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True},
     ),
     "olmoe": ("OlmoeForCausalLM", "num_experts", "intermediate_size", {}),
+    "qwen2_moe": (
+        "Qwen2MoeForCausalLM",
+        "num_experts",
+        "moe_intermediate_size",
+        {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False},
+    ),
 }
 """The Hugging Face families a mixture of experts is traced as, by ``model_type``: the architecture, the
 config's keys for the experts and their width, and the settings that make every layer's MLP routed."""
@@ -77,6 +84,8 @@ class Decoder:
             token runs ``top_k``; 1 and 1: one dense MLP.
         head_dim: each attention head's width; None: ``hidden / heads``.
         moe_family: the Hugging Face family a mixture is traced as (:data:`MOE_FAMILIES`).
+        shared_ffn: the width of a shared expert every token runs beside the routed ones, with a
+            one-column sigmoid gate (Qwen2-MoE's); 0: none.
     """
 
     name: str
@@ -93,6 +102,7 @@ class Decoder:
     top_k: int = 1
     head_dim: int | None = None
     moe_family: str = "mixtral"
+    shared_ffn: int = 0
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "experts", "top_k", "head_dim"):
@@ -105,6 +115,11 @@ class Decoder:
             raise ValueError(
                 f"decoder {self.name!r}: unknown moe_family {self.moe_family!r}; accepted: "
                 f"{', '.join(MOE_FAMILIES)}"
+            )
+        if self.shared_ffn and (self.experts == 1 or self.moe_family != "qwen2_moe"):
+            raise ValueError(
+                f"decoder {self.name!r}: a shared expert (shared_ffn={self.shared_ffn}) needs experts > 1 "
+                "and moe_family='qwen2_moe', the family that runs one"
             )
         if self.head_dim is not None and not self.gated:
             raise ValueError(
@@ -157,6 +172,7 @@ class Decoder:
         mlp = experts * (3 if self.gated else 2) * h * self.ffn + (
             h * self.experts if self.experts > 1 else 0
         )
+        mlp += (3 * h * self.shared_ffn + h) if self.shared_ffn else 0  # and its gate
         return self.layers * (attention + mlp) + self.vocab * h
 
     @property
@@ -190,6 +206,8 @@ class Decoder:
                 family = {"model_type": self.moe_family, "architectures": [architecture], count: self.experts,
                           "num_experts_per_tok": self.top_k, width: self.ffn, "output_router_logits": False,
                           **own}  # fmt: skip
+            if self.moe_family == "qwen2_moe" and self.experts > 1:
+                family["shared_expert_intermediate_size"] = self.shared_ffn
             if self.head_dim is not None:
                 family["head_dim"] = self.head_dim
             return {
@@ -255,12 +273,12 @@ _KEYS = {
     "seq": ("max_position_embeddings", "n_positions", "seq_length"),
 }
 _GATED_ACTIVATIONS = ("silu", "swiglu", "swish")
-# Mixture-of-experts configs name their experts so: Mixtral's, Qwen3-MoE's and OLMoE's (read: routed
-# experts only), Qwen2-MoE's, DeepSeek's and DBRX's (shared experts, expert widths of their own or
-# other blocks: refused).
+# Mixture-of-experts configs name their experts so: Mixtral's, Qwen3-MoE's, OLMoE's and Qwen2-MoE's
+# (read; Qwen2-MoE's shared expert too), DeepSeek's and DBRX's (shared experts of their own kind, dense
+# layers among the sparse ones: refused).
 _MIXTRAL_EXPERTS = "num_local_experts"
 _OTHER_EXPERT_KEYS = ("num_experts", "n_routed_experts", "moe_num_experts")
-_SHARED_EXPERT_KEYS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
+_SHARED_EXPERTS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
 
 
 def decoder(model: str | Path | dict[str, Any] | Decoder) -> Decoder:
@@ -293,16 +311,18 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
     nested = {k: v for part in raw.values() if isinstance(part, dict) for k, v in part.items()}  # DBRX's
     other = next((k for k in _OTHER_EXPERT_KEYS if (raw.get(k) or nested.get(k) or 0) > 1), None)
     family = str(raw.get("model_type") or "")
-    routed_only = (
-        other == "num_experts" and family in MOE_FAMILIES and not any(raw.get(k) for k in _SHARED_EXPERT_KEYS)
+    own = _SHARED_EXPERTS[:1] if family == "qwen2_moe" else ()  # the one shared expert it runs
+    shared = [k for k in _SHARED_EXPERTS if raw.get(k) and k not in own]
+    read = (
+        other == "num_experts" and family in MOE_FAMILIES and not shared
         and (raw.get("decoder_sparse_step") or 1) == 1 and not raw.get("mlp_only_layers")
     )  # fmt: skip
-    if other is not None and not routed_only:
+    if other is not None and not read:
         raise ValueError(
             f"{name}: a mixture-of-experts config ({other}={raw.get(other) or nested[other]}) other than "
-            "Mixtral's, Qwen3-MoE's and OLMoE's (routed experts in every layer); accepted: dense decoders "
-            f"and those ({_MIXTRAL_EXPERTS} or num_experts, num_experts_per_tok); simulate others with "
-            "fxcost.simulate and ep=..."
+            "Mixtral's, Qwen3-MoE's, OLMoE's and Qwen2-MoE's (experts in every layer, Qwen2-MoE's shared "
+            f"one the only shared expert); accepted: dense decoders and those ({_MIXTRAL_EXPERTS} or "
+            "num_experts, num_experts_per_tok); simulate others with fxcost.simulate and ep=..."
         )
     found: dict[str, int] = {}
     for key, names in _KEYS.items():
@@ -326,9 +346,9 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
     experts, top_k, moe_family = int(raw.get(_MIXTRAL_EXPERTS) or 1), 1, "mixtral"
     if experts > 1:
         top_k = int(raw.get("num_experts_per_tok") or 2)  # Mixtral's default: 2
-    elif other is not None:  # Qwen3-MoE's or OLMoE's: the experts' own width where it is given
+    elif other is not None:  # Qwen's or OLMoE's: the experts' own width where it is given
         experts, moe_family = int(raw[other]), family
-        top_k = int(raw.get("num_experts_per_tok") or 8)  # both families' default: 8
+        top_k = int(raw.get("num_experts_per_tok") or (4 if family == "qwen2_moe" else 8))  # the defaults
         found["ffn"] = int(raw.get(MOE_FAMILIES[family][2]) or found["ffn"])
     head_dim = raw.get("head_dim") if gated else None
     head_dim = (
@@ -336,4 +356,5 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
     )
     return Decoder(name, gated=gated, kv_heads=None if kv is None else int(kv),
                    tied=None if tied is None else bool(tied), experts=experts, top_k=top_k,
-                   head_dim=head_dim, moe_family=moe_family, **found)  # fmt: skip
+                   head_dim=head_dim, moe_family=moe_family, shared_ffn=int(raw.get(_SHARED_EXPERTS[0]) or 0),
+                   **found)  # fmt: skip

@@ -200,7 +200,7 @@ def test_model_flops_by_hand() -> None:
     ("gated", "tied", "experts", "family", "head_dim"),
     [(False, None, 1, "", None), (True, None, 1, "LlamaForCausalLM", None), (True, True, 1, "", 32),
      (True, None, 4, "MixtralForCausalLM", None), (True, None, 4, "Qwen3MoeForCausalLM", 32),
-     (True, None, 4, "OlmoeForCausalLM", None)],
+     (True, None, 4, "OlmoeForCausalLM", None), (True, None, 4, "Qwen2MoeForCausalLM", None)],
 )  # fmt: skip
 def test_the_traced_model_has_the_parameters_the_decoder_counts(
     gated: bool, tied: bool | None, experts: int, family: str, head_dim: int | None
@@ -208,13 +208,14 @@ def test_the_traced_model_has_the_parameters_the_decoder_counts(
     # Each family's matrices as the Decoder counts them (GPT: tied output layer and learned positions;
     # Llama: grouped-query keys and values, an output layer of its own unless tied, as Llama 3.2 1B's,
     # heads wider than hidden / heads where the config says; Mixtral, Qwen3-MoE, OLMoE: their experts
-    # and router); biases and norms left out.
+    # and router; Qwen2-MoE also its shared expert and that expert's gate); biases and norms left out.
     from fxcost.zoo.decoders import MOE_FAMILIES
     from fxcost.zoo.hf import hf_step
 
     moe = next((k for k, v in MOE_FAMILIES.items() if v[0] == family), "mixtral")
     d = dataclasses.replace(TINY, gated=gated, kv_heads=2 if gated else None, tied=tied, experts=experts,
-                            top_k=min(experts, 2), head_dim=head_dim, moe_family=moe)  # fmt: skip
+                            top_k=min(experts, 2), head_dim=head_dim, moe_family=moe,
+                            shared_ffn=96 if moe == "qwen2_moe" else 0)  # fmt: skip
     model = hf_step(d.hf_config(d.layers, d.seq), batch=1, seqlen=d.seq).model
     assert type(model).__name__ == (family or type(model).__name__)
     # parameters() counts a tie once; Mixtral's experts may be one 3-D tensor per layer
@@ -285,11 +286,20 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
     olmoe = decoder({**config, "model_type": "olmoe", "num_experts": 64, "num_experts_per_tok": 8,
                      "intermediate_size": 1024})  # fmt: skip
     assert (olmoe.experts, olmoe.ffn, olmoe.moe_family, olmoe.head_dim) == (64, 1024, "olmoe", None)
-    with pytest.raises(ValueError, match=r"\(num_experts=60\) other than Mixtral's, Qwen3-MoE's"):
-        decoder(
-            {**qwen3, "model_type": "qwen2_moe", "num_experts": 60, "shared_expert_intermediate_size": 5632}
-        )
-    with pytest.raises(ValueError, match="routed experts in every layer"):
+    # Qwen1.5-MoE-A2.7B: 60 experts of 1,408, 4 per token, a shared expert of 5,632 with its gate (14.3B
+    # parameters, as its card gives them).
+    qwen2 = decoder({**config, "model_type": "qwen2_moe", "hidden_size": 2048, "num_attention_heads": 16,
+                     "num_key_value_heads": 16, "num_hidden_layers": 24, "num_experts": 60,
+                     "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "intermediate_size": 5632,
+                     "shared_expert_intermediate_size": 5632, "vocab_size": 151936})  # fmt: skip
+    assert (qwen2.experts, qwen2.top_k, qwen2.ffn, qwen2.shared_ffn) == (60, 4, 1408, 5632)
+    assert round(qwen2.params_b, 1) == 14.3
+    assert qwen2.hf_config(2, 4096)["shared_expert_intermediate_size"] == 5632
+    with pytest.raises(ValueError, match=r"\(n_routed_experts=64\) other than Mixtral's, Qwen3-MoE's"):
+        decoder({**config, "model_type": "deepseek_v2", "n_routed_experts": 64, "n_shared_experts": 2})
+    with pytest.raises(ValueError, match=r"\(num_experts=128\) other than"):  # a shared expert Qwen3 has not
+        decoder({**qwen3, "n_shared_experts": 1})
+    with pytest.raises(ValueError, match="experts in every layer"):
         decoder({**qwen3, "mlp_only_layers": [0]})
 
 
