@@ -45,8 +45,13 @@ def shard_node(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCost | 
     outs = node.out_shapes or node.in_shapes
     if not outs or not outs[0] or outs[0][-1] == hidden:
         return None  # as wide as the model: a replicated tensor
-    return _on_shapes(node, [_split(s, tp, hidden) for s in node.in_shapes],
-                    [_split(s, tp, hidden) for s in node.out_shapes])  # fmt: skip
+    in_shapes, out_shapes = (
+        [_split(s, tp, hidden) for s in node.in_shapes],
+        [_split(s, tp, hidden) for s in node.out_shapes],
+    )
+    if in_shapes == list(node.in_shapes) and out_shapes == list(node.out_shapes):
+        return None  # nothing splits (a norm's statistics of one column): it runs whole
+    return _on_shapes(node, in_shapes, out_shapes)
 
 
 def shard_column(node: NodeCost, tp: int, tokens: int) -> NodeCost | None:

@@ -116,6 +116,15 @@ class Decoder:
                 f"decoder {self.name!r}: unknown moe_family {self.moe_family!r}; accepted: "
                 f"{', '.join(MOE_FAMILIES)}"
             )
+        if not isinstance(self.shared_ffn, int) or isinstance(self.shared_ffn, bool) or self.shared_ffn < 0:
+            raise ValueError(
+                f"decoder {self.name!r}: shared_ffn must be a whole number >= 0, got {self.shared_ffn!r}"
+            )
+        if self.head_dim is not None and self.moe_family == "olmoe" and self.experts > 1:
+            raise ValueError(
+                f"decoder {self.name!r}: head_dim={self.head_dim} with OLMoE, whose query norm is as wide as "
+                "the model; accepted: head_dim None (hidden / heads)"
+            )
         if self.shared_ffn and (self.experts == 1 or self.moe_family != "qwen2_moe"):
             raise ValueError(
                 f"decoder {self.name!r}: a shared expert (shared_ffn={self.shared_ffn}) needs experts > 1 "
@@ -172,7 +181,8 @@ class Decoder:
         mlp = experts * (3 if self.gated else 2) * h * self.ffn + (
             h * self.experts if self.experts > 1 else 0
         )
-        mlp += (3 * h * self.shared_ffn + h) if self.shared_ffn else 0  # and its gate
+        if self.moe_family == "qwen2_moe" and self.experts > 1:  # its shared expert and that expert's gate
+            mlp += 3 * h * self.shared_ffn + h
         return self.layers * (attention + mlp) + self.vocab * h
 
     @property
@@ -313,16 +323,19 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
     family = str(raw.get("model_type") or "")
     own = _SHARED_EXPERTS[:1] if family == "qwen2_moe" else ()  # the one shared expert it runs
     shared = [k for k in _SHARED_EXPERTS if raw.get(k) and k not in own]
-    read = (
-        other == "num_experts" and family in MOE_FAMILIES and not shared
-        and (raw.get("decoder_sparse_step") or 1) == 1 and not raw.get("mlp_only_layers")
-    )  # fmt: skip
-    if other is not None and not read:
+    unread = [f"{k}={raw[k]}" for k in shared]  # what fxcost plan does not trace
+    if other != "num_experts" or family not in MOE_FAMILIES:
+        unread.insert(0, f"model_type={family!r}")
+    if raw.get("decoder_sparse_step", 1) != 1:
+        unread.append(f"decoder_sparse_step={raw['decoder_sparse_step']}")
+    if raw.get("mlp_only_layers"):
+        unread.append(f"mlp_only_layers={raw['mlp_only_layers']}")
+    if other is not None and unread:
         raise ValueError(
-            f"{name}: a mixture-of-experts config ({other}={raw.get(other) or nested[other]}) other than "
-            "Mixtral's, Qwen3-MoE's, OLMoE's and Qwen2-MoE's (experts in every layer, Qwen2-MoE's shared "
-            f"one the only shared expert); accepted: dense decoders and those ({_MIXTRAL_EXPERTS} or "
-            "num_experts, num_experts_per_tok); simulate others with fxcost.simulate and ep=..."
+            f"{name}: a mixture-of-experts config ({other}={raw.get(other) or nested[other]}) with "
+            f"{', '.join(unread)}; accepted: dense decoders, and Mixtral ({_MIXTRAL_EXPERTS}), Qwen3-MoE, "
+            "OLMoE and Qwen2-MoE (num_experts) mixtures with experts in every layer and no shared expert but "
+            "Qwen2-MoE's; simulate others with fxcost.simulate and ep=..."
         )
     found: dict[str, int] = {}
     for key, names in _KEYS.items():
@@ -354,7 +367,7 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
     head_dim = (
         None if head_dim is None or int(head_dim) * found["heads"] == found["hidden"] else int(head_dim)
     )
+    shared_ffn = int(raw.get(_SHARED_EXPERTS[0], 5632 if moe_family == "qwen2_moe" else 0))  # HF's default
     return Decoder(name, gated=gated, kv_heads=None if kv is None else int(kv),
                    tied=None if tied is None else bool(tied), experts=experts, top_k=top_k,
-                   head_dim=head_dim, moe_family=moe_family, shared_ffn=int(raw.get(_SHARED_EXPERTS[0]) or 0),
-                   **found)  # fmt: skip
+                   head_dim=head_dim, moe_family=moe_family, shared_ffn=shared_ffn, **found)  # fmt: skip

@@ -261,10 +261,11 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
     assert mixtral.hf_config(2, 4096)["model_type"] == "mixtral"
     assert decoder({**config, "num_local_experts": 8}).top_k == 2
     with pytest.raises(
-        ValueError, match=r"mixture-of-experts config \(num_experts=60\) other than Mixtral's"
+        ValueError,
+        match=r"mixture-of-experts config \(num_experts=60\) with model_type='llama'; accepted: dense",
     ):
         decoder({**config, "num_experts": 60, "moe_intermediate_size": 1408})
-    with pytest.raises(ValueError, match=r"\(moe_num_experts=16\) other than Mixtral's"):  # DBRX's, nested
+    with pytest.raises(ValueError, match=r"\(moe_num_experts=16\) with model_type='llama'"):  # DBRX's, nested
         decoder({**config, "ffn_config": {"moe_num_experts": 16, "moe_top_k": 4}})
     with pytest.raises(ValueError, match="experts=8 needs a gated decoder"), pytest.warns(UserWarning):
         decoder({**config, "num_local_experts": 8, "hidden_act": "gelu"})  # warns of its 8 key/value heads
@@ -295,12 +296,24 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
     assert (qwen2.experts, qwen2.top_k, qwen2.ffn, qwen2.shared_ffn) == (60, 4, 1408, 5632)
     assert round(qwen2.params_b, 1) == 14.3
     assert qwen2.hf_config(2, 4096)["shared_expert_intermediate_size"] == 5632
-    with pytest.raises(ValueError, match=r"\(n_routed_experts=64\) other than Mixtral's, Qwen3-MoE's"):
+    with pytest.raises(
+        ValueError, match=r"\(n_routed_experts=64\) with model_type='deepseek_v2', n_shared_experts=2"
+    ):
         decoder({**config, "model_type": "deepseek_v2", "n_routed_experts": 64, "n_shared_experts": 2})
-    with pytest.raises(ValueError, match=r"\(num_experts=128\) other than"):  # a shared expert Qwen3 has not
+    with pytest.raises(
+        ValueError, match=r"\(num_experts=128\) with n_shared_experts=1"
+    ):  # a shared expert Qwen3 has not
         decoder({**qwen3, "n_shared_experts": 1})
-    with pytest.raises(ValueError, match="experts in every layer"):
+    with pytest.raises(ValueError, match=r"with mlp_only_layers=\[0\]; accepted: .*experts in every layer"):
         decoder({**qwen3, "mlp_only_layers": [0]})
+    with pytest.raises(ValueError, match="with decoder_sparse_step=0"):
+        decoder({**qwen3, "decoder_sparse_step": 0})
+    with pytest.raises(ValueError, match="head_dim=32 with OLMoE"):
+        dataclasses.replace(olmoe, head_dim=32)
+    with pytest.raises(ValueError, match="shared_ffn must be a whole number >= 0"):
+        dataclasses.replace(qwen2, shared_ffn=-1)
+    # Qwen3's attention FLOPs are its queries' width's, 4,096, not the model's 2,048 (PaLM's 12 L h s).
+    assert q.model_flops(1, 4096) - q.model_flops(1, 0) == 12 * 48 * 4096 * 4096
 
 
 @pytest.mark.parametrize(
