@@ -25,7 +25,7 @@ from fxcost.lowering.nodes import gemm_node, memory_pass
 from fxcost.precision import itemsize
 from fxcost.records import NodeCost
 
-__all__ = ["GROUPED_MM_OPS", "grouped_mm_flops", "lower_grouped_mm"]
+__all__ = ["GROUPED_MM_OPS", "grouped_mm_flops", "is_grouped_weight_gradient", "lower_grouped_mm"]
 
 _FALLBACK = "transformers.grouped_mm_fallback"
 _FALLBACK_BACKWARD = "transformers.grouped_mm_fallback_backward"
@@ -33,6 +33,20 @@ _ATEN = "aten._grouped_mm"
 
 GROUPED_MM_OPS = frozenset({f"{_FALLBACK}.default", f"{_FALLBACK_BACKWARD}.default", f"{_ATEN}.default"})
 """Grouped GEMM ops (canonical names), priced as one GEMM per expert."""
+
+
+def is_grouped_weight_gradient(node: NodeCost) -> bool:
+    """Whether ``node`` is ``aten._grouped_mm`` grouped along the rows it contracts, as autograd runs an
+    expert weight's gradient: ``[A, S] x [S, B] -> [E, A, B]`` (the other layouts: rows ``[S, K]`` by
+    weights ``[E, K, N]``)."""
+    ins, outs = node.in_shapes, node.out_shapes
+    return (
+        node.op in GROUPED_MM_OPS
+        and len(ins) >= 2
+        and len(ins[0]) == len(ins[1]) == 2
+        and bool(outs)
+        and len(outs[0]) == 3
+    )
 
 
 def grouped_mm_flops(rows: int, k: int, n: int, backward: bool) -> int:

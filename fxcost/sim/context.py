@@ -26,11 +26,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fxcost.lowering import recorded_bytes
-from fxcost.lowering.experts import GROUPED_MM_OPS
+from fxcost.lowering.experts import GROUPED_MM_OPS, is_grouped_weight_gradient
 from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.comm import Comm
 from fxcost.sim.moe import is_expert, is_router
+from fxcost.sim.shard import split_dim
 
 if TYPE_CHECKING:
     from fxcost.sim.plan import StagePlan
@@ -156,19 +157,15 @@ def _expert_rows(node: NodeCost, cp: int, tokens: int) -> tuple[list[Shape], lis
     tokens); the weights and the experts' offsets stay whole, and so does a width as long as the
     tokens."""
     ins, outs = list(node.in_shapes), list(node.out_shapes)
-
-    def cut(shape: Shape, dim: int) -> Shape:
-        return (*shape[:dim], shape[dim] // cp, *shape[dim + 1 :]) if len(shape) > dim else shape
-
+    if is_grouped_weight_gradient(node):  # [A, S] x [S, B] -> [E, A, B]
+        return [split_dim(ins[0], 1, cp), split_dim(ins[1], 0, cp), *ins[2:]], outs
     if node.op in GROUPED_MM_OPS:
-        if len(ins) >= 2 and len(ins[0]) == len(ins[1]) == 2 and outs and len(outs[0]) == 3:
-            return [cut(ins[0], 1), cut(ins[1], 0), *ins[2:]], outs  # [A, S] x [S, B] -> [E, A, B]
         rows = (0, 3)  # the rows and the output's gradient, of [S, K] x [E, K, N] (offsets [E])
-        split_ins = [cut(x, 0) if i in rows else x for i, x in enumerate(ins)]
-        return split_ins, [cut(x, 0) for x in outs[:1]] + outs[1:]  # the rows' result; a weight gradient
+        split_ins = [split_dim(x, 0, cp) if i in rows else x for i, x in enumerate(ins)]
+        return split_ins, [split_dim(x, 0, cp) for x in outs[:1]] + outs[1:]  # the rows' result; not dW
 
     def routed(shape: Shape) -> Shape:
-        return cut(shape, 0) if shape and shape[0] % tokens == 0 else shape
+        return split_dim(shape, 0, cp) if shape and shape[0] % tokens == 0 else shape
 
     return [routed(x) for x in ins], [routed(x) for x in outs]
 

@@ -124,7 +124,7 @@ class ExpertPlan:
         if block is None:
             return child
         rest = module[len(block) + 1 :].split(".", 1)[0]
-        return None if not rest or is_router(f"{block}.{rest}") or rest == "experts" else f"{block}.{rest}"
+        return None if not rest or rest in _ROUTERS or rest == "experts" else f"{block}.{rest}"
 
     def crossing(self, module: str) -> list[Comm]:
         """The all-to-all issued before a node of ``module`` runs (none, or one where the run enters or

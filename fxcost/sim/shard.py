@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from fxcost.lowering import recorded_bytes
-from fxcost.lowering.experts import GROUPED_MM_OPS
+from fxcost.lowering.experts import GROUPED_MM_OPS, is_grouped_weight_gradient
 from fxcost.lowering.nodes import MATMULS, matmul_operands
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.recompute import LINEAR
@@ -32,6 +32,7 @@ __all__ = [
     "shard_node",
     "shard_sequence",
     "shard_vocabulary",
+    "split_dim",
 ]
 
 
@@ -79,7 +80,7 @@ def shard_sequence(node: NodeCost, tp: int, hidden: int, tokens: int) -> NodeCos
         # The sequence (the dimension before the width; Megatron's layout puts it first), else the rows.
         dims = [len(shape) - 2, *range(len(shape) - 2)]
         dim = next((i for i in dims if shape[i] % tp == 0), -1)
-        return shape if dim < 0 else (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
+        return shape if dim < 0 else split_dim(shape, dim, tp)
 
     if not any(rows(s) and s[-1] == hidden for s in (*node.in_shapes, *node.out_shapes)):
         return None
@@ -115,14 +116,17 @@ def _on_shapes(node: NodeCost, in_shapes: list[Shape], out_shapes: list[Shape]) 
                         bytes_written=recorded_bytes(out_shapes, node.out_dtypes))  # fmt: skip
 
 
+def split_dim(shape: Shape, dim: int, parts: int) -> Shape:
+    """``shape`` with dimension ``dim`` cut in ``parts``."""
+    return (*shape[:dim], shape[dim] // parts, *shape[dim + 1 :])
+
+
 def _split(shape: Shape, tp: int, hidden: int) -> Shape:
     """A tensor's shard: heads (dimension 1 of a 4-d tensor) or features (the last) split."""
     if not shape or shape[-1] == hidden:
         return shape
     dim = 1 if len(shape) == 4 and shape[1] % tp == 0 else len(shape) - 1
-    if shape[dim] % tp:
-        return shape
-    return (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
+    return shape if shape[dim] % tp else split_dim(shape, dim, tp)
 
 
 def _shard_matmul(node: NodeCost, tp: int, tokens: int, column: bool = False) -> NodeCost | None:
@@ -169,7 +173,7 @@ def _shard_grouped(node: NodeCost, tp: int, hidden: int) -> NodeCost | None:
     ``[A, S] x [S, B] -> [E, A, B]`` (grouped along the rows), split along ``A`` or ``B``, whichever is
     not the model's width. None if nothing splits evenly."""
     ins = node.in_shapes
-    if len(ins) >= 2 and len(ins[0]) == len(ins[1]) == 2 and node.out_shapes and len(node.out_shapes[0]) == 3:
+    if is_grouped_weight_gradient(node):
         a, b = ins[0][0], ins[1][1]
         if a != hidden and a % tp == 0:
             split, outs = {0: 0}, {0: 1}
@@ -189,11 +193,8 @@ def _shard_grouped(node: NodeCost, tp: int, hidden: int) -> NodeCost | None:
     else:
         return None
 
-    def cut(shape: Shape, dim: int | None) -> Shape:
-        return shape if dim is None else (*shape[:dim], shape[dim] // tp, *shape[dim + 1 :])
-
-    in_shapes = [cut(x, split.get(i)) for i, x in enumerate(ins)]
-    out_shapes = [cut(x, outs.get(i)) for i, x in enumerate(node.out_shapes)]
+    in_shapes = [x if i not in split else split_dim(x, split[i], tp) for i, x in enumerate(ins)]
+    out_shapes = [x if i not in outs else split_dim(x, outs[i], tp) for i, x in enumerate(node.out_shapes)]
     return node.replace(in_shapes=in_shapes, out_shapes=out_shapes,
                         flops=None if node.flops is None else node.flops // tp,
                         bytes_read=recorded_bytes(in_shapes, node.in_dtypes),

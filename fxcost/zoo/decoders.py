@@ -40,30 +40,36 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["ATTENTIONS", "DECODERS", "MOE_FAMILIES", "Decoder", "decoder"]
+__all__ = ["ATTENTIONS", "DECODERS", "MOE_FAMILIES", "Decoder", "MoeFamily", "decoder"]
 
 ATTENTIONS = ("sdpa", "eager")
 
-MOE_FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
-    "mixtral": ("MixtralForCausalLM", "num_local_experts", "intermediate_size", {}),
-    "qwen3_moe": (
-        "Qwen3MoeForCausalLM",
-        "num_experts",
-        "moe_intermediate_size",
-        {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True},
-    ),
-    "olmoe": ("OlmoeForCausalLM", "num_experts", "intermediate_size", {}),
-    "qwen2_moe": (
-        "Qwen2MoeForCausalLM",
-        "num_experts",
-        "moe_intermediate_size",
-        {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": False},
-    ),
+
+class MoeFamily(NamedTuple):
+    """A Hugging Face family a mixture of experts is traced as."""
+
+    architecture: str
+    experts_key: str  # the config's key for the experts per layer
+    width_key: str  # and for each expert's width
+    top_k: int  # experts per token where the config does not say (the family's default)
+    shared_ffn: int  # its shared expert's width where the config does not say (0: it has none)
+    settings: dict[str, Any]  # what else makes every layer's MLP a mixture
+
+
+_EVERY_LAYER = {"decoder_sparse_step": 1, "mlp_only_layers": []}
+# fmt: off
+MOE_FAMILIES: dict[str, MoeFamily] = {
+    "mixtral": MoeFamily("MixtralForCausalLM", "num_local_experts", "intermediate_size", 2, 0, {}),
+    "qwen3_moe": MoeFamily("Qwen3MoeForCausalLM", "num_experts", "moe_intermediate_size", 8, 0,
+                           {**_EVERY_LAYER, "norm_topk_prob": True}),
+    "olmoe": MoeFamily("OlmoeForCausalLM", "num_experts", "intermediate_size", 8, 0, {}),
+    "qwen2_moe": MoeFamily("Qwen2MoeForCausalLM", "num_experts", "moe_intermediate_size", 4, 5632,
+                           {**_EVERY_LAYER, "norm_topk_prob": False}),
 }
-"""The Hugging Face families a mixture of experts is traced as, by ``model_type``: the architecture, the
-config's keys for the experts and their width, and the settings that make every layer's MLP routed."""
+# fmt: on
+"""The families a mixture of experts is traced as, by ``model_type``, with Hugging Face's defaults."""
 
 
 @dataclass(frozen=True)
@@ -125,10 +131,10 @@ class Decoder:
                 f"decoder {self.name!r}: head_dim={self.head_dim} with OLMoE, whose query norm is as wide as "
                 "the model; accepted: head_dim None (hidden / heads)"
             )
-        if self.shared_ffn and (self.experts == 1 or self.moe_family != "qwen2_moe"):
+        if self.shared_ffn and not self.has_shared_expert:
             raise ValueError(
                 f"decoder {self.name!r}: a shared expert (shared_ffn={self.shared_ffn}) needs experts > 1 "
-                "and moe_family='qwen2_moe', the family that runs one"
+                "and a family that runs one (qwen2_moe)"
             )
         if self.head_dim is not None and not self.gated:
             raise ValueError(
@@ -171,6 +177,11 @@ class Decoder:
         return self._matmul_params(self.top_k)
 
     @property
+    def has_shared_expert(self) -> bool:
+        """Whether its mixture runs a shared expert beside the routed ones (Qwen2-MoE's family does)."""
+        return self.experts > 1 and MOE_FAMILIES[self.moe_family].shared_ffn > 0
+
+    @property
     def attention_width(self) -> int:
         """The queries' width, ``heads x head_dim`` (``hidden`` unless the heads say otherwise)."""
         return self.heads * (self.head_dim or self.hidden // self.heads)
@@ -181,7 +192,7 @@ class Decoder:
         mlp = experts * (3 if self.gated else 2) * h * self.ffn + (
             h * self.experts if self.experts > 1 else 0
         )
-        if self.moe_family == "qwen2_moe" and self.experts > 1:  # its shared expert and that expert's gate
+        if self.has_shared_expert:  # and that expert's gate
             mlp += 3 * h * self.shared_ffn + h
         return self.layers * (attention + mlp) + self.vocab * h
 
@@ -212,12 +223,12 @@ class Decoder:
         if self.gated:
             family: dict[str, Any] = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
             if self.experts > 1:
-                architecture, count, width, own = MOE_FAMILIES[self.moe_family]
-                family = {"model_type": self.moe_family, "architectures": [architecture], count: self.experts,
-                          "num_experts_per_tok": self.top_k, width: self.ffn, "output_router_logits": False,
-                          **own}  # fmt: skip
-            if self.moe_family == "qwen2_moe" and self.experts > 1:
-                family["shared_expert_intermediate_size"] = self.shared_ffn
+                moe = MOE_FAMILIES[self.moe_family]
+                family = {"model_type": self.moe_family, "architectures": [moe.architecture],
+                          moe.experts_key: self.experts, "num_experts_per_tok": self.top_k,
+                          moe.width_key: self.ffn, "output_router_logits": False, **moe.settings}  # fmt: skip
+            if self.has_shared_expert:
+                family[_SHARED_EXPERTS[0]] = self.shared_ffn
             if self.head_dim is not None:
                 family["head_dim"] = self.head_dim
             return {
@@ -321,7 +332,7 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
     nested = {k: v for part in raw.values() if isinstance(part, dict) for k, v in part.items()}  # DBRX's
     other = next((k for k in _OTHER_EXPERT_KEYS if (raw.get(k) or nested.get(k) or 0) > 1), None)
     family = str(raw.get("model_type") or "")
-    own = _SHARED_EXPERTS[:1] if family == "qwen2_moe" else ()  # the one shared expert it runs
+    own = _SHARED_EXPERTS[:1] if family in MOE_FAMILIES and MOE_FAMILIES[family].shared_ffn else ()
     shared = [k for k in _SHARED_EXPERTS if raw.get(k) and k not in own]
     unread = [f"{k}={raw[k]}" for k in shared]  # what fxcost plan does not trace
     if other != "num_experts" or family not in MOE_FAMILIES:
@@ -356,18 +367,17 @@ def _from_config(raw: dict[str, Any], name: str) -> Decoder:
         )
     kv = kv if gated else None
     tied = raw.get("tie_word_embeddings")
-    experts, top_k, moe_family = int(raw.get(_MIXTRAL_EXPERTS) or 1), 1, "mixtral"
-    if experts > 1:
-        top_k = int(raw.get("num_experts_per_tok") or 2)  # Mixtral's default: 2
-    elif other is not None:  # Qwen's or OLMoE's: the experts' own width where it is given
+    experts, moe_family = int(raw.get(_MIXTRAL_EXPERTS) or 1), "mixtral"
+    if other is not None:  # Qwen's or OLMoE's: the experts' own width where it is given
         experts, moe_family = int(raw[other]), family
-        top_k = int(raw.get("num_experts_per_tok") or (4 if family == "qwen2_moe" else 8))  # the defaults
-        found["ffn"] = int(raw.get(MOE_FAMILIES[family][2]) or found["ffn"])
+        found["ffn"] = int(raw.get(MOE_FAMILIES[family].width_key) or found["ffn"])
+    moe = MOE_FAMILIES[moe_family]
+    top_k = int(raw.get("num_experts_per_tok") or moe.top_k) if experts > 1 else 1
     head_dim = raw.get("head_dim") if gated else None
     head_dim = (
         None if head_dim is None or int(head_dim) * found["heads"] == found["hidden"] else int(head_dim)
     )
-    shared_ffn = int(raw.get(_SHARED_EXPERTS[0], 5632 if moe_family == "qwen2_moe" else 0))  # HF's default
+    shared_ffn = int(raw.get(_SHARED_EXPERTS[0], moe.shared_ffn)) if experts > 1 else 0
     return Decoder(name, gated=gated, kv_heads=None if kv is None else int(kv),
                    tied=None if tied is None else bool(tied), experts=experts, top_k=top_k,
                    head_dim=head_dim, moe_family=moe_family, shared_ffn=shared_ffn, **found)  # fmt: skip

@@ -212,7 +212,7 @@ def test_the_traced_model_has_the_parameters_the_decoder_counts(
     from fxcost.zoo.decoders import MOE_FAMILIES
     from fxcost.zoo.hf import hf_step
 
-    moe = next((k for k, v in MOE_FAMILIES.items() if v[0] == family), "mixtral")
+    moe = next((k for k, v in MOE_FAMILIES.items() if v.architecture == family), "mixtral")
     d = dataclasses.replace(TINY, gated=gated, kv_heads=2 if gated else None, tied=tied, experts=experts,
                             top_k=min(experts, 2), head_dim=head_dim, moe_family=moe,
                             shared_ffn=96 if moe == "qwen2_moe" else 0)  # fmt: skip
