@@ -44,6 +44,7 @@ from itertools import accumulate
 from typing import NamedTuple
 
 from fxcost.sim.cluster import Cluster, link_sharing, ring_hop
+from fxcost.sim.deepen import layer_sources
 from fxcost.sim.engine import GAMMA
 from fxcost.sim.memory import GIB, model_state_bytes, optimizer_step_ms, state_groups
 from fxcost.sim.moe import expert_shards, is_expert
@@ -92,7 +93,7 @@ class Pieces:
 
     Attributes:
         plan: the one-stage plan itself (deepened for the exact simulation).
-        traced: the traced layers, in order; the deep model's layer ``i`` repeats ``traced[min(i, n-1)]``.
+        traced: the traced layers, in order (which of them each deep layer repeats: :func:`estimate`).
         forward, backward: by traced layer, and ``"embed"``/``"head"`` for the parts before and after.
         params: parameters by traced layer and ``""`` (outside the layers), before tensor parallelism.
         experts: of ``params``, the mixture-of-experts layers' experts' (:func:`fxcost.sim.moe.is_expert`).
@@ -231,12 +232,14 @@ def _total(counts: Layers, value: Callable[[str], float]) -> float:
 
 
 @lru_cache(maxsize=4096)
-def _stage_layers(layers: int, pp: int, vpp: int, traced: tuple[str, ...]) -> tuple[tuple[str, Layers], ...]:
-    """Each stage's first layer and its layers counted, of a model ``layers`` deep in ``pp`` stages of
-    ``vpp`` chunks, its layer ``i`` a repeat of ``traced[min(i, n - 1)]``."""
+def _stage_layers(
+    sources: tuple[int, ...], pp: int, vpp: int, traced: tuple[str, ...]
+) -> tuple[tuple[str, Layers], ...]:
+    """Each stage's first layer and its layers counted, of a model whose layer ``i`` repeats
+    ``traced[sources[i]]``, in ``pp`` stages of ``vpp`` chunks."""
     by_stage: list[list[str]] = [[] for _ in range(pp)]
-    for i, (stage, _) in enumerate(virtual_stages(layers, pp, vpp)):
-        by_stage[stage].append(traced[min(i, len(traced) - 1)])
+    for i, (stage, _) in enumerate(virtual_stages(len(sources), pp, vpp)):
+        by_stage[stage].append(traced[sources[i]])
     return tuple((mine[0], tuple(sorted(Counter(mine).items()))) for mine in by_stage)
 
 
@@ -286,16 +289,20 @@ def _beyond_backward(reduced: float, backward: float, layers: int, s: Strategy) 
     return end
 
 
-def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: float = GAMMA) -> Estimate:
-    """The iteration and peak memory of ``pieces`` deepened to ``layers`` layers under ``s`` on ``cluster``;
+def estimate(
+    pieces: Pieces, s: Strategy, layers: int | Sequence[int], cluster: Cluster, gamma: float = GAMMA
+) -> Estimate:
+    """The iteration and peak memory of ``pieces`` deepened to ``layers`` layers (a depth, or each
+    layer's traced layer: :func:`~fxcost.sim.deepen.layer_sources`) under ``s`` on ``cluster``;
     ``gamma``: the overlap factor, as the simulator's.
 
     Raises:
         ValueError: ``s.pp`` exceeds ``layers``, or ``s`` gives experts a load (``expert_load``) or
             uses HSDP, which this pass does not model (``fxcost.simulate`` does).
     """
-    if s.pp > layers:
-        raise ValueError(f"pp={s.pp} stages but the model has {layers} layers to split")
+    sources = layer_sources(layers, len(pieces.traced))
+    if s.pp > len(sources):
+        raise ValueError(f"pp={s.pp} stages but the model has {len(sources)} layers to split")
     if s.shard or s.expert_load is not None:
         raise ValueError(f"the analytic pass models balanced experts and no HSDP, not {s}: use simulate")
 
@@ -368,7 +375,7 @@ def estimate(pieces: Pieces, s: Strategy, layers: int, cluster: Cluster, gamma: 
     # Stages of the same layers, the first and the last apart, are the same stage.
     memo: dict[tuple[object, ...], _Stage] = {}
     stages: list[_Stage] = []
-    for index, (first, counts) in enumerate(_stage_layers(layers, s.pp, s.vpp, pieces.traced)):
+    for index, (first, counts) in enumerate(_stage_layers(sources, s.pp, s.vpp, pieces.traced)):
         key = (first, counts, index == 0, index == s.pp - 1)
         if key not in memo:
             memo[key] = priced(*key)

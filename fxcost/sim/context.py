@@ -16,7 +16,8 @@ the mask. The backward passes the keys and values again, with their gradients: t
 
 Each rank sends ``tokens / cp`` keys and as many values per step, ``2 * tokens / cp * kv_width`` elements
 (``kv_width``: the narrowest projection of the attention, the keys' and values' width with grouped-query
-attention, split over ``tp``). Gradients are reduced over ``dp * cp`` ranks (:mod:`fxcost.sim.simulator`).
+attention; a latent attention's keys' and values' mean width; split over ``tp``). Gradients are reduced
+over ``dp * cp`` ranks (:mod:`fxcost.sim.simulator`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from fxcost.lowering.experts import GROUPED_MM_OPS, is_grouped_weight_gradient
 from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.comm import Comm
+from fxcost.sim.layers import any_layer
 from fxcost.sim.moe import is_expert, is_router
 from fxcost.sim.shard import split_dim
 
@@ -81,10 +83,18 @@ def kv_width(nodes: Sequence[NodeCost], attention: set[int], hidden: int, tokens
     tokens in the modules of the attention nodes (else in their parents), in any layer (``k_proj``;
     ``hidden`` for a fused QKV projection), a mixture-of-experts router's (one column per expert)
     aside. Any layer: a distinct node names one of the layers that ran it, the attention another
-    layer than its projections."""
-    attending = {_any_layer(nodes[i].module) for i in attention}
+    layer than its projections. Where a fused attention's values are narrower than its keys (DeepSeek's
+    latent attention, whose narrowest products are the latents the keys and values are projected up
+    from), its keys and values themselves: the mean of their widths over the heads."""
+    for i in attention:
+        n = nodes[i]
+        if any(f in n.op for f in _FUSED) and "backward" not in n.op and len(n.in_shapes) >= 3:
+            k, v = n.in_shapes[1], n.in_shapes[2]
+            if len(k) == len(v) == 4 and k[-1] != v[-1]:
+                return k[1] * (k[-1] + v[-1]) // 2
+    attending = {any_layer(nodes[i].module) for i in attention}
     products = [
-        (_any_layer(n.module), n.out_shapes[0][-1])
+        (any_layer(n.module), n.out_shapes[0][-1])
         for n in nodes
         if n.op in MATMULS and n.out_shapes and math.prod(n.out_shapes[0][:-1]) == tokens
         and not is_router(n.module)
@@ -97,11 +107,6 @@ def kv_width(nodes: Sequence[NodeCost], attention: set[int], hidden: int, tokens
         if widths:
             return min(widths)
     return hidden
-
-
-def _any_layer(module: str) -> str:
-    """``module``'s path with its indices wildcarded (``model.layers.#.self_attn``)."""
-    return ".".join("#" if part.isdigit() else part for part in module.split("."))
 
 
 def _has_scores(node: NodeCost, seqlen: int) -> bool:

@@ -6,7 +6,7 @@ tracing two and repeating them gives the deep model's stages (:func:`deepen`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from fxcost._checks import positive_int
@@ -15,12 +15,32 @@ from fxcost.sim.recompute import activations
 from fxcost.sim.schedule import assign_chunks, virtual_stages
 from fxcost.sim.strategy import Strategy
 
-__all__ = ["deepen"]
+__all__ = ["deepen", "layer_sources"]
 
 
-def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: int) -> Plan:
+def layer_sources(layers: int | Sequence[int], traced: int) -> tuple[int, ...]:
+    """The traced layer (of ``traced``) each of the deep model's layers repeats: ``layers`` a depth, the
+    first traced layers then the last one repeated (layer ``i`` repeats ``min(i, traced - 1)``), or one
+    traced index per layer, for a model whose layers are of kinds (DeepSeek's dense layers before its
+    sparse ones: :meth:`fxcost.zoo.decoders.Decoder.layer_sources`).
+
+    Raises:
+        ValueError: a depth below 1, or an index that names no traced layer.
+    """
+    if isinstance(layers, int):
+        return tuple(min(i, traced - 1) for i in range(positive_int("layers", layers)))
+    sources = tuple(layers)
+    if not sources or any(not 0 <= i < traced for i in sources):
+        raise ValueError(
+            f"layer sources {sources} must each be the index of one of the {traced} traced layers"
+        )
+    return sources
+
+
+def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: int | Sequence[int]) -> Plan:
     """``plan``, compiled with one pipeline stage for a model of a few identical layers, as the plan of
-    the same model ``layers`` layers deep under ``strategy`` (its pipeline stages included).
+    the same model ``layers`` layers deep under ``strategy`` (its pipeline stages included); ``layers``
+    a depth or each layer's traced layer (:func:`layer_sources`).
 
     A model of hundreds of layers need not be traced whole: its layers are the same module repeated,
     so tracing two and repeating them gives the deep model's stages. The deep model's first layers are
@@ -35,18 +55,18 @@ def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: in
             ``pp x vpp`` virtual stages exceed ``layers``.
     """
     s = strategy
-    positive_int("layers", layers)
     if len(plan.stages) != 1 or not plan.stages[0].layers:
         raise ValueError(f"deepen takes a one-stage plan with layers; got {len(plan.stages)} stage(s)")
     p = plan.strategy
     if (p.dp, p.tp, p.sp, p.micro_batches, p.ep, p.cp) != (s.dp, s.tp, s.sp, s.micro_batches, s.ep, s.cp):
         raise ValueError(f"deepen: the plan was compiled for {p}, not the dp, tp, sp, mb, ep and cp of {s}")
-    placed = virtual_stages(layers, s.pp, s.vpp)  # (stage, chunk) of each layer; raises if too few
     stage = plan.stages[0]
     traced = stage.layers
+    sources = layer_sources(layers, len(traced))
+    placed = virtual_stages(len(sources), s.pp, s.vpp)  # (stage, chunk) of each layer; raises if too few
     prefix = traced[-1].rpartition(".")[0]
-    names = [f"{prefix}.{i}" if prefix else str(i) for i in range(layers)]
-    source = {name: traced[min(i, len(traced) - 1)] for i, name in enumerate(names)}
+    names = [f"{prefix}.{i}" if prefix else str(i) for i in range(len(sources))]
+    source = {name: traced[j] for name, j in zip(names, sources, strict=True)}
 
     def parts(segments: list[Segment]) -> tuple[list[Segment], dict[str, list[Segment]], list[Segment]]:
         """(the segments before the layers, each traced layer's, those after the layers)"""

@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Collection, Sequence
 
-__all__ = ["in_tp_region", "layer_of", "layers_of", "region_of"]
+__all__ = ["any_layer", "in_tp_region", "layer_of", "layers_of", "region_of"]
 
 _LAYER = re.compile(r"^(.*?\.?\d+)(?:\.|$)")  # the first path prefix that ends in an index
 _NORM = re.compile(r"(^|\.)(ln(_\w+)?|\w*norm\w*)$", re.IGNORECASE)  # ln_1, layernorm, norm
@@ -64,3 +64,9 @@ def in_tp_region(module: str, layer: str) -> bool:
     if module == layer:
         return False
     return not _NORM.search(region_of(module, layer))
+
+
+def any_layer(module: str) -> str:
+    """``module``'s path with its indices wildcarded (``model.layers.#.self_attn``): a distinct node of a
+    step names one of the layers that ran it, so what holds for a layer's module holds for its twins'."""
+    return ".".join("#" if part.isdigit() else part for part in module.split("."))

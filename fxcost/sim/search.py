@@ -237,7 +237,8 @@ def plan(
             f"that splits over the data-parallel replicas, e.g. a multiple of {cluster.world_size}"
         )
     estimator = estimator or default_estimator()
-    config = dec.hf_config(TRACED_LAYERS, seq)
+    config = dec.hf_config(dec.traced_depth(TRACED_LAYERS), seq)
+    depth = dec.layer_sources(TRACED_LAYERS)  # the traced layer each of the model's layers repeats
 
     captured: dict[int, Any] = {}
     pieces: dict[tuple[int, bool, int, int, int], Pieces] = {}
@@ -290,13 +291,13 @@ def plan(
         if i % 64 == 0:
             update("searching plans", i, len(choices))
         s, micro = _strategy(choice, batch), choice["micro_batch"]
-        guess = estimate(piece(s, micro), s, dec.layers, cluster)
+        guess = estimate(piece(s, micro), s, depth, cluster)
         found.append(candidate(s, micro, guess.iteration_ms, guess.iteration_ms, False, guess.memory_gib))
     fitting = sorted((c for c in found if not c.oom), key=lambda c: c.iteration_ms)[:exact]
     for i, best in enumerate(fitting):
         update("simulating the best plans", i, len(fitting))
         p = piece(best.strategy, best.micro_batch)
-        ms, gib = simulate_pieces(p, captured[best.micro_batch][1], best.strategy, dec.layers, cluster)
+        ms, gib = simulate_pieces(p, captured[best.micro_batch][1], best.strategy, depth, cluster)
         found[found.index(best)] = candidate(best.strategy, best.micro_batch, best.analytic_ms, ms, True, gib)
     found.sort(key=lambda c: (c.oom, not c.exact, c.iteration_ms))
     simulated = [c for c in found if c.exact]
@@ -307,11 +308,15 @@ def plan(
 
 
 def simulate_pieces(
-    pieces: Pieces, params: Mapping[str, int], strategy: Strategy, layers: int, cluster: Cluster
+    pieces: Pieces,
+    params: Mapping[str, int],
+    strategy: Strategy,
+    layers: int | Sequence[int],
+    cluster: Cluster,
 ) -> tuple[float, float]:
     """(the simulated iteration in ms, the peak memory of the fullest rank in GiB) of ``pieces``
-    deepened to ``layers`` layers under ``strategy``: the steps of :func:`fxcost.simulate` after its
-    trace, without the interval."""
+    deepened to ``layers`` layers (:func:`~fxcost.sim.deepen.layer_sources`) under ``strategy``: the
+    steps of :func:`fxcost.simulate` after its trace, without the interval."""
     one = dataclasses.replace(pieces.plan, strategy=dataclasses.replace(strategy, pp=1, vpp=1))
     deep = deepen(one, params, strategy, layers)
     tasks, _ = _tasks(deep, cluster)

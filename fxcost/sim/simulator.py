@@ -18,7 +18,7 @@ import dataclasses
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,7 +120,7 @@ def simulate(
     loss_fn: LossFn = default_loss,
     estimator: Estimator | None = None,
     execution: str = "eager",
-    layers: int | None = None,
+    layers: int | Sequence[int] | None = None,
 ) -> SimResult:
     """Simulate one training iteration of ``model`` under ``strategy`` on ``cluster``.
 
@@ -141,7 +141,8 @@ def simulate(
             step, :meth:`~fxcost.estimator.Captured.cost`); collectives are left as they are.
         layers: simulate the model as this many layers deep: its traced layers (identical, at least
             one) stand for ``layers`` of them, the last one repeated (:func:`fxcost.sim.deepen.deepen`), so
-            that a model of hundreds of layers is traced with two. None: as traced.
+            that a model of hundreds of layers is traced with two; or one traced layer's index per layer,
+            for layers of kinds (:meth:`fxcost.zoo.decoders.Decoder.layer_sources`). None: as traced.
 
     Raises:
         ValueError: ``batch`` or ``seqlen`` is below 1, the strategy needs another number of GPUs than
@@ -168,7 +169,7 @@ def simulate(
     else:
         one_stage = dataclasses.replace(strategy, pp=1, vpp=1)
         plan = compile_plan(captured, params, one_stage, cluster.device, batch, parsed)
-        plan = deepen(plan, params, strategy, positive_int("layers", layers))
+        plan = deepen(plan, params, strategy, layers)
     tasks, collectives = _tasks(plan, cluster)
     if execution != "eager":
         micro = strategy.micro_batch(batch)

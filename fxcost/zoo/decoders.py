@@ -37,39 +37,19 @@ Example:
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-__all__ = ["ATTENTIONS", "DECODERS", "MOE_FAMILIES", "Decoder", "MoeFamily", "decoder"]
+from fxcost.zoo.families import MOE_FAMILIES, Latent, MoeFamily
+
+__all__ = ["ATTENTIONS", "DECODERS", "MOE_FAMILIES", "Decoder", "Latent", "MoeFamily", "decoder"]
 
 ATTENTIONS = ("sdpa", "eager")
 
 
-class MoeFamily(NamedTuple):
-    """A Hugging Face family a mixture of experts is traced as."""
-
-    architecture: str
-    experts_key: str  # the config's key for the experts per layer
-    width_key: str  # and for each expert's width
-    top_k: int  # experts per token where the config does not say (the family's default)
-    shared_ffn: int  # its shared expert's width where the config does not say (0: it has none)
-    settings: dict[str, Any]  # what else makes every layer's MLP a mixture
-
-
-_EVERY_LAYER = {"decoder_sparse_step": 1, "mlp_only_layers": []}
-# fmt: off
-MOE_FAMILIES: dict[str, MoeFamily] = {
-    "mixtral": MoeFamily("MixtralForCausalLM", "num_local_experts", "intermediate_size", 2, 0, {}),
-    "qwen3_moe": MoeFamily("Qwen3MoeForCausalLM", "num_experts", "moe_intermediate_size", 8, 0,
-                           {**_EVERY_LAYER, "norm_topk_prob": True}),
-    "olmoe": MoeFamily("OlmoeForCausalLM", "num_experts", "intermediate_size", 8, 0, {}),
-    "qwen2_moe": MoeFamily("Qwen2MoeForCausalLM", "num_experts", "moe_intermediate_size", 4, 5632,
-                           {**_EVERY_LAYER, "norm_topk_prob": False}),
-}
-# fmt: on
-"""The families a mixture of experts is traced as, by ``model_type``, with Hugging Face's defaults."""
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -79,7 +59,7 @@ class Decoder:
     Attributes:
         name: what it is called (a named model, or the config file's name).
         layers, hidden, heads: transformer layers, model width, attention heads.
-        ffn: MLP width (of each of the gate and up projections when ``gated``).
+        ffn: MLP width (of each of the gate and up projections when ``gated``; each expert's in a mixture).
         vocab: vocabulary (the input embedding and the output layer).
         seq: the context it was trained at (the default sequence length of a plan).
         gated: a SwiGLU MLP (three ``hidden x ffn`` matrices) rather than two: a Llama-family model.
@@ -90,8 +70,11 @@ class Decoder:
             token runs ``top_k``; 1 and 1: one dense MLP.
         head_dim: each attention head's width; None: ``hidden / heads``.
         moe_family: the Hugging Face family a mixture is traced as (:data:`MOE_FAMILIES`).
-        shared_ffn: the width of a shared expert every token runs beside the routed ones, with a
-            one-column sigmoid gate (Qwen2-MoE's); 0: none.
+        shared_ffn: the width of a shared expert every token runs beside the routed ones (Qwen2-MoE's,
+            with its gate; DeepSeek's, ``n_shared_experts`` experts run as one MLP); 0: none.
+        latent: multi-head latent attention in place of the heads' own projections (DeepSeek's).
+        dense_layers, dense_ffn: a mixture's first ``dense_layers`` layers run one dense MLP
+            ``dense_ffn`` wide instead of the experts (DeepSeek's ``first_k_dense_replace``).
     """
 
     name: str
@@ -109,33 +92,28 @@ class Decoder:
     head_dim: int | None = None
     moe_family: str = "mixtral"
     shared_ffn: int = 0
+    latent: Latent | None = None
+    dense_layers: int = 0
+    dense_ffn: int = 0
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq", "experts", "top_k", "head_dim"):
             value = getattr(self, key)
             if key == "head_dim" and value is None:
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not _whole(value) or value < 1:
                 raise ValueError(f"decoder {self.name!r}: {key} must be a whole number >= 1, got {value!r}")
+        for key in ("shared_ffn", "dense_layers", "dense_ffn"):
+            if not _whole(getattr(self, key)) or getattr(self, key) < 0:
+                raise ValueError(
+                    f"decoder {self.name!r}: {key} must be a whole number >= 0, got {getattr(self, key)!r}"
+                )
         if self.moe_family not in MOE_FAMILIES:
             raise ValueError(
                 f"decoder {self.name!r}: unknown moe_family {self.moe_family!r}; accepted: "
                 f"{', '.join(MOE_FAMILIES)}"
             )
-        if not isinstance(self.shared_ffn, int) or isinstance(self.shared_ffn, bool) or self.shared_ffn < 0:
-            raise ValueError(
-                f"decoder {self.name!r}: shared_ffn must be a whole number >= 0, got {self.shared_ffn!r}"
-            )
-        if self.head_dim is not None and self.moe_family == "olmoe" and self.experts > 1:
-            raise ValueError(
-                f"decoder {self.name!r}: head_dim={self.head_dim} with OLMoE, whose query norm is as wide as "
-                "the model; accepted: head_dim None (hidden / heads)"
-            )
-        if self.shared_ffn and not self.has_shared_expert:
-            raise ValueError(
-                f"decoder {self.name!r}: a shared expert (shared_ffn={self.shared_ffn}) needs experts > 1 "
-                "and a family that runs one (qwen2_moe)"
-            )
+        self._check_mixture()
         if self.head_dim is not None and not self.gated:
             raise ValueError(
                 f"decoder {self.name!r}: head_dim={self.head_dim} needs a gated (Llama-family) decoder; a "
@@ -146,7 +124,7 @@ class Decoder:
                 f"decoder {self.name!r}: hidden {self.hidden} is not a multiple of heads {self.heads}"
             )
         kv = self.kv_heads
-        if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.heads % kv):
+        if kv is not None and (not _whole(kv) or kv < 1 or self.heads % kv):
             raise ValueError(
                 f"decoder {self.name!r}: kv_heads must be a whole number >= 1 dividing heads {self.heads}, "
                 f"got {kv!r}"
@@ -156,6 +134,10 @@ class Decoder:
                 f"decoder {self.name!r}: kv_heads={kv} needs a gated (Llama-family) decoder; a GPT-family "
                 "one is traced as GPT-2, whose every head has its keys and values"
             )
+
+    def _check_mixture(self) -> None:
+        family = MOE_FAMILIES[self.moe_family]
+        deepseek = self.moe_family.startswith("deepseek")
         if self.experts > 1 and not self.gated:
             raise ValueError(
                 f"decoder {self.name!r}: experts={self.experts} needs a gated decoder (Mixtral's SwiGLU "
@@ -163,12 +145,40 @@ class Decoder:
             )
         if self.top_k > self.experts:
             raise ValueError(f"decoder {self.name!r}: top_k={self.top_k} exceeds experts={self.experts}")
+        if self.head_dim is not None and self.moe_family == "olmoe" and self.experts > 1:
+            raise ValueError(
+                f"decoder {self.name!r}: head_dim={self.head_dim} with OLMoE, whose query norm is as wide as "
+                "the model; accepted: head_dim None (hidden / heads)"
+            )
+        if self.shared_ffn and (self.experts == 1 or not family.shared_key):
+            raise ValueError(
+                f"decoder {self.name!r}: a shared expert (shared_ffn={self.shared_ffn}) needs experts > 1 "
+                "and a family that runs one (qwen2_moe, deepseek_v2, deepseek_v3)"
+            )
+        if deepseek and self.shared_ffn % self.ffn:
+            raise ValueError(
+                f"decoder {self.name!r}: DeepSeek's shared experts are ffn={self.ffn} wide each; shared_ffn="
+                f"{self.shared_ffn} is not a multiple of it"
+            )
+        if (self.latent is not None or self.dense_layers) and not (deepseek and self.experts > 1):
+            raise ValueError(
+                f"decoder {self.name!r}: latent attention and dense_layers are DeepSeek's; accepted with "
+                "experts > 1 and moe_family deepseek_v2 or deepseek_v3"
+            )
+        if deepseek and self.experts > 1 and (self.latent is None or self.head_dim is not None):
+            raise ValueError(f"decoder {self.name!r}: a DeepSeek mixture needs its latent= attention dims")
+        if self.dense_layers >= self.layers or (self.dense_layers and not self.dense_ffn):
+            raise ValueError(
+                f"decoder {self.name!r}: dense_layers={self.dense_layers} needs dense_ffn >= 1 and fewer "
+                f"dense layers than its {self.layers}"
+            )
 
     @property
     def matmul_params(self) -> int:
-        """Parameters of the matmuls: the queries' and output's ``2 h x heads x head dim`` (``2 h^2``)
-        and the keys' and values' ``2 h x kv_heads x head dim`` per layer, the MLP's ``2 or 3 h f``
-        (each expert's, and the router's ``h x experts``), and the output layer."""
+        """Parameters of the matmuls: the attention's (the queries' and output's ``2 h x heads x head
+        dim``, ``2 h^2``, and the keys' and values' ``2 h x kv_heads x head dim``; a latent attention's
+        own, :meth:`Latent.params`) per layer, the MLP's ``2 or 3 h f`` (each expert's, the router's
+        ``h x experts`` and a shared expert's; a dense layer's), and the output layer."""
         return self._matmul_params(self.experts)
 
     @property
@@ -178,23 +188,43 @@ class Decoder:
 
     @property
     def has_shared_expert(self) -> bool:
-        """Whether its mixture runs a shared expert beside the routed ones (Qwen2-MoE's family does)."""
-        return self.experts > 1 and MOE_FAMILIES[self.moe_family].shared_ffn > 0
+        """Whether its mixture runs a shared expert beside the routed ones (Qwen2-MoE's, DeepSeek's)."""
+        return self.experts > 1 and self.shared_ffn > 0
 
     @property
     def attention_width(self) -> int:
-        """The queries' width, ``heads x head_dim`` (``hidden`` unless the heads say otherwise)."""
+        """The queries' width, ``heads x head_dim`` (``hidden`` unless the heads say otherwise; a latent
+        attention's values' ``heads x v``, what its output projection takes)."""
+        if self.latent is not None:
+            return self.heads * self.latent.v
         return self.heads * (self.head_dim or self.hidden // self.heads)
+
+    @property
+    def score_widths(self) -> tuple[int, int]:
+        """The widths of the queries (and keys) and of the values over all heads: the score matmul's
+        contraction and the value matmul's output."""
+        if self.latent is not None:
+            return self.heads * (self.latent.nope + self.latent.rope), self.heads * self.latent.v
+        return self.attention_width, self.attention_width
 
     def _matmul_params(self, experts: int) -> int:
         h, kv = self.hidden, (self.kv_heads or self.heads) * (self.attention_width // self.heads)
-        attention = 2 * h * self.attention_width + 2 * h * kv
+        if self.latent is not None:
+            attention = self.latent.params(h, self.heads)
+        else:
+            attention = 2 * h * self.attention_width + 2 * h * kv
         mlp = experts * (3 if self.gated else 2) * h * self.ffn + (
             h * self.experts if self.experts > 1 else 0
         )
-        if self.has_shared_expert:  # and that expert's gate
-            mlp += 3 * h * self.shared_ffn + h
-        return self.layers * (attention + mlp) + self.vocab * h
+        if self.has_shared_expert:  # and, Qwen2-MoE's, that expert's gate
+            mlp += 3 * h * self.shared_ffn + h * MOE_FAMILIES[self.moe_family].shared_gate
+        dense = 3 * h * self.dense_ffn
+        return (
+            self.layers * attention
+            + (self.layers - self.dense_layers) * mlp
+            + self.dense_layers * dense
+            + self.vocab * h
+        )
 
     @property
     def is_tied(self) -> bool:
@@ -227,17 +257,23 @@ class Decoder:
                 family = {"model_type": self.moe_family, "architectures": [moe.architecture],
                           moe.experts_key: self.experts, "num_experts_per_tok": self.top_k,
                           moe.width_key: self.ffn, "output_router_logits": False, **moe.settings}  # fmt: skip
-            if self.has_shared_expert:
-                family[_SHARED_EXPERTS[0]] = self.shared_ffn
+                if moe.shared_key:
+                    family[moe.shared_key] = self.shared_ffn // (self.ffn if moe.counts_experts else 1)
             if self.head_dim is not None:
                 family["head_dim"] = self.head_dim
+            if self.latent is not None:
+                q_rank, kv_rank, nope, rope, v = self.latent
+                # its first layers dense, as many as it has (and at least one sparse one)
+                dense = min(self.dense_layers, depth - 1)
+                family.update(q_lora_rank=q_rank, kv_lora_rank=kv_rank, qk_nope_head_dim=nope,
+                              qk_rope_head_dim=rope, v_head_dim=v, first_k_dense_replace=dense)  # fmt: skip
             return {
                 **family,
                 "num_hidden_layers": depth,
                 "hidden_size": self.hidden,
                 "num_attention_heads": self.heads,
                 "num_key_value_heads": self.kv_heads or self.heads,
-                "intermediate_size": self.ffn,
+                "intermediate_size": self.dense_ffn if self.dense_layers else self.ffn,
                 "vocab_size": self.vocab,
                 "max_position_embeddings": seq,
                 "hidden_act": "silu",
@@ -265,10 +301,27 @@ class Decoder:
         of sequences ``seq`` long: PaLM's count (Chowdhery et al. 2022, appendix B) ``6 N + 12 L h s``
         per token, with ``N`` the matmul parameters (the layers' and the output layer's; the embedding
         lookup and positions do no matmul) and ``12 L h s`` the attention's score and value matmuls
-        (``h`` the queries' width, :attr:`attention_width`)
-        (Narayanan et al. 2021, eq. 3, has the same terms); a mixture of experts counts the ``top_k``
-        experts a token runs (:attr:`active_matmul_params`)."""
-        return tokens * (6.0 * self.active_matmul_params + 12.0 * self.layers * self.attention_width * seq)
+        (``h`` the queries' width, :attr:`attention_width`; ``6 L s (h_qk + h_v)`` where the values are
+        narrower, :attr:`score_widths`) (Narayanan et al. 2021, eq. 3, has the same terms); a mixture of
+        experts counts the ``top_k`` experts a token runs (:attr:`active_matmul_params`)."""
+        return tokens * (6.0 * self.active_matmul_params + 6.0 * self.layers * sum(self.score_widths) * seq)
+
+    def traced_depth(self, layers: int) -> int:
+        """How deep a trace that stands for the whole model is, traced with ``layers`` layers of each
+        kind: ``layers`` (at most the model's), or where the first layers are dense,
+        ``min(layers, dense_layers)`` of them and one sparse layer."""
+        if self.dense_layers:
+            return min(layers, self.dense_layers) + 1
+        return min(layers, self.layers)
+
+    def layer_sources(self, layers: int) -> tuple[int, ...]:
+        """The layer of a trace :meth:`traced_depth` ``(layers)`` deep that each of the model's layers
+        repeats: itself, else the last traced one of its kind (:func:`fxcost.sim.deepen.deepen`)."""
+        traced = self.traced_depth(layers)
+        if not self.dense_layers:
+            return tuple(min(i, traced - 1) for i in range(self.layers))
+        dense = traced - 1
+        return tuple(min(i, dense - 1) if i < self.dense_layers else dense for i in range(self.layers))
 
 
 DECODERS: dict[str, Decoder] = {
@@ -283,23 +336,6 @@ DECODERS: dict[str, Decoder] = {
         ),
     )
 }
-
-# Hugging Face config keys for each dimension, by the names the model families use.
-_KEYS = {
-    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "hidden": ("hidden_size", "n_embd", "d_model"),
-    "heads": ("num_attention_heads", "n_head"),
-    "ffn": ("intermediate_size", "n_inner", "ffn_dim"),
-    "vocab": ("vocab_size",),
-    "seq": ("max_position_embeddings", "n_positions", "seq_length"),
-}
-_GATED_ACTIVATIONS = ("silu", "swiglu", "swish")
-# Mixture-of-experts configs name their experts so: Mixtral's, Qwen3-MoE's, OLMoE's and Qwen2-MoE's
-# (read; Qwen2-MoE's shared expert too), DeepSeek's and DBRX's (shared experts of their own kind, dense
-# layers among the sparse ones: refused).
-_MIXTRAL_EXPERTS = "num_local_experts"
-_OTHER_EXPERT_KEYS = ("num_experts", "n_routed_experts", "moe_num_experts")
-_SHARED_EXPERTS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
 
 
 def decoder(model: str | Path | dict[str, Any] | Decoder) -> Decoder:
@@ -320,64 +356,9 @@ def decoder(model: str | Path | dict[str, Any] | Decoder) -> Decoder:
                 f"unknown model {str(model)!r}; accepted: a Hugging Face config.json or one of "
                 f"{', '.join(DECODERS)}"
             )
-        return _from_config(json.loads(path.read_text(encoding="utf-8")), path.stem)
-    return _from_config(dict(model), str(model.get("_name_or_path") or model.get("model_type") or "model"))
+        from fxcost.zoo.hf_configs import read_config  # it builds Decoders
 
+        return read_config(json.loads(path.read_text(encoding="utf-8")), path.stem)
+    from fxcost.zoo.hf_configs import read_config
 
-def _from_config(raw: dict[str, Any], name: str) -> Decoder:
-    if raw.get("is_encoder_decoder"):
-        raise ValueError(
-            f"{name}: an encoder-decoder config; accepted: decoder-only models (GPT, Llama, ...)"
-        )
-    nested = {k: v for part in raw.values() if isinstance(part, dict) for k, v in part.items()}  # DBRX's
-    other = next((k for k in _OTHER_EXPERT_KEYS if (raw.get(k) or nested.get(k) or 0) > 1), None)
-    family = str(raw.get("model_type") or "")
-    own = _SHARED_EXPERTS[:1] if family in MOE_FAMILIES and MOE_FAMILIES[family].shared_ffn else ()
-    shared = [k for k in _SHARED_EXPERTS if raw.get(k) and k not in own]
-    unread = [f"{k}={raw[k]}" for k in shared]  # what fxcost plan does not trace
-    if other != "num_experts" or family not in MOE_FAMILIES:
-        unread.insert(0, f"model_type={family!r}")
-    if raw.get("decoder_sparse_step", 1) != 1:
-        unread.append(f"decoder_sparse_step={raw['decoder_sparse_step']}")
-    if raw.get("mlp_only_layers"):
-        unread.append(f"mlp_only_layers={raw['mlp_only_layers']}")
-    if other is not None and unread:
-        raise ValueError(
-            f"{name}: a mixture-of-experts config ({other}={raw.get(other) or nested[other]}) with "
-            f"{', '.join(unread)}; accepted: dense decoders, and Mixtral ({_MIXTRAL_EXPERTS}), Qwen3-MoE, "
-            "OLMoE and Qwen2-MoE (num_experts) mixtures with experts in every layer and no shared expert but "
-            "Qwen2-MoE's; simulate others with fxcost.simulate and ep=..."
-        )
-    found: dict[str, int] = {}
-    for key, names in _KEYS.items():
-        value = next((raw[n] for n in names if raw.get(n) is not None), None)
-        if value is None and key == "ffn" and "hidden" in found:
-            value = 4 * found["hidden"]  # GPT-2's default MLP width
-        if value is None:
-            raise ValueError(f"{name}: the config has no {key} ({' or '.join(names)})")
-        found[key] = int(value)
-    activation = str(raw.get("hidden_act") or raw.get("activation_function") or "")
-    gated = activation in _GATED_ACTIVATIONS
-    kv = raw.get("num_key_value_heads")
-    if not gated and kv is not None and int(kv) != found["heads"]:
-        warnings.warn(
-            f"{name}: its {kv} key/value heads are traced as full attention (a GELU MLP: GPT-2 blocks), "
-            "which overstates its attention parameters and FLOPs",
-            stacklevel=3,
-        )
-    kv = kv if gated else None
-    tied = raw.get("tie_word_embeddings")
-    experts, moe_family = int(raw.get(_MIXTRAL_EXPERTS) or 1), "mixtral"
-    if other is not None:  # Qwen's or OLMoE's: the experts' own width where it is given
-        experts, moe_family = int(raw[other]), family
-        found["ffn"] = int(raw.get(MOE_FAMILIES[family].width_key) or found["ffn"])
-    moe = MOE_FAMILIES[moe_family]
-    top_k = int(raw.get("num_experts_per_tok") or moe.top_k) if experts > 1 else 1
-    head_dim = raw.get("head_dim") if gated else None
-    head_dim = (
-        None if head_dim is None or int(head_dim) * found["heads"] == found["hidden"] else int(head_dim)
-    )
-    shared_ffn = int(raw.get(_SHARED_EXPERTS[0], moe.shared_ffn)) if experts > 1 else 0
-    return Decoder(name, gated=gated, kv_heads=None if kv is None else int(kv),
-                   tied=None if tied is None else bool(tied), experts=experts, top_k=top_k,
-                   head_dim=head_dim, moe_family=moe_family, shared_ffn=shared_ffn, **found)  # fmt: skip
+    return read_config(dict(model), str(model.get("_name_or_path") or model.get("model_type") or "model"))

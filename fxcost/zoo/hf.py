@@ -177,12 +177,16 @@ def _fused_attention(
     attention-function form: ``[batch, heads, tokens, head dim]`` in, ``[batch, tokens, heads, head
     dim]`` out. A decoder's mask is the causal one (``is_causal``; an encoder's none), as a training step
     on unpadded sequences runs it: the ``attention_mask`` of all-ones inputs adds nothing. Grouped-query
-    keys and values are repeated to the queries' heads."""
+    keys and values are repeated to the queries' heads. Values narrower than the queries (DeepSeek's
+    multi-head latent attention: 192-wide queries and keys, 128-wide values) call the op PyTorch leaves
+    to a device's own kernel, which takes them, the target's choice priced as for the CPU kernel's."""
     groups = getattr(module, "num_key_value_groups", 1)
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
-    out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout, causal, scale=scaling
-    )[0]
+    if value.shape[-1] == query.shape[-1]:
+        fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    else:  # values of their own width (DeepSeek's MLA), which the CPU kernel's op cannot take
+        fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+    out = fused(query, key, value, dropout_p=dropout, is_causal=causal, scale=scaling)[0]
     return out.transpose(1, 2).contiguous(), None

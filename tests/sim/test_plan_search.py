@@ -297,9 +297,9 @@ def test_a_hugging_face_config_becomes_a_decoder(tmp_path: Path) -> None:
     assert round(qwen2.params_b, 1) == 14.3
     assert qwen2.hf_config(2, 4096)["shared_expert_intermediate_size"] == 5632
     with pytest.raises(
-        ValueError, match=r"\(n_routed_experts=64\) with model_type='deepseek_v2', n_shared_experts=2"
+        ValueError, match=r"\(n_routed_experts=64\) with model_type='llama', n_shared_experts=2"
     ):
-        decoder({**config, "model_type": "deepseek_v2", "n_routed_experts": 64, "n_shared_experts": 2})
+        decoder({**config, "n_routed_experts": 64, "n_shared_experts": 2})  # DeepSeek's keys, Llama's type
     with pytest.raises(
         ValueError, match=r"\(num_experts=128\) with n_shared_experts=1"
     ):  # a shared expert Qwen3 has not

@@ -327,3 +327,21 @@ def test_a_grouped_gemm_splits_along_the_width_that_is_not_the_models() -> None:
     # cp: the rows it contracts split, the expert's width (a multiple of the 256 tokens here) whole.
     (cp,) = split_sequence([dw], 2, 32, 256)
     assert cp.in_shapes == [(128, 256), (256, 64), (4,)] and cp.out_shapes == [(4, 128, 64)]
+
+
+def test_every_moe_layer_of_a_whole_model_runs_expert_tensor_parallelism() -> None:
+    # A distinct node names one of the layers that ran it: the MoE blocks are matched by their path with
+    # the layer's index wildcarded, so a four-layer model's middle layers are MoE blocks too (they had
+    # opened a tensor-parallel region around their experts' gradients) and the whole model simulates as
+    # its two traced layers deepened.
+    from fxcost.zoo.decoders import Decoder
+
+    m = Decoder("m", layers=4, hidden=64, heads=4, ffn=32, vocab=256, seq=16, gated=True, kv_heads=2,
+                experts=4, top_k=2)  # fmt: skip
+    strategy, cluster = "tp=2,sp=1,dp=2,ep=2,mb=2", "4xH100-SXM"
+    whole = fxcost.simulate(m.hf_config(4, 16), strategy, cluster, batch=8, seqlen=16, precision="bf16")
+    deep = fxcost.simulate(
+        m.hf_config(2, 16), strategy, cluster, batch=8, seqlen=16, precision="bf16", layers=4
+    )
+    assert whole.iteration_ms == pytest.approx(deep.iteration_ms, rel=1e-9)
+    assert whole.collectives == deep.collectives
