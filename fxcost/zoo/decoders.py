@@ -17,6 +17,11 @@ tensors and deepen (:mod:`fxcost.sim.deepen`), as the family it belongs to runs 
   is traced as its own family (``moe_family``): the same experts and router, with RMSNorms on the
   queries and keys (Qwen3, OLMoE), Qwen3's heads as wide as its ``head_dim`` says, and Qwen2-MoE's
   shared expert beside the routed ones with its sigmoid gate.
+- **DeepSeek-V2 and -V3** (``moe_family`` ``deepseek_v2``/``deepseek_v3``): Hugging Face's DeepSeek
+  blocks: multi-head latent attention (``latent``), ``shared_ffn`` of shared experts beside the
+  routed ones (no gate), sigmoid (V3) or softmax (V2) routing in one group of experts, and the first
+  ``dense_layers`` layers dense. A trace of such a model holds layers of both kinds
+  (:meth:`Decoder.traced_depth`), each deepened as its own (:meth:`Decoder.layer_sources`).
 
 Named models (:data:`DECODERS`), each from its paper:
 
@@ -28,6 +33,11 @@ Named models (:data:`DECODERS`), each from its paper:
   vocabulary 128000, 128256 in the released configs; context 8192).
 - ``mixtral-8x7b``: Jiang et al. 2024, "Mixtral of Experts", Table 1 (32 layers, 4096, 32 heads, 8
   key/value heads, expert width 14336, 8 experts, top 2, vocabulary 32000, context 32768).
+- ``deepseek-v3``: DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", §4.2 (61 layers, 7168, 128 heads
+  of 128; key-value compression 512, query compression 1536, rotary key dims 64; every MLP but the
+  first three's a mixture of 1 shared and 256 routed experts 2048 wide, 8 per token; its 4,096-token
+  pre-training context), with the dense MLP width (18432) and vocabulary (129280) of its released
+  config; its multi-token prediction module is left out, as Hugging Face's model leaves it out.
 
 Example:
     >>> decoder("llama-70b").params_b  # doctest: +ELLIPSIS
@@ -42,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from fxcost.zoo.families import MOE_FAMILIES, Latent, MoeFamily
+from fxcost.zoo.hf_configs import read_config
 
 __all__ = ["ATTENTIONS", "DECODERS", "MOE_FAMILIES", "Decoder", "Latent", "MoeFamily", "decoder"]
 
@@ -334,6 +345,23 @@ DECODERS: dict[str, Decoder] = {
         Decoder(
             "mixtral-8x7b", 32, 4096, 32, 14336, 32000, 32768, gated=True, kv_heads=8, experts=8, top_k=2
         ),
+        Decoder(
+            "deepseek-v3",
+            61,
+            7168,
+            128,
+            2048,
+            129280,
+            4096,
+            gated=True,
+            experts=256,
+            top_k=8,
+            moe_family="deepseek_v3",
+            shared_ffn=2048,
+            latent=Latent(1536, 512, 128, 64, 128),
+            dense_layers=3,
+            dense_ffn=18432,
+        ),
     )
 }
 
@@ -356,9 +384,6 @@ def decoder(model: str | Path | dict[str, Any] | Decoder) -> Decoder:
                 f"unknown model {str(model)!r}; accepted: a Hugging Face config.json or one of "
                 f"{', '.join(DECODERS)}"
             )
-        from fxcost.zoo.hf_configs import read_config  # it builds Decoders
-
-        return read_config(json.loads(path.read_text(encoding="utf-8")), path.stem)
-    from fxcost.zoo.hf_configs import read_config
-
-    return read_config(dict(model), str(model.get("_name_or_path") or model.get("model_type") or "model"))
+        return Decoder(**read_config(json.loads(path.read_text(encoding="utf-8")), path.stem))
+    name = str(model.get("_name_or_path") or model.get("model_type") or "model")
+    return Decoder(**read_config(dict(model), name))

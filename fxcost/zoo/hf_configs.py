@@ -1,4 +1,5 @@
-"""A decoder's dimensions read from a Hugging Face ``config.json`` (:func:`read_config`).
+"""A decoder's dimensions read from a Hugging Face ``config.json`` (:func:`read_config`), as the fields
+of a :class:`fxcost.zoo.decoders.Decoder`.
 
 Dense GPT- and Llama-family configs are read by their common keys (``hidden_size`` or ``n_embd``, ...).
 Of mixtures of experts, the families of :data:`~fxcost.zoo.families.MOE_FAMILIES` are read: Mixtral
@@ -13,7 +14,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from fxcost.zoo.decoders import Decoder
 from fxcost.zoo.families import MOE_FAMILIES, Latent
 
 __all__ = ["read_config"]
@@ -34,8 +34,9 @@ _SHARED_EXPERTS = ("shared_expert_intermediate_size", "n_shared_experts", "num_s
 _LATENT = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # after q_lora_rank
 
 
-def read_config(raw: dict[str, Any], name: str) -> Decoder:
-    """The decoder a Hugging Face config describes, called ``name``.
+def read_config(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """The fields of the :class:`~fxcost.zoo.decoders.Decoder` a Hugging Face config describes (the
+    config's file name or model type ``name`` among them for its messages).
 
     Raises:
         ValueError: an encoder-decoder, a config without the dimensions, or a mixture of experts of a
@@ -103,8 +104,8 @@ def read_config(raw: dict[str, Any], name: str) -> Decoder:
         None if head_dim is None or int(head_dim) * found["heads"] == found["hidden"] else int(head_dim)
     )
     kv = None if not gated or latent or kv is None else int(kv)
-    return Decoder(name, gated=gated, kv_heads=kv, tied=None if tied is None else bool(tied),
-                   head_dim=head_dim, **mixture, **found)  # fmt: skip
+    return {"name": name, "gated": gated, "kv_heads": kv, "tied": None if tied is None else bool(tied),
+            "head_dim": head_dim, **mixture, **found}  # fmt: skip
 
 
 def _deepseek(raw: dict[str, Any], name: str, layers: int, dense_ffn: int) -> dict[str, Any]:

@@ -46,6 +46,7 @@ def test_deepseek_v3s_config_is_read_with_its_latent_attention_shared_expert_and
     # 671B parameters and 37B a token runs, as the technical report gives them (its multi-token module's
     # 14B aside), and exactly the matrices of Hugging Face's model of the same config.
     assert round(v3.params_b) == 671 and round(v3.active_matmul_params / 1e9) == 37
+    assert decoder("deepseek-v3") == dataclasses.replace(v3, name="deepseek-v3", seq=4096, tied=None)  # named
     model = _hf_model(v3, v3.layers)
     assert sum(p.numel() for p in model.parameters() if p.dim() >= 2) == v3.params
     traced = v3.hf_config(v3.traced_depth(2), 4096)  # two dense layers (the first apart) and a sparse one
