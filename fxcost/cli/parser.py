@@ -130,7 +130,7 @@ def _step_commands(sub: Any) -> None:
 
     search = _command(sub, plan_commands.plan_command)
     search.add_argument("model", metavar="MODEL", help="llama-8b, llama-70b, gpt3-1.3b, gpt3-175b, "
-                        "mixtral-8x7b or a Hugging Face config.json of a decoder")  # fmt: skip
+                        "mixtral-8x7b, deepseek-v3 or a Hugging Face config.json of a decoder")  # fmt: skip
     search.add_argument("--cluster", required=True, help="NODESxGPUSxDEVICE, e.g. 128x8xH100-SXM")
     search.add_argument("--batch", type=positive_int, required=True, help="global batch (sequences)")
     search.add_argument("--seqlen", type=positive_int, default=None, help="tokens per sequence (default: "

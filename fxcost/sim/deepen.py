@@ -1,7 +1,8 @@
 """A plan compiled from a few traced layers, deepened to the whole model's layers.
 
-A model of hundreds of layers need not be traced whole: its layers are the same module repeated, so
-tracing two and repeating them gives the deep model's stages (:func:`deepen`).
+A model of hundreds of layers need not be traced whole: its layers are a few modules repeated, so
+tracing a few and repeating them gives the deep model's stages (:func:`deepen`): two layers of a
+model whose layers are alike, two dense and one sparse of a DeepSeek (:func:`layer_sources`).
 """
 
 from __future__ import annotations
@@ -38,21 +39,20 @@ def layer_sources(layers: int | Sequence[int], traced: int) -> tuple[int, ...]:
 
 
 def deepen(plan: Plan, params: Mapping[str, int], strategy: Strategy, layers: int | Sequence[int]) -> Plan:
-    """``plan``, compiled with one pipeline stage for a model of a few identical layers, as the plan of
+    """``plan``, compiled with one pipeline stage for a model of a few layers, as the plan of
     the same model ``layers`` layers deep under ``strategy`` (its pipeline stages included); ``layers``
     a depth or each layer's traced layer (:func:`layer_sources`).
 
-    A model of hundreds of layers need not be traced whole: its layers are the same module repeated,
-    so tracing two and repeating them gives the deep model's stages. The deep model's first layers are
-    the traced ones (the first layer's backward has no residual gradient to add), the rest repeat the
-    last traced layer (compute, tensor-parallel collectives, saved activations); the embeddings stay on
+    Each deep layer repeats its traced layer (compute, tensor-parallel collectives, saved activations):
+    for a depth, the first deep layers are the traced ones (the first layer's backward has no residual
+    gradient to add) and the rest repeat the last traced layer; the embeddings stay on
     the first stage, the head and loss on the last. The data-parallel and ZeRO collectives are placed
     again for the new layers. ``params``: the traced model's parameter counts by module path.
 
     Raises:
         ValueError: ``plan`` has more than one stage or no layers, it was compiled for other data,
-            tensor or sequence parallelism or micro-batches than ``strategy``, or ``strategy``'s
-            ``pp x vpp`` virtual stages exceed ``layers``.
+            tensor or sequence parallelism or micro-batches than ``strategy``, ``strategy``'s ``pp x
+            vpp`` virtual stages exceed the layers, or ``layers`` is no depth or names no traced layer.
     """
     s = strategy
     if len(plan.stages) != 1 or not plan.stages[0].layers:

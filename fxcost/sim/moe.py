@@ -48,7 +48,6 @@ from fxcost.lowering.experts import GROUPED_MM_OPS
 from fxcost.lowering.nodes import MATMULS
 from fxcost.records import NodeCost, Shape
 from fxcost.sim.comm import Comm
-from fxcost.sim.layers import any_layer
 from fxcost.sim.shard import shard_node
 from fxcost.sim.strategy import Strategy
 
@@ -84,8 +83,7 @@ class ExpertPlan:
         nodes: those nodes as the rank runs them.
         a2a_bytes: the bytes one all-to-all moves for the busiest rank (its routed rows of the width).
         tp: the tensor-parallel ranks each expert is split over (1: none; ``tp`` with ``ep > 1``).
-        blocks: the MoE layers' paths (the experts' parents, :func:`~fxcost.sim.layers.any_layer`) where
-            ``tp > 1``.
+        blocks: the MoE layers' paths (the experts' parents) where ``tp > 1``.
     """
 
     def __init__(
@@ -122,11 +120,10 @@ class ExpertPlan:
         layer, but with experts split over ``tp``: none for the experts (their all-to-alls and ``tp``
         collectives are :meth:`crossing`'s) and the MoE layer's routing, its own block for any other
         child of the MoE layer (a shared expert)."""
-        path = any_layer(module)  # the blocks are read off distinct nodes, which name one layer each
-        block = next((b for b in self.blocks if path == b or path.startswith(b + ".")), None)
+        block = next((b for b in self.blocks if module == b or module.startswith(b + ".")), None)
         if block is None:
             return child
-        rest = path[len(block) + 1 :].split(".", 1)[0]
+        rest = module[len(block) + 1 :].split(".", 1)[0]
         return None if not rest or rest in _ROUTERS or rest == "experts" else f"{block}.{rest}"
 
     def crossing(self, module: str) -> list[Comm]:
@@ -187,7 +184,9 @@ def expert_plan(
         mine = (shard_node(mine, tp, hidden, tokens) or mine) if tp > 1 else mine
         if mine is not node:
             changed[d] = mine
-    blocks = {any_layer(_block_of(n.module)) for n in nodes if is_expert(n.module)} if tp > 1 else set()
+    # The blocks are read off the forward's occurrences: a distinct node names one of the layers that
+    # ran it, so the distinct nodes miss the middle MoE layers of a model traced whole.
+    blocks = {_block_of(n.module) for n, _ in occurrences if is_expert(n.module)} if tp > 1 else set()
     a2a = rows * hidden * itemsize * load if rows else tokens * hidden * itemsize
     return ExpertPlan(load, changed, a2a, tp, frozenset(blocks))
 

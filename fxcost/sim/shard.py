@@ -205,7 +205,8 @@ _ATTENTION = frozenset(
     f"aten.{op}.default"
     for op in ("_softmax", "_safe_softmax", "scaled_dot_product_attention",
                "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+               "_scaled_dot_product_fused_attention_overrideable")
 )  # fmt: skip
 
 

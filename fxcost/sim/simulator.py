@@ -139,7 +139,7 @@ def simulate(
         execution: ``"eager"``, ``"compiled"`` or ``"cudagraphs"``: every compute task is scaled by
             what that mode makes of one rank's micro-batch step on one GPU (its step over the eager
             step, :meth:`~fxcost.estimator.Captured.cost`); collectives are left as they are.
-        layers: simulate the model as this many layers deep: its traced layers (identical, at least
+        layers: simulate the model as this many layers deep: its traced layers (alike, at least
             one) stand for ``layers`` of them, the last one repeated (:func:`fxcost.sim.deepen.deepen`), so
             that a model of hundreds of layers is traced with two; or one traced layer's index per layer,
             for layers of kinds (:meth:`fxcost.zoo.decoders.Decoder.layer_sources`). None: as traced.

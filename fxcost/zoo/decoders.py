@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fxcost._checks import positive_int
 from fxcost.zoo.families import MOE_FAMILIES, Latent, MoeFamily
 from fxcost.zoo.hf_configs import read_config
 
@@ -177,7 +178,9 @@ class Decoder:
                 "experts > 1 and moe_family deepseek_v2 or deepseek_v3"
             )
         if deepseek and self.experts > 1 and (self.latent is None or self.head_dim is not None):
-            raise ValueError(f"decoder {self.name!r}: a DeepSeek mixture needs its latent= attention dims")
+            raise ValueError(
+                f"decoder {self.name!r}: a DeepSeek mixture needs its latent= attention dims and no head_dim"
+            )
         if self.dense_layers >= self.layers or (self.dense_layers and not self.dense_ffn):
             raise ValueError(
                 f"decoder {self.name!r}: dense_layers={self.dense_layers} needs dense_ffn >= 1 and fewer "
@@ -204,8 +207,9 @@ class Decoder:
 
     @property
     def attention_width(self) -> int:
-        """The queries' width, ``heads x head_dim`` (``hidden`` unless the heads say otherwise; a latent
-        attention's values' ``heads x v``, what its output projection takes)."""
+        """The width of the attention's output over all heads, what its output projection takes:
+        ``heads x head_dim`` (``hidden`` unless the heads say otherwise; a latent attention's ``heads x v``,
+        narrower than its queries, :attr:`score_widths`)."""
         if self.latent is not None:
             return self.heads * self.latent.v
         return self.heads * (self.head_dim or self.hidden // self.heads)
@@ -260,6 +264,8 @@ class Decoder:
         (matmuls, softmax and dropout apart, the score matrix kept for the backward)."""
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}; accepted: {', '.join(ATTENTIONS)}")
+        if attention == "eager" and self.latent is not None:  # its ring's keys are read off the fused op
+            raise ValueError(f"decoder {self.name!r}: latent attention is traced fused; accepted: 'sdpa'")
         depth = min(layers, self.layers)
         if self.gated:
             family: dict[str, Any] = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
@@ -312,15 +318,17 @@ class Decoder:
         of sequences ``seq`` long: PaLM's count (Chowdhery et al. 2022, appendix B) ``6 N + 12 L h s``
         per token, with ``N`` the matmul parameters (the layers' and the output layer's; the embedding
         lookup and positions do no matmul) and ``12 L h s`` the attention's score and value matmuls
-        (``h`` the queries' width, :attr:`attention_width`; ``6 L s (h_qk + h_v)`` where the values are
-        narrower, :attr:`score_widths`) (Narayanan et al. 2021, eq. 3, has the same terms); a mixture of
-        experts counts the ``top_k`` experts a token runs (:attr:`active_matmul_params`)."""
+        (``h`` the heads' width, :attr:`attention_width`; ``6 L s (h_qk + h_v)`` where the values are
+        narrower than the queries, :attr:`score_widths`) (Narayanan et al. 2021, eq. 3, has the same
+        terms); a mixture of experts counts the ``top_k`` experts a token runs
+        (:attr:`active_matmul_params`)."""
         return tokens * (6.0 * self.active_matmul_params + 6.0 * self.layers * sum(self.score_widths) * seq)
 
     def traced_depth(self, layers: int) -> int:
         """How deep a trace that stands for the whole model is, traced with ``layers`` layers of each
         kind: ``layers`` (at most the model's), or where the first layers are dense,
         ``min(layers, dense_layers)`` of them and one sparse layer."""
+        positive_int("layers", layers)
         if self.dense_layers:
             return min(layers, self.dense_layers) + 1
         return min(layers, self.layers)

@@ -39,14 +39,18 @@ MOE_FAMILIES: dict[str, MoeFamily] = {
                            "shared_expert_intermediate_size", 5632, True,
                            {**_EVERY_LAYER, "norm_topk_prob": False}),
     "deepseek_v2": MoeFamily("DeepseekV2ForCausalLM", "n_routed_experts", "moe_intermediate_size", 6,
-                             "n_shared_experts", 0, False, {**_DEEPSEEK, "topk_method": "greedy"}),
+                             "n_shared_experts", 2, False,
+                             {**_DEEPSEEK, "topk_method": "greedy", "norm_topk_prob": False}),
     "deepseek_v3": MoeFamily("DeepseekV3ForCausalLM", "n_routed_experts", "moe_intermediate_size", 8,
                              "n_shared_experts", 1, False, _DEEPSEEK),
 }
 # fmt: on
-"""The families a mixture of experts is traced as, by ``model_type``, with Hugging Face's defaults.
+"""The families a mixture of experts is traced as, by ``model_type``, with Hugging Face's defaults
+(DeepSeek-V2's experts per token where its config, whose default is none, says none: 6, V2's own).
 DeepSeek's are traced with one group of experts (``n_group = topk_group = 1``): group-limited routing
-picks among fewer experts, which changes which experts a token runs, not how many."""
+picks among fewer experts, which changes which experts a token runs, not how many, so the FLOPs hold;
+but DeepSeek-V3 also limits a token to 4 nodes and sends it once per node, so an expert-parallel
+all-to-all that crosses nodes moves fewer bytes than the ``top_k`` copies per token priced."""
 
 
 class Latent(NamedTuple):

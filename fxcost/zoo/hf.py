@@ -186,7 +186,13 @@ def _fused_attention(
     causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
     if value.shape[-1] == query.shape[-1]:
         fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    else:  # values of their own width (DeepSeek's MLA), which the CPU kernel's op cannot take
-        fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable
+    elif hasattr(torch.ops.aten, "_scaled_dot_product_fused_attention_overrideable"):
+        fused = torch.ops.aten._scaled_dot_product_fused_attention_overrideable  # values of their own width
+    else:
+        raise ValueError(
+            f"attention with values {value.shape[-1]} wide and queries {query.shape[-1]} (latent attention) "
+            f"is traced through aten._scaled_dot_product_fused_attention_overrideable, which torch "
+            f"{torch.__version__} lacks; accepted: a torch that has it"
+        )
     out = fused(query, key, value, dropout_p=dropout, is_causal=causal, scale=scaling)[0]
     return out.transpose(1, 2).contiguous(), None

@@ -32,6 +32,12 @@ _MIXTRAL_EXPERTS = "num_local_experts"
 _OTHER_EXPERT_KEYS = ("num_experts", "n_routed_experts", "moe_num_experts")
 _SHARED_EXPERTS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
 _LATENT = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # after q_lora_rank
+_LATENT_DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                    "v_head_dim": 128}  # fmt: skip
+_DEEPSEEK_DEFAULTS = {  # Hugging Face's DeepseekV2Config's and DeepseekV3Config's, where a config omits a key
+    "deepseek_v2": {**_LATENT_DEFAULTS, "first_k_dense_replace": 0},
+    "deepseek_v3": {**_LATENT_DEFAULTS, "first_k_dense_replace": 3},
+}
 
 
 def read_config(raw: dict[str, Any], name: str) -> dict[str, Any]:
@@ -118,10 +124,11 @@ def _deepseek(raw: dict[str, Any], name: str, layers: int, dense_ffn: int) -> di
             "(Hugging Face's model runs none); a step that trains them takes longer",
             stacklevel=4,
         )
-    missing = [key for key in _LATENT if raw.get(key) is None]
+    given = {**_DEEPSEEK_DEFAULTS[str(raw["model_type"])], **raw}  # a missing key: Hugging Face's default
+    missing = [key for key in _LATENT if given.get(key) is None]
     if missing:
-        raise ValueError(f"{name}: a DeepSeek config without {', '.join(missing)} (its latent attention)")
-    q_rank = raw.get("q_lora_rank")
-    latent = Latent(None if q_rank is None else int(q_rank), *(int(raw[key]) for key in _LATENT))
-    dense = min(int(raw.get("first_k_dense_replace") or 0), layers)
+        raise ValueError(f"{name}: a DeepSeek config with {', '.join(missing)} null (its latent attention)")
+    q_rank = given["q_lora_rank"]  # null: the queries projected without a bottleneck (V2-Lite)
+    latent = Latent(None if q_rank is None else int(q_rank), *(int(given[key]) for key in _LATENT))
+    dense = min(int(given["first_k_dense_replace"] or 0), layers)
     return {"latent": latent, "dense_layers": dense, "dense_ffn": dense_ffn if dense else 0}

@@ -80,21 +80,32 @@ def test_deepseek_v2_lite_projects_its_queries_without_a_bottleneck() -> None:
     ("change", "match"),
     [
         ({"moe_layer_freq": 2}, r"\(n_routed_experts=256\) with moe_layer_freq=2; accepted: .*DeepSeek-V2"),
-        ({"kv_lora_rank": None}, "a DeepSeek config without kv_lora_rank"),
+        ({"kv_lora_rank": None}, "a DeepSeek config with kv_lora_rank null"),
         ({"first_k_dense_replace": 61}, "dense_layers=61 needs .* fewer dense layers than its 61"),
-        ({"moe_intermediate_size": 3000, "n_shared_experts": 1}, None),
     ],
 )
 def test_a_deepseek_config_that_cannot_be_traced_is_refused_naming_the_key(
-    change: dict[str, Any], match: str | None
+    change: dict[str, Any], match: str
 ) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if match is None:  # any expert width: one shared expert is as wide
-            assert decoder({**V3, **change}).shared_ffn == 3000
-            return
         with pytest.raises(ValueError, match=match):
             decoder({**V3, **change})
+
+
+def test_a_deepseek_config_omitting_a_key_takes_hugging_faces_default() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bare = decoder({k: v for k, v in V3.items() if k not in ("q_lora_rank", "first_k_dense_replace")})
+        assert bare == decoder(V3)  # V3's defaults: a 1,536-wide query bottleneck, three dense layers
+        v2 = {**V3, "model_type": "deepseek_v2"}
+        two = decoder({k: v for k, v in v2.items() if k not in ("n_shared_experts", "first_k_dense_replace")})
+        assert (two.shared_ffn, two.dense_layers) == (2 * 2048, 0)  # V2's: two shared experts, no dense layer
+        assert decoder({**V3, "moe_intermediate_size": 3000}).shared_ffn == 3000  # as wide as an expert
+    with pytest.raises(ValueError, match="latent attention is traced fused; accepted: 'sdpa'"):
+        TINY.hf_config(3, 16, "eager")
+    with pytest.raises(ValueError, match="layers must be a whole number >= 1"):
+        TINY.traced_depth(0)
 
 
 def test_latent_attention_and_dense_layers_are_deepseeks_alone() -> None:
@@ -136,8 +147,11 @@ def test_a_trace_of_each_layer_kind_stands_for_the_deep_model_exactly(
 
 
 def test_layer_sources_name_traced_layers() -> None:
+    from fxcost.sim.deepen import layer_sources
+
+    assert layer_sources(4, 2) == (0, 1, 1, 1) and layer_sources((0, 1, 1, 2), 3) == (0, 1, 1, 2)
     with pytest.raises(ValueError, match=r"layer sources \(0, 3\) must each be the index of one of the 3"):
-        simulate(TINY.hf_config(3, TINY.seq), "dp=1", "1xH100-SXM", batch=1, seqlen=TINY.seq, layers=(0, 3))
+        layer_sources((0, 3), 3)
 
 
 def test_the_ring_passes_latent_attentions_keys_and_values_not_its_latents() -> None:
@@ -156,10 +170,35 @@ def test_fxcost_plan_ranks_deepseek_plans_and_its_fast_pass_agrees_with_the_simu
             "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
             "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
             "intermediate_size": 96, "num_hidden_layers": 6, "vocab_size": 256, "max_position_embeddings": 16,
-            "num_nextn_predict_layers": 0, "n_group": 1, "topk_group": 1}  # fmt: skip
+            "num_nextn_predict_layers": 0}  # fmt: skip  # V3's 8 groups of experts, traced as one
     path.write_text(json.dumps({**V3, **tiny}))
     assert dataclasses.replace(decoder(path), name=TINY.name) == dataclasses.replace(TINY, seq=16, tied=False)
     found = plan(path, "2x2xH100-SXM", 8, 16, exact=3, micro_sizes=(1,))
     simulated = [c for c in found.candidates if c.exact]
     assert simulated and not simulated[0].oom
     assert found.max_gap < 0.05
+
+
+def test_expert_tensor_parallelism_leaves_the_dense_layers_as_tensor_parallelism_runs_them() -> None:
+    # Under tp=2 with ep=2 a dense layer's MLP is a tensor-parallel block as under tp=2 alone (an
+    # all-gather and a reduce-scatter around it, its SwiGLU split): only the sparse layer's experts run
+    # between all-to-alls. Matching the MoE blocks by their path with the index wildcarded had made the
+    # dense layers' MLPs (``model.layers.#.mlp``) blocks too.
+    from fxcost.capture import default_loss
+    from fxcost.estimator import default_estimator
+    from fxcost.gpus import get_device
+    from fxcost.sim import Strategy
+    from fxcost.sim.plan import compile_plan
+    from fxcost.sim.simulator import _traced
+
+    config = TINY.hf_config(TINY.traced_depth(2), TINY.seq)
+
+    def dense_layers(strategy: str) -> list[tuple[str, list[tuple[str, float]]]]:
+        s = Strategy.parse(strategy)
+        captured, params, _ = _traced(config, None, 8, TINY.seq, None, default_loss, s, default_estimator())
+        p = compile_plan(captured, params, s, get_device("H100-SXM"), 8, "bf16")
+        segments = p.stages[0].forward + p.stages[0].backward
+        return [(seg.layer, [(c.kind, c.nbytes) for c in seg.inside]) for seg in segments
+                if seg.layer in ("model.layers.0", "model.layers.1")]  # fmt: skip
+
+    assert dense_layers("tp=2,sp=1,dp=2,ep=2,mb=2") == dense_layers("tp=2,sp=1,dp=2,mb=2")
