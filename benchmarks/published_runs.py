@@ -22,10 +22,15 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   ``global_batch / (dp micro_batch)`` micro-batches under 1F1B (interleaved with ``vpp`` chunks where
   the micro-batches are a multiple of ``pp``, Megatron's rule; plain 1F1B, flagged, where not),
   sequence parallelism where ``sp`` is set (with ``tp > 1``; ignored at ``tp = 1``), in the row's
-  precision. Not supported by the simulator, reported as ``unsupported: ...`` and simulated without:
-  ``cp`` where the sequence does not split into ``2 cp`` chunks (folded into data parallelism), ``ep``
-  (a dense model). An unstated micro-batch is 1 and an unstated global batch one
-  micro-batch per replica (``assumed: ...``).
+  precision. A row with ``ep > 1``, or whose notes state its experts (``"8 experts"``), is a mixture of
+  SwiGLU experts of the row's MLP width (Mixtral's): as many as the notes state, else as many as the
+  parameter count says (a multiple of ``ep``), each token run by the ``top-k`` the notes state, else 2
+  (``assumed: ...``), its experts split over ``ep`` ranks (with ``tp``, expert tensor parallelism and
+  its sequence parallelism). Not supported by the simulator, reported as ``unsupported: ...`` and
+  simulated without: ``cp`` where the sequence does not split into ``2 cp`` chunks (folded into data
+  parallelism), ``ep`` where neither notes nor count give experts (a dense model) or where it does not
+  divide ``dp`` and the experts (experts replicated). An unstated micro-batch is 1 and an unstated
+  global batch one micro-batch per replica (``assumed: ...``).
 - **GPU and cluster** (:mod:`fxcost.sim.runs`). The ``gpu`` column names a database entry, or one
   followed by a system or power cap in parentheses (``"V100-SXM3-32GB (DGX-2H)"``, ``"(500W)"``).
   Nodes of the named system (DGX-2/2H: 16 GPUs, 8 EDR NICs), else of 8 GPUs (``gcd(gpus, 8)``), on the
@@ -39,7 +44,8 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   ``tokens_per_s_per_gpu``: ``global_batch x seq`` per iteration second per GPU. ``tflops_per_gpu``:
   Megatron's count (Narayanan et al. eq. 3, generalized to any MLP width and to grouped-query heads)
   ``B s (k l (4h^2 + 4h g + 4h f + 4 s h) + 6 h V)`` (a SwiGLU MLP's ``6h f`` in place of ``4h f``;
-  ``g``: the keys' width, ``h`` with every head's) with ``k = 4`` (the recomputed forward counted:
+  ``g``: the keys' width, ``h`` with every head's; a mixture's ``top_k`` experts' MLPs and its router's
+  ``2 h E``) with ``k = 4`` (the recomputed forward counted:
   hardware FLOPs) under full recomputation and ``k = 3`` otherwise. ``mfu_pct``: the ``k = 3`` count
   over the GPU's dense tensor peak in the row's precision.
 
@@ -66,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import functools
 import hashlib
 import json
@@ -87,6 +94,7 @@ from fxcost.sim.runs import (
     attention_of,
     breakdown,
     cluster_for,
+    mixture_of,
     read_gpu,
     recompute_of,
     sequence_parallel_of,
@@ -128,6 +136,7 @@ class Run:
     vpp: int = 1
     cp: int = 1
     readings: list[str] = field(default_factory=list)  # how the text was read (not assumptions: no flag)
+    ep: int = 1
 
     @property
     def gated(self) -> bool:
@@ -138,7 +147,7 @@ class Run:
     def strategy(self) -> Strategy:
         micro_batches = self.global_batch // (self.dp * self.micro_batch)
         return Strategy(dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=micro_batches, zero=self.zero,
-                        recompute=self.recompute, sp=self.sp, vpp=self.vpp, cp=self.cp,
+                        recompute=self.recompute, sp=self.sp, vpp=self.vpp, cp=self.cp, ep=self.ep,
                         overlap_grad_reduce=self.overlap)  # fmt: skip
 
 
@@ -223,8 +232,22 @@ def parse_run(raw: dict[str, str]) -> Run:
     if cp > 1 and seq % (2 * cp):
         flags.append(f"unsupported: cp={cp} with seq {seq} not in 2*cp chunks (simulated as data parallel)")
         dp, cp = dp * cp, 1
-    if ep > 1:
-        flags.append(f"unsupported: ep={ep} (a dense model)")
+    stated_experts, stated_top = mixture_of(text)
+    if ep > 1 or stated_experts:
+        moe = _mixture(families, params_b, ep, stated_experts, stated_top, flags, readings)
+        fits = (
+            params_b is None or moe is None or abs(moe.params_b - params_b) < abs(model.params_b - params_b)
+        )
+        model = moe if moe is not None and (ep > 1 or fits) else model
+    if ep > 1 and model.experts == 1:
+        flags.append(f"unsupported: ep={ep} (a dense model: no experts stated or counted)")
+        ep = 1
+    if ep > 1 and (dp % ep or model.experts % ep):
+        flags.append(f"unsupported: ep={ep} with dp={dp} and {model.experts} experts (experts replicated)")
+        ep = 1
+    if ep > 1 and tp > 1 and not sp:
+        flags.append("assumed: sp (expert tensor parallelism runs it)")
+        sp = True
     if tp * pp * dp * cp != gpus:
         raise RowError(
             f"tp={tp} x pp={pp} x dp={dp} x cp={cp} makes {tp * pp * dp * cp} GPUs, the row has {gpus}"
@@ -254,8 +277,34 @@ def parse_run(raw: dict[str, str]) -> Run:
     # Megatron-LM all-reduces the gradients after the backward (its DDP's overlap_grad_reduce came in
     # 2023, with the distributed optimizer); a ZeRO stage means DeepSpeed's reduction, which overlaps.
     overlap = not ("megatron" in text.lower() and zero == 0)
-    return Run(model, raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch,
-               precision, measured, unit, flags, sp, text, overlap, attention, vpp, cp, readings)  # fmt: skip
+    return Run(model, raw["gpu"].strip(), gpus, tp, pp, dp, zero, recompute, micro, batch, precision,
+               measured, unit, flags, sp, text, overlap, attention, vpp, cp, readings, ep)  # fmt: skip
+
+
+def _mixture(
+    dense: list[Decoder], params_b: float | None, ep: int, stated: int | None, top: int | None,
+    flags: list[str], readings: list[str],
+) -> Decoder | None:  # fmt: skip
+    """The row's model as a mixture of SwiGLU experts of its MLP width (Mixtral's): as many as its text
+    states, else as many as its parameter count says (a multiple of ``ep``), each token run by the
+    ``top`` its text states, else 2 (Mixtral's, flagged); None where neither text nor count says."""
+    if stated is None and params_b is None:
+        return None
+    candidates = []
+    for d in (d for d in dense if d.gated):
+        experts = stated or 0
+        if params_b is not None and not stated:  # one MLP a layer counted already: the rest are experts
+            per_layer = 3 * d.hidden * d.ffn + d.hidden  # an expert's matrices and its router column
+            counted = round((params_b * 1e9 - d.params) / (d.layers * per_layer)) + 1
+            experts = max(round(counted / ep) * ep, ep, 2)
+        candidates.append(dataclasses.replace(d, experts=experts, top_k=min(top or 2, experts)))
+    model = candidates[0] if params_b is None else min(candidates, key=lambda d: abs(d.params_b - params_b))
+    how = "as the report states" if stated else "as the parameter count says"
+    (readings if stated else flags).append(
+        f"{'' if stated else 'assumed: '}{model.experts} experts of the MLP's width ({how})"
+    )
+    (readings if top else flags).append(f"{'' if top else 'assumed: '}top-{model.top_k} routing")
+    return model
 
 
 def config_of(run: Run) -> dict[str, Any]:
@@ -267,7 +316,9 @@ def iteration_flops(run: Run, hardware: bool) -> float:
     """FLOPs of one iteration in Megatron's count; ``hardware``: the recomputed forward counted."""
     m = run.model
     passes = 4 if hardware else 3
-    layers = 2 * (m.matmul_params - m.vocab * m.hidden) + m.layers * 4 * m.seq * m.hidden  # a token's forward
+    layers = (
+        2 * (m.active_matmul_params - m.vocab * m.hidden) + m.layers * 4 * m.seq * m.hidden
+    )  # a token's fwd
     return run.global_batch * m.seq * (passes * layers + 6 * m.hidden * m.vocab)
 
 

@@ -4,7 +4,8 @@ Used by ``benchmarks/published_runs.py``, which builds each model from its dimen
 :class:`fxcost.zoo.decoders.Decoder`:
 
 - :func:`attention_of`: the attention kernel the report states (fused or not);
-  :func:`sequence_parallel_of`: sequence parallelism the framework runs by default.
+  :func:`sequence_parallel_of`: sequence parallelism the framework runs by default;
+  :func:`mixture_of`: the experts and experts per token the report states.
 - :func:`read_gpu`: the database entry a report's GPU string names, reading a parenthesized system
   (``"V100-SXM3-32GB (DGX-2H)"``) or power cap (``"(500W)"``) where the whole string is not an entry.
 - :func:`cluster_for`: the run's cluster. GPUs per node and NICs from the system where the text names
@@ -33,6 +34,7 @@ __all__ = [
     "attention_of",
     "breakdown",
     "cluster_for",
+    "mixture_of",
     "read_gpu",
     "recompute_of",
     "sequence_parallel_of",
@@ -69,6 +71,20 @@ def sequence_parallel_of(text: str) -> tuple[bool, str]:
     if "torchtitan" in text.lower():
         return True, "sp: torchtitan's tensor-parallel plan (SequenceParallel norms)"
     return False, ""
+
+
+_EXPERTS = re.compile(r"(\d+)\s+(?:routed\s+)?experts\b", re.IGNORECASE)
+_TOP_K = re.compile(r"\btop-?(\d+)\b|(\d+)\s+(?:active\s+)?experts?\s+(?:per|a)\s+token", re.IGNORECASE)
+
+
+def mixture_of(text: str) -> tuple[int | None, int | None]:
+    """(the experts per layer, the experts each token runs) a report's text states (``"8 experts"``,
+    ``"top-2"`` or ``"2 experts per token"``), None for what it does not state."""
+    experts, top = _EXPERTS.search(text), _TOP_K.search(text)
+    return (
+        int(experts.group(1)) if experts else None,
+        int(next(g for g in top.groups() if g)) if top else None,
+    )
 
 
 def attention_of(text: str) -> tuple[str, str]:

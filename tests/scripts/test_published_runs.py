@@ -166,3 +166,39 @@ def test_a_tiny_csv_runs_end_to_end_and_a_bad_row_fails_in_its_place(
     monkeypatch.setattr(script, "code_state", lambda: "other code")
     assert script.main(["--runs", str(path), "--cache", str(tmp_path / "cache")]) == 0
     assert len(list((tmp_path / "cache").glob("*.json"))) == 2 * cached == 4
+
+
+def test_a_row_with_expert_parallelism_is_simulated_as_a_mixture_of_experts(load_script: Any) -> None:
+    script = load_script("benchmarks/published_runs.py")
+    # Mixtral 8x7B's dimensions and 46.7B parameters: eight SwiGLU experts of the MLP's width and 8
+    # key/value heads fit the count; top-2 routing assumed where the notes do not say.
+    mixtral = dict(model="Mixtral-8x7B", params_b="46.7", layers=32, hidden=4096, heads=32, ffn_hidden=14336,
+                   vocab=32000, seq=4096, gpu="H100-SXM", gpus=64, tp=1, pp=1, dp=64, ep=8, global_batch=512,
+                   recompute="none", unit="tokens_per_s_per_gpu")  # fmt: skip
+    run = script.parse_run(_row(**mixtral))
+    assert (run.model.experts, run.model.top_k, run.model.kv_heads, run.strategy.ep) == (8, 2, 8, 8)
+    assert "assumed: 8 experts of the MLP's width (as the parameter count says)" in run.flags
+    assert "assumed: top-2 routing" in run.flags
+    # Megatron's count takes the experts a token runs: two SwiGLU MLPs and the router's 8 columns.
+    h, f, s, v, layers = 4096, 14336, 4096, 32000, 32
+    layer = 2 * (2 * h * h + 2 * h * 1024 + 2 * 3 * h * f + 8 * h) + 4 * s * h
+    assert script.iteration_flops(run, hardware=False) == pytest.approx(
+        512 * s * (3 * layers * layer + 6 * h * v)
+    )
+    # Stated in the notes: read, not assumed; with tp, expert tensor parallelism and its sp.
+    stated = script.parse_run(_row(**{**mixtral, "tp": 2, "dp": 32, "notes": "16 experts, top-1 gating"}))
+    assert (stated.model.experts, stated.model.top_k, stated.strategy.sp) == (16, 1, True)
+    assert "16 experts of the MLP's width (as the report states)" in stated.readings
+    # Without a parameter count or stated experts, ep is flagged and the dense model simulated.
+    dense = script.parse_run(_row(tp=1, pp=1, dp=4, ep=2))
+    assert dense.model.experts == 1 and any("unsupported: ep=2" in f for f in dense.flags)
+    # A tiny mixture simulates: its experts split over ep, a dispatch and a combine all-to-all.
+    # 525,312 parameters: four experts of 3 x 64 x 128 in each of 4 layers, with their attention, router
+    # and the 512-token vocabulary's embedding and output layer.
+    tiny = script.parse_run(
+        _row(params_b="0.000525", tp=1, pp=1, dp=4, ep=2, ffn_hidden=128, recompute="none")
+    )
+    assert (tiny.model.experts, tiny.strategy.ep) == (4, 2)
+    _, cluster, _ = script.cluster_of(tiny)
+    saved = script.simulated(tiny, cluster, None)
+    assert saved["iteration_s"] > 0 and not saved["oom"]
