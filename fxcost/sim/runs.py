@@ -73,7 +73,7 @@ def sequence_parallel_of(text: str) -> tuple[bool, str]:
     return False, ""
 
 
-_EXPERTS = re.compile(r"(\d+)\s+(?:routed\s+)?experts\b", re.IGNORECASE)
+_EXPERTS = re.compile(r"(\d+)\s+(?:routed\s+)?experts\b(?!\s+(?:per|a)\s+token)", re.IGNORECASE)
 _TOP_K = re.compile(r"\btop-?(\d+)\b|(\d+)\s+(?:active\s+)?experts?\s+(?:per|a)\s+token", re.IGNORECASE)
 
 

@@ -189,6 +189,9 @@ def test_a_row_with_expert_parallelism_is_simulated_as_a_mixture_of_experts(load
     stated = script.parse_run(_row(**{**mixtral, "tp": 2, "dp": 32, "notes": "16 experts, top-1 gating"}))
     assert (stated.model.experts, stated.model.top_k, stated.strategy.sp) == (16, 1, True)
     assert "16 experts of the MLP's width (as the report states)" in stated.readings
+    from fxcost.sim.runs import mixture_of
+
+    assert mixture_of("2 experts per token of 64 routed experts") == (64, 2)  # a token's count is no expert's
     # Without a parameter count or stated experts, ep is flagged and the dense model simulated.
     dense = script.parse_run(_row(tp=1, pp=1, dp=4, ep=2))
     assert dense.model.experts == 1 and any("unsupported: ep=2" in f for f in dense.flags)
