@@ -201,11 +201,6 @@ class Decoder:
         return self._matmul_params(self.top_k)
 
     @property
-    def has_shared_expert(self) -> bool:
-        """Whether its mixture runs a shared expert beside the routed ones (Qwen2-MoE's, DeepSeek's)."""
-        return self.experts > 1 and self.shared_ffn > 0
-
-    @property
     def attention_width(self) -> int:
         """The width of the attention's output over all heads, what its output projection takes:
         ``heads x head_dim`` (``hidden`` unless the heads say otherwise; a latent attention's ``heads x v``,
@@ -231,7 +226,7 @@ class Decoder:
         mlp = experts * (3 if self.gated else 2) * h * self.ffn + (
             h * self.experts if self.experts > 1 else 0
         )
-        if self.has_shared_expert:  # and, Qwen2-MoE's, that expert's gate
+        if self.experts > 1:  # a shared expert, and Qwen2-MoE's gate of it (built even where it is 0 wide)
             mlp += 3 * h * self.shared_ffn + h * MOE_FAMILIES[self.moe_family].shared_gate
         dense = 3 * h * self.dense_ffn
         return (

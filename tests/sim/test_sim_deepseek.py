@@ -202,3 +202,13 @@ def test_expert_tensor_parallelism_leaves_the_dense_layers_as_tensor_parallelism
                 if seg.layer in ("model.layers.0", "model.layers.1")]  # fmt: skip
 
     assert dense_layers("tp=2,sp=1,dp=2,ep=2,mb=2") == dense_layers("tp=2,sp=1,dp=2,mb=2")
+
+
+def test_a_qwen2_moe_shared_expert_of_no_width_keeps_its_gate() -> None:
+    # Hugging Face builds Qwen2-MoE's shared-expert gate (one column a layer) whatever the expert's width.
+    qwen2 = Decoder("q", 2, 64, 4, 32, 256, 16, gated=True, kv_heads=2, experts=4, top_k=2,
+                    moe_family="qwen2_moe", shared_ffn=0)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zero-element tensors
+        model = _hf_model(qwen2, qwen2.layers)
+    assert sum(p.numel() for p in model.parameters() if p.dim() >= 2) == qwen2.params
