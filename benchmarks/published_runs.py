@@ -22,14 +22,16 @@ How a row becomes a simulation (no row is special-cased; any CSV in the schema r
   ``global_batch / (dp micro_batch)`` micro-batches under 1F1B (interleaved with ``vpp`` chunks where
   the micro-batches are a multiple of ``pp``, Megatron's rule; plain 1F1B, flagged, where not),
   sequence parallelism where ``sp`` is set (with ``tp > 1``; ignored at ``tp = 1``), in the row's
-  precision. A row with ``ep > 1``, or whose notes state its experts (``"8 experts"``), is a mixture of
-  SwiGLU experts of the row's MLP width (Mixtral's): as many as the notes state, else as many as the
-  parameter count says (a multiple of ``ep``), each token run by the ``top-k`` the notes state, else 2
-  (``assumed: ...``), its experts split over ``ep`` ranks (with ``tp``, expert tensor parallelism and
-  its sequence parallelism). Not supported by the simulator, reported as ``unsupported: ...`` and
-  simulated without: ``cp`` where the sequence does not split into ``2 cp`` chunks (folded into data
-  parallelism), ``ep`` where neither notes nor count give experts (a dense model) or where it does not
-  divide ``dp`` and the experts (experts replicated). An unstated micro-batch is 1 and an unstated
+  precision. A row with ``ep > 1`` is a mixture of SwiGLU experts of the row's MLP width (Mixtral's):
+  as many as its notes state (``"8 experts"``), else the multiple of ``ep`` whose parameters come
+  nearest the row's (flagged, with how far off where beyond 15%), each token run by the ``top-k`` the
+  notes state, else 2 (flagged), its experts split over ``ep`` ranks (with ``tp``, expert tensor
+  parallelism and its sequence parallelism); shared experts are not modelled. A row without ``ep``
+  is one only where its parameter count fits the mixture clearly better than the dense model. Not
+  supported by the simulator, reported as ``unsupported: ...`` and simulated without: ``cp`` where the
+  sequence does not split into ``2 cp`` chunks (folded into data parallelism), ``ep`` where neither
+  notes nor count give experts (a dense model), and beyond the largest degree dividing ``ep``, ``dp``
+  and the experts. An unstated micro-batch is 1 and an unstated
   global batch one micro-batch per replica (``assumed: ...``).
 - **GPU and cluster** (:mod:`fxcost.sim.runs`). The ``gpu`` column names a database entry, or one
   followed by a system or power cap in parentheses (``"V100-SXM3-32GB (DGX-2H)"``, ``"(500W)"``).
@@ -159,6 +161,8 @@ def _number(raw: dict[str, str], key: str) -> float | None:
         number = float(value)
     except ValueError as e:
         raise RowError(f"column {key!r} must be a number, got {value!r}") from e
+    if math.isinf(number):
+        raise RowError(f"column {key!r} must be a finite number, got {value!r}")
     return None if math.isnan(number) else number
 
 
@@ -212,10 +216,6 @@ def parse_run(raw: dict[str, str]) -> Run:
         Decoder(name, layers, hidden, heads, ffn, vocab, seq, gated=True, kv_heads=kv) for kv in kv_options
     ]
     model = families[0] if params_b is None else min(families, key=lambda d: abs(d.params_b - params_b))
-    if model.kv_heads not in (None, heads) and not stated_kv:
-        flags.append(
-            f"assumed: {model.kv_heads} key/value heads (grouped-query, as the parameter count says)"
-        )
     unit = raw["unit"].strip()
     if unit not in UNITS:
         raise RowError(f"unknown unit {unit!r}; accepted: {', '.join(UNITS)}")
@@ -233,20 +233,35 @@ def parse_run(raw: dict[str, str]) -> Run:
         flags.append(f"unsupported: cp={cp} with seq {seq} not in 2*cp chunks (simulated as data parallel)")
         dp, cp = dp * cp, 1
     stated_experts, stated_top = mixture_of(text)
-    if ep > 1 or stated_experts:
-        moe = _mixture(families, params_b, ep, stated_experts, stated_top, flags, readings)
-        fits = (
-            params_b is None or moe is None or abs(moe.params_b - params_b) < abs(model.params_b - params_b)
+    far = params_b is not None and not 0.67 < model.params_b / params_b < 1.5  # the dense model's count
+    if ep > 1 or stated_experts or stated_top or far:
+        moe, moe_flags, moe_readings = _mixture(families, params_b, ep, stated_experts, stated_top)
+        # without ep, a mixture only where the parameter count says so (notes may name experts otherwise)
+        clearly = (
+            moe is not None
+            and params_b is not None
+            and abs(moe.params_b - params_b) < 0.5 * abs(model.params_b - params_b)
         )
-        model = moe if moe is not None and (ep > 1 or fits) else model
+        if moe is not None and (ep > 1 or clearly):
+            model, flags, readings = moe, flags + moe_flags, readings + moe_readings
+    if model.kv_heads not in (None, heads) and not stated_kv:
+        flags.append(
+            f"assumed: {model.kv_heads} key/value heads (grouped-query, as the parameter count says)"
+        )
     if ep > 1 and model.experts == 1:
         flags.append(f"unsupported: ep={ep} (a dense model: no experts stated or counted)")
         ep = 1
     if ep > 1 and (dp % ep or model.experts % ep):
-        flags.append(f"unsupported: ep={ep} with dp={dp} and {model.experts} experts (experts replicated)")
-        ep = 1
+        fit = max(d for d in range(1, ep + 1) if ep % d == 0 and dp % d == 0 and model.experts % d == 0)
+        flags.append(
+            f"unsupported: ep={ep} with dp={dp} and {model.experts} experts (simulated with ep={fit})"
+        )
+        ep = fit
     if ep > 1 and tp > 1 and not sp:
-        flags.append("assumed: sp (expert tensor parallelism runs it)")
+        stated_off = stated_sp == 0
+        flags.append(
+            f"{'unsupported: sp=0' if stated_off else 'assumed: sp'} (expert tensor parallelism runs it)"
+        )
         sp = True
     if tp * pp * dp * cp != gpus:
         raise RowError(
@@ -282,29 +297,39 @@ def parse_run(raw: dict[str, str]) -> Run:
 
 
 def _mixture(
-    dense: list[Decoder], params_b: float | None, ep: int, stated: int | None, top: int | None,
-    flags: list[str], readings: list[str],
-) -> Decoder | None:  # fmt: skip
-    """The row's model as a mixture of SwiGLU experts of its MLP width (Mixtral's): as many as its text
-    states, else as many as its parameter count says (a multiple of ``ep``), each token run by the
-    ``top`` its text states, else 2 (Mixtral's, flagged); None where neither text nor count says."""
+    dense: list[Decoder], params_b: float | None, ep: int, stated: int | None, top: int | None
+) -> tuple[Decoder | None, list[str], list[str]]:
+    """The row's model as a mixture of SwiGLU experts of its MLP width (Mixtral's), with its flags and
+    readings: as many experts as its text states, else the multiple of ``ep`` whose count is nearest
+    the row's parameters, each token run by the ``top`` its text states, else 2 (Mixtral's, flagged);
+    None where neither text nor count says. Shared experts are not modelled (a count absorbs them)."""
     if stated is None and params_b is None:
-        return None
+        return None, [], []
     candidates = []
     for d in (d for d in dense if d.gated):
-        experts = stated or 0
+        counts = [stated] if stated else []
         if params_b is not None and not stated:  # one MLP a layer counted already: the rest are experts
             per_layer = 3 * d.hidden * d.ffn + d.hidden  # an expert's matrices and its router column
-            counted = round((params_b * 1e9 - d.params) / (d.layers * per_layer)) + 1
-            experts = max(round(counted / ep) * ep, ep, 2)
-        candidates.append(dataclasses.replace(d, experts=experts, top_k=min(top or 2, experts)))
+            counted = (params_b * 1e9 - d.params) / (d.layers * per_layer) + 1
+            below = max(math.floor(counted / ep) * ep, ep, 2)
+            counts = [below, below + ep]
+        candidates += [dataclasses.replace(d, experts=e, top_k=min(top or 2, e)) for e in counts]
+    if not candidates:
+        return None, [], []
     model = candidates[0] if params_b is None else min(candidates, key=lambda d: abs(d.params_b - params_b))
-    how = "as the report states" if stated else "as the parameter count says"
-    (readings if stated else flags).append(
-        f"{'' if stated else 'assumed: '}{model.experts} experts of the MLP's width ({how})"
-    )
-    (readings if top else flags).append(f"{'' if top else 'assumed: '}top-{model.top_k} routing")
-    return model
+    flags, readings = [], []
+    if stated:
+        readings.append(f"{model.experts} experts of the MLP's width (as the report states)")
+    else:
+        off = model.params_b / params_b - 1 if params_b else 0.0
+        fit = "as the parameter count says" if abs(off) <= 0.15 else f"{off:+.0%} off the parameter count"
+        flags.append(f"assumed: {model.experts} experts of the MLP's width ({fit})")
+    if top is not None and top == model.top_k:
+        readings.append(f"top-{top} routing (as the report states)")
+    else:
+        beyond = f" (the report's top-{top} exceeds the experts)" if top else ""
+        flags.append(f"assumed: top-{model.top_k} routing{beyond}")
+    return model, flags, readings
 
 
 def config_of(run: Run) -> dict[str, Any]:
@@ -434,9 +459,10 @@ def main(argv: list[str] | None = None) -> int:
             saved = simulated(run, cluster, cache)
             predicted = in_unit(run, saved["iteration_s"], device)
             low, high = sorted(in_unit(run, t, device) for t in saved["interval_s"])
-        except (ValueError, KeyError) as e:  # one bad row (an unknown GPU, a plan that does not fit)
+        except Exception as e:  # one bad row (an unknown GPU, a plan that does not fit): the rest go on
             failed += 1
-            print(f"{head} ERROR: {e}", flush=True)
+            print(f"{head} ERROR: {type(e).__name__ + ': ' if not isinstance(e, ValueError) else ''}{e}",
+                  flush=True)  # fmt: skip
             continue
         flags = run.flags + (["predicted OOM"] if saved["oom"] else [])
         flagged += bool(flags)

@@ -73,16 +73,23 @@ def sequence_parallel_of(text: str) -> tuple[bool, str]:
     return False, ""
 
 
-_EXPERTS = re.compile(r"(\d+)\s+(?:routed\s+)?experts\b(?!\s+(?:per|a)\s+token)", re.IGNORECASE)
-_TOP_K = re.compile(r"\btop-?(\d+)\b|(\d+)\s+(?:active\s+)?experts?\s+(?:per|a)\s+token", re.IGNORECASE)
+_PER = r"\s*(?:per|a|/)\s*(?:token|gpu|rank|device|node|group)"  # "experts per token": no layer's count
+_EXPERTS = re.compile(rf"(\d+)[\s-]+(?:routed\s+)?experts?\b(?!{_PER})", re.IGNORECASE)
+_TOP_K = re.compile(
+    r"\btop[-\s_]?(?:k\s*=\s*)?(\d+)\b|(\d+)\s+(?:activ(?:e|ated)\s+)?(?:routed\s+)?experts?\s*(?:per|a|/)\s*token"
+    r"|\b(\d+)\s+of\s+\d+\s+(?:routed\s+)?experts",
+    re.IGNORECASE,
+)
 
 
 def mixture_of(text: str) -> tuple[int | None, int | None]:
     """(the experts per layer, the experts each token runs) a report's text states (``"8 experts"``,
-    ``"top-2"`` or ``"2 experts per token"``), None for what it does not state."""
+    ``"64-expert"``; ``"top-2"``, ``"2 experts per token"``, ``"2 of 8 experts"``), None for what it
+    does not state (an expert count below 2 is none)."""
     experts, top = _EXPERTS.search(text), _TOP_K.search(text)
+    count = int(experts.group(1)) if experts else None
     return (
-        int(experts.group(1)) if experts else None,
+        count if count is not None and count >= 2 else None,
         int(next(g for g in top.groups() if g)) if top else None,
     )
 

@@ -192,6 +192,24 @@ def test_a_row_with_expert_parallelism_is_simulated_as_a_mixture_of_experts(load
     from fxcost.sim.runs import mixture_of
 
     assert mixture_of("2 experts per token of 64 routed experts") == (64, 2)  # a token's count is no expert's
+    # Experts named in the notes of a row whose parameters fit the dense model leave it dense, unflagged.
+    gpt = script.parse_run(_row(params_b="0.00023", notes="unlike the 64 experts MoE of its section 5"))
+    assert gpt.model.experts == 1 and not gpt.model.gated and not gpt.flags
+    # An ep the count cannot fit is simulated, flagged with how far off; an ep that does not divide dp
+    # runs at the largest degree that does.
+    far = script.parse_run(_row(**{**mixtral, "ep": 16}))
+    assert far.model.experts == 16 and "assumed: 16 experts of the MLP's width (+97% off" in "; ".join(
+        far.flags
+    )
+    uneven = script.parse_run(_row(**{**mixtral, "gpus": 48, "dp": 48, "global_batch": 480}))
+    assert uneven.strategy.ep == 8
+    odd = script.parse_run(_row(**{**mixtral, "gpus": 12, "dp": 12, "global_batch": 12}))
+    assert (
+        odd.strategy.ep == 4
+        and "unsupported: ep=8 with dp=12 and 8 experts (simulated with ep=4)" in odd.flags
+    )
+    with pytest.raises(script.RowError, match="'params_b' must be a finite number"):
+        script.parse_run(_row(**{**mixtral, "params_b": "inf"}))
     # Without a parameter count or stated experts, ep is flagged and the dense model simulated.
     dense = script.parse_run(_row(tp=1, pp=1, dp=4, ep=2))
     assert dense.model.experts == 1 and any("unsupported: ep=2" in f for f in dense.flags)
