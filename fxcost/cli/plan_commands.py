@@ -15,10 +15,9 @@ def plan_command(args: argparse.Namespace) -> int:
 
     MODEL is a named decoder (llama-8b, llama-70b, gpt3-1.3b, gpt3-175b, mixtral-8x7b, deepseek-v3) or a
     Hugging Face config.json of a decoder-only model (dense, or experts: Mixtral, Qwen3-MoE, OLMoE,
-    Qwen2-MoE, DeepSeek-V2 and -V3). Every
-    valid plan is ranked by an analytic 1F1B estimate under the GPUs' memory, the fastest that fit are
-    simulated exactly, and the best are printed: iteration time, tokens/s (and per GPU), MFU, memory
-    per GPU and the OOM verdict. --csv writes every candidate."""
+    Qwen2-MoE, DeepSeek-V2 and -V3). Every valid plan is ranked by an analytic 1F1B estimate under the
+    GPUs' memory, the fastest that fit are simulated exactly, and the best are printed: iteration time,
+    tokens/s (and per GPU), MFU, memory per GPU and the OOM verdict. --csv writes every candidate."""
     from fxcost.sim.search import plan
 
     with progress_bars() as update:

@@ -149,7 +149,7 @@ class Decoder:
 
     def _check_mixture(self) -> None:
         family = MOE_FAMILIES[self.moe_family]
-        deepseek = self.moe_family.startswith("deepseek")
+        deepseek = family.latent_defaults is not None
         if self.experts > 1 and not self.gated:
             raise ValueError(
                 f"decoder {self.name!r}: experts={self.experts} needs a gated decoder (Mixtral's SwiGLU "
@@ -223,11 +223,9 @@ class Decoder:
             attention = self.latent.params(h, self.heads)
         else:
             attention = 2 * h * self.attention_width + 2 * h * kv
-        mlp = experts * (3 if self.gated else 2) * h * self.ffn + (
-            h * self.experts if self.experts > 1 else 0
-        )
-        if self.experts > 1:  # a shared expert, and Qwen2-MoE's gate of it (built even where it is 0 wide)
-            mlp += 3 * h * self.shared_ffn + h * MOE_FAMILIES[self.moe_family].shared_gate
+        mlp = experts * (3 if self.gated else 2) * h * self.ffn
+        if self.experts > 1:  # the router, a shared expert, and Qwen2-MoE's gate of it (built even 0 wide)
+            mlp += h * self.experts + 3 * h * self.shared_ffn + h * MOE_FAMILIES[self.moe_family].shared_gate
         dense = 3 * h * self.dense_ffn
         return (
             self.layers * attention

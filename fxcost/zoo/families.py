@@ -19,6 +19,9 @@ class MoeFamily(NamedTuple):
     shared_default: int  # that key's value where the config does not say
     shared_gate: bool  # a one-column sigmoid gate scales the shared expert's output (Qwen2-MoE's)
     settings: dict[str, Any]  # what else makes every layer's MLP a mixture
+    # Multi-head latent attention and dense layers before the sparse ones (DeepSeek's): the config's
+    # defaults for their keys (Hugging Face's, where a config omits one); None: the family runs neither.
+    latent_defaults: dict[str, int] | None = None
 
     @property
     def counts_experts(self) -> bool:
@@ -29,6 +32,8 @@ class MoeFamily(NamedTuple):
 
 _EVERY_LAYER = {"decoder_sparse_step": 1, "mlp_only_layers": []}
 _DEEPSEEK = {"moe_layer_freq": 1, "n_group": 1, "topk_group": 1, "norm_topk_prob": True}
+_LATENT = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+           "v_head_dim": 128}  # fmt: skip
 # fmt: off
 MOE_FAMILIES: dict[str, MoeFamily] = {
     "mixtral": MoeFamily("MixtralForCausalLM", "num_local_experts", "intermediate_size", 2, "", 0, False, {}),
@@ -40,9 +45,11 @@ MOE_FAMILIES: dict[str, MoeFamily] = {
                            {**_EVERY_LAYER, "norm_topk_prob": False}),
     "deepseek_v2": MoeFamily("DeepseekV2ForCausalLM", "n_routed_experts", "moe_intermediate_size", 6,
                              "n_shared_experts", 2, False,
-                             {**_DEEPSEEK, "topk_method": "greedy", "norm_topk_prob": False}),
+                             {**_DEEPSEEK, "topk_method": "greedy", "norm_topk_prob": False},
+                             {**_LATENT, "first_k_dense_replace": 0}),
     "deepseek_v3": MoeFamily("DeepseekV3ForCausalLM", "n_routed_experts", "moe_intermediate_size", 8,
-                             "n_shared_experts", 1, False, _DEEPSEEK),
+                             "n_shared_experts", 1, False, _DEEPSEEK,
+                             {**_LATENT, "first_k_dense_replace": 3}),
 }
 # fmt: on
 """The families a mixture of experts is traced as, by ``model_type``, with Hugging Face's defaults

@@ -32,12 +32,6 @@ _MIXTRAL_EXPERTS = "num_local_experts"
 _OTHER_EXPERT_KEYS = ("num_experts", "n_routed_experts", "moe_num_experts")
 _SHARED_EXPERTS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
 _LATENT = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # after q_lora_rank
-_LATENT_DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-                    "v_head_dim": 128}  # fmt: skip
-_DEEPSEEK_DEFAULTS = {  # Hugging Face's DeepseekV2Config's and DeepseekV3Config's, where a config omits a key
-    "deepseek_v2": {**_LATENT_DEFAULTS, "first_k_dense_replace": 0},
-    "deepseek_v3": {**_LATENT_DEFAULTS, "first_k_dense_replace": 3},
-}
 
 
 def read_config(raw: dict[str, Any], name: str) -> dict[str, Any]:
@@ -95,8 +89,8 @@ def read_config(raw: dict[str, Any], name: str) -> dict[str, Any]:
     if other is not None and known is not None:  # the experts' own width where it is given
         dense_ffn, found["ffn"] = found["ffn"], int(raw.get(known.width_key) or found["ffn"])
         mixture = {"experts": int(raw[other]), "moe_family": family}
-        if family.startswith("deepseek"):
-            mixture.update(_deepseek(raw, name, found["layers"], dense_ffn))
+        if known.latent_defaults is not None:
+            mixture.update(_latent(raw, name, found["layers"], dense_ffn, known.latent_defaults))
     moe = MOE_FAMILIES[mixture.get("moe_family", "mixtral")]
     if mixture["experts"] > 1:
         mixture["top_k"] = int(raw.get("num_experts_per_tok") or moe.top_k)
@@ -114,7 +108,9 @@ def read_config(raw: dict[str, Any], name: str) -> dict[str, Any]:
             "head_dim": head_dim, **mixture, **found}  # fmt: skip
 
 
-def _deepseek(raw: dict[str, Any], name: str, layers: int, dense_ffn: int) -> dict[str, Any]:
+def _latent(
+    raw: dict[str, Any], name: str, layers: int, dense_ffn: int, defaults: dict[str, int]
+) -> dict[str, Any]:
     """A DeepSeek config's latent attention and leading dense layers; its multi-token prediction
     modules (DeepSeek-V3's ``num_nextn_predict_layers``), which Hugging Face's model does not run, are
     left out with a warning."""
@@ -124,7 +120,7 @@ def _deepseek(raw: dict[str, Any], name: str, layers: int, dense_ffn: int) -> di
             "(Hugging Face's model runs none); a step that trains them takes longer",
             stacklevel=4,
         )
-    given = {**_DEEPSEEK_DEFAULTS[str(raw["model_type"])], **raw}  # a missing key: Hugging Face's default
+    given = {**defaults, **raw}  # a missing key: Hugging Face's default
     missing = [key for key in _LATENT if given.get(key) is None]
     if missing:
         raise ValueError(f"{name}: a DeepSeek config with {', '.join(missing)} null (its latent attention)")
